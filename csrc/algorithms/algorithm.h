@@ -1,0 +1,46 @@
+#pragma once
+// An Algorithm is a schedule of point-to-point steps over a Group. It never sees transports,
+// dtypes or ops beyond the reduce function the Exchange hands it.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/dtype.h"
+#include "transport/frame.h"
+
+namespace pycollective {
+
+class Exchange;
+
+// What one rank asked for. Buffer sizes per collective (count = elements of `in`):
+//   allreduce       in[count] -> out[count]                 (out may equal in)
+//   reduce_scatter  in[count] -> out[chunk(rank)]           (chunking.h splits count)
+//   allgather       in[count] -> out[size * count]
+//   broadcast       root: in[count] -> everyone's out[count] (in == out allowed)
+//   reduce          in[count] -> out[count] at root only (out unused elsewhere)
+struct CollectiveArgs {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  uint32_t shapeHash = 0;
+  size_t segmentBytes = 0;      // pipeline segment; 0 = PYCOLLECTIVE_SEGMENT_BYTES
+  double timeoutSeconds = 0;    // 0 = the communicator's timeout
+};
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  virtual const char* name() const = 0;
+  // "" if this algorithm can run the call on this group, else why not (shown to the user).
+  virtual std::string unsupported(const Group& group, const CollectiveArgs& args) const = 0;
+  // Estimated seconds under the alpha-beta-gamma model (used by algo="auto").
+  virtual double cost(const Group& group, const CollectiveArgs& args) const = 0;
+  virtual void run(Exchange& ex, const CollectiveArgs& args) const = 0;
+};
+
+}  // namespace pycollective

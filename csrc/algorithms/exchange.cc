@@ -1,0 +1,117 @@
+#include "algorithms/exchange.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/params.h"
+
+namespace pycollective {
+
+Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, uint64_t seq)
+    : group_(std::move(group)), state_(std::make_shared<CallState>()) {
+  Communicator& comm = group_.comm();
+  CallState& s = *state_;
+  s.comm = &comm;
+  s.header.seq = seq;
+  s.header.count = args.count;
+  s.header.shapeHash = args.shapeHash;
+  s.header.kind = static_cast<uint8_t>(args.kind);
+  s.header.dtype = static_cast<uint8_t>(args.dtype);
+  s.header.op = static_cast<uint8_t>(args.op);
+  s.header.algo = algoIndex;
+  s.header.root = args.root;
+  bool reduces = args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduce ||
+                 args.kind == CollectiveKind::kReduceScatter;
+  s.reduce = reduces ? lookupReduce(args.dtype, args.op) : nullptr;
+  s.elemSize = elementSize(args.dtype);
+  s.segmentBytes = args.segmentBytes ? args.segmentBytes : params::segmentBytes();
+  double timeout = args.timeoutSeconds > 0 ? args.timeoutSeconds : comm.timeoutSeconds();
+  s.deadline = Deadline::after(timeout);
+  s.what = describeCall(s.header);
+  s.sendSteps.assign(comm.size(), 0);
+  s.recvSteps.assign(comm.size(), 0);
+}
+
+Exchange Exchange::on(Group subgroup) const { return Exchange(std::move(subgroup), state_); }
+
+RequestPtr Exchange::track(int globalPeer, RequestPtr request, bool isSend) {
+  Link* link = &state_->comm->link(globalPeer);
+  state_->inFlight.push_back({link, request, globalPeer, isSend});
+  auto& active = state_->activeLinks;
+  if (std::find(active.begin(), active.end(), link) == active.end()) active.push_back(link);
+  return request;
+}
+
+namespace {
+RequestPtr completed() {
+  auto r = std::make_shared<Request>();
+  r->done.store(true);
+  return r;
+}
+}  // namespace
+
+RequestPtr Exchange::send(int peer, const void* data, size_t bytes) {
+  if (bytes == 0) return completed();
+  int g = group_.globalRank(peer);
+  FrameHeader h = state_->header;
+  h.step = state_->sendSteps[g]++;
+  h.bytes = bytes;
+  return track(g, group_.link(peer).postSend(data, bytes, h), true);
+}
+
+RequestPtr Exchange::recv(int peer, void* dst, size_t bytes) {
+  return postRecv(peer, dst, nullptr, bytes, false);
+}
+
+RequestPtr Exchange::recvReduce(int peer, void* dst, const void* accum, size_t bytes) {
+  PC_ASSERT(state_->reduce != nullptr, "recvReduce in a collective that does not reduce");
+  return postRecv(peer, dst, accum, bytes, true);
+}
+
+RequestPtr Exchange::postRecv(int peer, void* dst, const void* accum, size_t bytes, bool reduce) {
+  if (bytes == 0) return completed();
+  int g = group_.globalRank(peer);
+  FrameHeader h = state_->header;
+  h.step = state_->recvSteps[g]++;
+  h.bytes = bytes;
+  RecvSpec spec;
+  spec.dst = dst;
+  spec.bytes = bytes;
+  spec.elemSize = state_->elemSize;
+  if (reduce) {
+    spec.reduce = state_->reduce;
+    spec.accum = accum;
+  }
+  return track(g, group_.link(peer).postRecv(spec, h), false);
+}
+
+void Exchange::reduceLocal(void* dst, const void* a, const void* b, size_t bytes) const {
+  if (bytes == 0) return;
+  state_->reduce(dst, a, b, bytes / state_->elemSize);
+}
+
+void Exchange::prune() {
+  auto& f = state_->inFlight;
+  f.erase(std::remove_if(f.begin(), f.end(),
+                         [](const Pending& p) { return p.request->done.load(); }),
+          f.end());
+}
+
+void Exchange::wait(const RequestPtr& request) {
+  if (request->done.load(std::memory_order_acquire)) return;
+  const Pending* mine = nullptr;
+  for (const auto& p : state_->inFlight)
+    if (p.request == request) mine = &p;
+  PC_ASSERT(mine != nullptr, "waiting for a request this call did not post");
+  Pending copy = *mine;
+  state_->comm->waitAll({copy}, state_->activeLinks, state_->deadline, state_->what);
+  prune();
+}
+
+void Exchange::waitAll() {
+  prune();
+  state_->comm->waitAll(state_->inFlight, state_->activeLinks, state_->deadline, state_->what);
+  state_->inFlight.clear();
+}
+
+}  // namespace pycollective

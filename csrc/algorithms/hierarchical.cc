@@ -1,0 +1,128 @@
+// Hierarchical allreduce (Horovod's split): reduce-scatter among the ranks of one host, allreduce
+// of each rank's shard across hosts (every local rank drives its own cross-host ring, so all
+// inter-host links work at once), allgather among the ranks of one host. Inter-host traffic is
+// 1/local_size of a flat ring's. In-process replicas form groups of `hierarchicalGroupSize`
+// consecutive ranks instead of hosts.
+#include <algorithm>
+#include <map>
+
+#include "algorithms/chunking.h"
+#include "algorithms/exchange.h"
+#include "algorithms/registry.h"
+#include "algorithms/ring.h"
+#include "core/error.h"
+
+namespace pycollective {
+namespace hierarchical {
+
+namespace {
+
+struct Layout {
+  std::vector<std::vector<int>> groups;  // ranks per host (group ranks), in first-seen order
+  std::string problem;                   // non-empty when the layout cannot be used
+};
+
+Layout layoutOf(const Group& g) {
+  Layout l;
+  const Communicator& comm = g.comm();
+  const int n = g.size();
+  if (comm.hierarchicalGroupSize > 0) {
+    int size = comm.hierarchicalGroupSize;
+    if (n % size != 0) {
+      l.problem = "group size " + std::to_string(size) + " does not divide " +
+                  std::to_string(n) + " ranks";
+      return l;
+    }
+    for (int start = 0; start < n; start += size) {
+      l.groups.emplace_back();
+      for (int i = start; i < start + size; ++i) l.groups.back().push_back(i);
+    }
+    return l;
+  }
+  std::map<int, size_t> slot;
+  for (int i = 0; i < n; ++i) {
+    int host = comm.hostOf()[g.globalRank(i)];
+    auto it = slot.find(host);
+    if (it == slot.end()) {
+      slot[host] = l.groups.size();
+      l.groups.push_back({i});
+    } else {
+      l.groups[it->second].push_back(i);
+    }
+  }
+  for (const auto& grp : l.groups)
+    if (grp.size() != l.groups[0].size()) {
+      std::string sizes;
+      for (const auto& x : l.groups) sizes += (sizes.empty() ? "" : ", ") + std::to_string(x.size());
+      l.problem = "hosts run different numbers of ranks (" + sizes +
+                  "); it needs the same number on every host";
+      return l;
+    }
+  return l;
+}
+
+class Hierarchical : public Algorithm {
+ public:
+  const char* name() const override { return "hierarchical"; }
+
+  std::string unsupported(const Group& g, const CollectiveArgs& a) const override {
+    if (a.kind != CollectiveKind::kAllreduce)
+      return "it implements allreduce only; use ring, halving_doubling or reduce_to_one";
+    return layoutOf(g).problem;
+  }
+
+  double cost(const Group& g, const CollectiveArgs& a) const override {
+    Layout l = layoutOf(g);
+    const double L = l.groups[0].size(), H = l.groups.size();
+    // A layout of one host or one rank per host is just a ring: leave it to the ring.
+    if (L == 1 || H == 1) return 1e30;
+    const LinkCost& lc = g.comm().localCost;
+    const LinkCost& rc = H > 1 ? g.comm().remoteCost : lc;
+    const double S = a.count * elementSize(a.dtype);
+    double local = 2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * lc.beta +
+                   (L - 1) / L * S * lc.gamma;
+    double shard = S / L;
+    double cross = 2 * (H - 1) * rc.alpha + 2 * (H - 1) / H * shard * rc.beta +
+                   (H - 1) / H * shard * rc.gamma;
+    return local + cross;
+  }
+
+  void run(Exchange& ex, const CollectiveArgs& a) const override {
+    Layout l = layoutOf(ex.group());
+    PC_ASSERT(l.problem.empty(), l.problem);
+    const int me = ex.rank();
+    std::vector<int> local, cross;
+    int localIndex = -1;
+    for (const auto& grp : l.groups) {
+      auto it = std::find(grp.begin(), grp.end(), me);
+      if (it != grp.end()) localIndex = static_cast<int>(it - grp.begin());
+    }
+    for (const auto& grp : l.groups) {
+      if (std::find(grp.begin(), grp.end(), me) != grp.end())
+        for (int m : grp) local.push_back(ex.group().globalRank(m));
+      cross.push_back(ex.group().globalRank(grp[localIndex]));
+    }
+    Communicator& comm = ex.group().comm();
+    Exchange localEx = ex.on(Group(comm, local));
+    Exchange crossEx = ex.on(Group(comm, cross));
+
+    const size_t es = ex.elemSize();
+    const char* in = static_cast<const char*>(a.in);
+    char* out = static_cast<char*>(a.out);
+    Chunks shards(a.count, local.size());
+    char* shard = out + shards.offset(localIndex) * es;
+    ring::reduceScatter(localEx, in, out, shard, a.count);
+    ring::allreduce(crossEx, shard, shard, shards.size(localIndex));
+    ring::allgather(localEx, out, a.count);
+  }
+};
+
+}  // namespace
+
+const Algorithm& algorithm() {
+  static const Hierarchical instance;
+  return instance;
+}
+
+}  // namespace hierarchical
+}  // namespace pycollective

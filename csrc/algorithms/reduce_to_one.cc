@@ -1,0 +1,139 @@
+// Reduce to one rank, then send the result to everyone: tf.distribute's ReductionToOneDevice.
+// The root does all the reducing, one peer at a time in rank order (so the result does not
+// depend on arrival order); simple and latency-light for tiny groups, a bottleneck for big ones.
+#include <cstring>
+
+#include "algorithms/chunking.h"
+#include "algorithms/exchange.h"
+#include "algorithms/registry.h"
+#include "core/error.h"
+
+namespace pycollective {
+namespace reduce_to_one {
+
+namespace {
+
+// dst (at root) = in_0 OP in_1 OP ... in rank order. Other ranks only send.
+void reduceToRoot(Exchange& ex, const char* in, char* dst, size_t count, int root) {
+  const int n = ex.size(), r = ex.rank();
+  const size_t bytes = count * ex.elemSize();
+  if (r != root) {
+    ex.send(root, in, bytes);
+    ex.waitAll();
+    return;
+  }
+  if (n == 1) {
+    if (dst != in) std::memcpy(dst, in, bytes);
+    return;
+  }
+  // Accumulate in rank order; the root's own contribution enters at its position.
+  bool first = true;
+  for (int p = 0; p < n; ++p) {
+    if (p == root) continue;
+    if (first) {
+      // The root's input is combined with the first peer's data.
+      ex.recvReduce(p, dst, in, bytes);
+      first = false;
+    } else {
+      ex.recvReduce(p, dst, dst, bytes);
+    }
+    ex.waitAll();  // one at a time: every reduction writes dst
+  }
+}
+
+void fromRoot(Exchange& ex, char* buf, size_t bytes, int root) {
+  if (ex.rank() == root) {
+    for (int p = 0; p < ex.size(); ++p)
+      if (p != root) ex.send(p, buf, bytes);
+  } else {
+    ex.recv(root, buf, bytes);
+  }
+  ex.waitAll();
+}
+
+class ReduceToOne : public Algorithm {
+ public:
+  const char* name() const override { return "reduce_to_one"; }
+  std::string unsupported(const Group&, const CollectiveArgs&) const override { return ""; }
+
+  double cost(const Group& g, const CollectiveArgs& a) const override {
+    const LinkCost& c = costOf(g);
+    const double n = g.size(), S = a.count * elementSize(a.dtype);
+    const double in = (n - 1) * (c.alpha + S * (c.beta + c.gamma));
+    const double outAll = (n - 1) * (c.alpha + S * c.beta);
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce: return in + outAll;
+      case CollectiveKind::kReduce: return in;
+      case CollectiveKind::kBroadcast: return outAll;
+      case CollectiveKind::kAllgather: return outAll + n * outAll;
+      case CollectiveKind::kReduceScatter: return in + outAll / n;
+      default: return 1e30;
+    }
+  }
+
+  void run(Exchange& ex, const CollectiveArgs& a) const override {
+    const int n = ex.size(), r = ex.rank(), root = a.root;
+    const size_t es = ex.elemSize(), bytes = a.count * es;
+    const char* in = static_cast<const char*>(a.in);
+    char* out = static_cast<char*>(a.out);
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce:
+        reduceToRoot(ex, in, out, a.count, root);
+        fromRoot(ex, out, bytes, root);
+        return;
+      case CollectiveKind::kReduce:
+        reduceToRoot(ex, in, out, a.count, root);
+        return;
+      case CollectiveKind::kBroadcast:
+        if (r == root && out != in) std::memcpy(out, in, bytes);
+        fromRoot(ex, out, bytes, root);
+        return;
+      case CollectiveKind::kAllgather: {
+        if (r == root) {
+          for (int p = 0; p < n; ++p) {
+            char* slot = out + static_cast<size_t>(p) * bytes;
+            if (p == root) {
+              if (slot != in) std::memcpy(slot, in, bytes);
+            } else {
+              ex.recv(p, slot, bytes);
+            }
+          }
+        } else {
+          ex.send(root, in, bytes);
+        }
+        ex.waitAll();
+        fromRoot(ex, out, bytes * n, root);
+        return;
+      }
+      case CollectiveKind::kReduceScatter: {
+        Chunks chunks(a.count, n);
+        if (r == root) {
+          char* full = static_cast<char*>(ex.group().comm().scratch(0, bytes));
+          reduceToRoot(ex, in, full, a.count, root);
+          for (int p = 0; p < n; ++p) {
+            const char* part = full + chunks.offset(p) * es;
+            if (p == root) std::memcpy(out, part, chunks.size(p) * es);
+            else ex.send(p, part, chunks.size(p) * es);
+          }
+        } else {
+          reduceToRoot(ex, in, nullptr, a.count, root);
+          ex.recv(root, out, chunks.size(r) * es);
+        }
+        ex.waitAll();
+        return;
+      }
+      default:
+        PC_ASSERT(false, "reduce_to_one cannot run ", collectiveName(a.kind));
+    }
+  }
+};
+
+}  // namespace
+
+const Algorithm& algorithm() {
+  static const ReduceToOne instance;
+  return instance;
+}
+
+}  // namespace reduce_to_one
+}  // namespace pycollective

@@ -1,0 +1,146 @@
+#include "algorithms/registry.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "algorithms/chunking.h"
+#include "algorithms/exchange.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "reduce/reduce.h"
+
+namespace pycollective {
+
+namespace {
+
+// The wire index of an algorithm is its position here: append only.
+const std::vector<const Algorithm*>& registry() {
+  static const std::vector<const Algorithm*> all = {
+      &ring::algorithm(), &halving_doubling::algorithm(), &hierarchical::algorithm(),
+      &reduce_to_one::algorithm()};
+  return all;
+}
+
+uint8_t indexOf(const Algorithm* algo) {
+  const auto& all = registry();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i] == algo) return static_cast<uint8_t>(i);
+  return 255;
+}
+
+std::string joinNames() {
+  std::string s;
+  for (const auto& n : algorithmNames()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+struct Choice {
+  const Algorithm* algo = nullptr;
+  std::string table;  // the cost table, for the log
+};
+
+Choice chooseAuto(const Group& group, const CollectiveArgs& args) {
+  Choice c;
+  double best = std::numeric_limits<double>::infinity();
+  std::ostringstream table;
+  for (const Algorithm* a : registry()) {
+    std::string why = a->unsupported(group, args);
+    if (!why.empty()) {
+      table << " " << a->name() << "=n/a";
+      continue;
+    }
+    double t = a->cost(group, args);
+    table << " " << a->name() << "=" << t * 1e6 << "us";
+    if (t < best) {
+      best = t;
+      c.algo = a;
+    }
+  }
+  c.table = table.str();
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> algorithmNames() {
+  std::vector<std::string> names;
+  for (const Algorithm* a : registry()) names.push_back(a->name());
+  names.push_back("auto");
+  return names;
+}
+
+const char* algorithmName(uint8_t index) {
+  const auto& all = registry();
+  return index < all.size() ? all[index]->name() : "?";
+}
+
+const LinkCost& costOf(const Group& group) {
+  const auto& hosts = group.comm().hostOf();
+  int first = hosts[group.globalRank(0)];
+  for (int i = 1; i < group.size(); ++i)
+    if (hosts[group.globalRank(i)] != first) return group.comm().remoteCost;
+  return group.comm().localCost;
+}
+
+std::string explainChoice(const Group& group, const CollectiveArgs& args) {
+  Choice c = chooseAuto(group, args);
+  return std::string(c.algo ? c.algo->name() : "none") + " (model:" + c.table + ")";
+}
+
+void runCollective(Communicator& comm, const CollectiveArgs& args, const std::string& algoName) {
+  if (comm.aborted())
+    throw Aborted(comm.who() + " this group was aborted earlier (" + comm.abortReason() +
+                  "); create a new group to continue");
+  PC_CHECK(args.root >= 0 && args.root < comm.size(), comm.who(), " root ", args.root,
+           " is out of range for a group of ", comm.size(), " ranks");
+  // Fails with InvalidType for an integer avg, before anything moves.
+  if (args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduce ||
+      args.kind == CollectiveKind::kReduceScatter)
+    lookupReduce(args.dtype, args.op);
+
+  Group world = Group::world(comm);
+  const Algorithm* algo = nullptr;
+  if (algoName == "auto") {
+    Choice c = chooseAuto(world, args);
+    PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
+    algo = c.algo;
+    PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",
+            args.count * elementSize(args.dtype), " bytes; model:", c.table);
+  } else {
+    for (const Algorithm* a : registry())
+      if (algoName == a->name()) algo = a;
+    PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());
+    std::string why = algo->unsupported(world, args);
+    PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
+             collectiveName(args.kind), " here: ", why);
+  }
+
+  Exchange ex(world, args, indexOf(algo), comm.nextSeq());
+  try {
+    algo->run(ex, args);
+  } catch (const std::exception& e) {
+    comm.abort(e.what());
+    throw;
+  }
+
+  if (args.op == ReduceOp::kAvg) {
+    const double scale = 1.0 / comm.size();
+    switch (args.kind) {
+      case CollectiveKind::kAllreduce:
+        scaleInPlace(args.out, args.count, args.dtype, scale);
+        break;
+      case CollectiveKind::kReduce:
+        if (comm.rank() == args.root) scaleInPlace(args.out, args.count, args.dtype, scale);
+        break;
+      case CollectiveKind::kReduceScatter:
+        scaleInPlace(args.out, Chunks(args.count, comm.size()).size(comm.rank()), args.dtype,
+                     scale);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace pycollective

@@ -1,0 +1,33 @@
+#pragma once
+// Algorithms by name, the choice made by algo="auto", and the one entry point that runs a
+// collective on a communicator.
+#include <string>
+#include <vector>
+
+#include "algorithms/algorithm.h"
+
+namespace pycollective {
+
+// Names users can pass as algo=, "auto" included, in a stable order.
+std::vector<std::string> algorithmNames();
+// Name of the algorithm with this wire index ("?" if unknown).
+const char* algorithmName(uint8_t index);
+
+// The cost parameters of the links a group uses (remote if it spans hosts).
+const LinkCost& costOf(const Group& group);
+
+// Checks the call, picks the algorithm ("auto" = cheapest by the cost model among those that
+// support the call; PYCOLLECTIVE_DEBUG=INFO prints the table), runs it on this rank and applies
+// the final scale of avg. Throws InvalidArgument for unknown/unsupported algorithms before any
+// data moves; any later failure aborts the communicator (its peers stop waiting for it).
+void runCollective(Communicator& comm, const CollectiveArgs& args, const std::string& algo);
+
+// The algorithm runCollective would use for algo="auto", with the reason.
+std::string explainChoice(const Group& group, const CollectiveArgs& args);
+
+namespace ring { const Algorithm& algorithm(); }
+namespace halving_doubling { const Algorithm& algorithm(); }
+namespace hierarchical { const Algorithm& algorithm(); }
+namespace reduce_to_one { const Algorithm& algorithm(); }
+
+}  // namespace pycollective

@@ -1,0 +1,231 @@
+// The ring: reduce-scatter then allgather in n-1 + n-1 steps. Each chunk is cut into segments;
+// segment j of step s goes out as soon as segment j of step s-1 arrived, so sending, receiving
+// and reducing overlap along the ring (NCCL's pipelining, gloo's "segments"). Broadcast and
+// reduce run the same idea along a chain that ends (reduce) or starts (broadcast) at the root.
+#include "algorithms/ring.h"
+
+#include <cstring>
+#include <vector>
+
+#include "algorithms/chunking.h"
+#include "algorithms/registry.h"
+#include "core/error.h"
+
+namespace pycollective {
+namespace ring {
+
+namespace {
+
+// One ring step as seen by one rank: the chunk it sends right and the chunk it receives from
+// the left (copied, or reduced with `accum` when accum != nullptr).
+struct Step {
+  const char* sendBase;  // start of the buffer holding the chunk to send
+  size_t sendChunk;
+  char* recvBase;        // start of the full-size buffer the chunk lands in
+  const char* accumBase; // nullptr: copy; else dst = accum OP incoming (same offsets)
+  size_t recvChunk;
+  char* recvChunkDst = nullptr;  // override of the destination of the received chunk
+};
+
+void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps) {
+  const int n = ex.size(), r = ex.rank();
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const size_t es = ex.elemSize();
+  const size_t m = segmentsFor(chunks.size(0), es, ex.segmentBytes());
+  std::vector<RequestPtr> recvs(steps.size() * m), sends(steps.size() * m);
+  for (size_t k = 0; k < recvs.size(); ++k) {
+    const size_t s = k / m, j = k % m;
+    const Step& st = steps[s];
+    // The chunk sent at step s is the one received at step s-1 (same segment).
+    if (k >= m) ex.wait(recvs[k - m]);
+    Chunks sendSeg(chunks.size(st.sendChunk), m);
+    sends[k] = ex.send(right, st.sendBase + (chunks.offset(st.sendChunk) + sendSeg.offset(j)) * es,
+                       sendSeg.size(j) * es);
+    // A send may still be reading the region this step receives into (an in-place allreduce
+    // overwrites in the allgather what it sent in the reduce-scatter): let it finish first.
+    for (size_t t = 0; t < s; ++t)
+      if (steps[t].sendChunk == st.recvChunk && steps[t].sendBase == st.recvBase &&
+          st.recvChunkDst == nullptr)
+        ex.wait(sends[t * m + j]);
+    Chunks recvSeg(chunks.size(st.recvChunk), m);
+    size_t off = chunks.offset(st.recvChunk) + recvSeg.offset(j);
+    char* dst = st.recvChunkDst != nullptr ? st.recvChunkDst + recvSeg.offset(j) * es
+                                           : st.recvBase + off * es;
+    size_t bytes = recvSeg.size(j) * es;
+    recvs[k] = st.accumBase != nullptr ? ex.recvReduce(left, dst, st.accumBase + off * es, bytes)
+                                       : ex.recv(left, dst, bytes);
+  }
+  ex.waitAll();
+}
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Steps of the reduce-scatter phase; rank r ends holding chunk r.
+void addReduceScatterSteps(std::vector<Step>& steps, int n, int r, const char* in, char* work,
+                           char* out) {
+  for (int s = 0; s + 1 < n; ++s) {
+    Step st{};
+    st.sendBase = s == 0 ? in : work;
+    st.sendChunk = mod(r - s - 1, n);
+    st.recvBase = work;
+    st.accumBase = in;
+    st.recvChunk = mod(r - s - 2, n);
+    if (s + 2 == n) st.recvChunkDst = out;  // the last step delivers chunk r
+    steps.push_back(st);
+  }
+}
+
+// Steps of the allgather phase; rank r starts holding chunk r of buf.
+void addAllgatherSteps(std::vector<Step>& steps, int n, int r, char* buf) {
+  for (int s = 0; s + 1 < n; ++s)
+    steps.push_back(Step{buf, static_cast<size_t>(mod(r - s, n)), buf, nullptr,
+                         static_cast<size_t>(mod(r - s - 1, n))});
+}
+
+}  // namespace
+
+void reduceScatter(Exchange& ex, const char* in, char* work, char* out, size_t count) {
+  const int n = ex.size(), r = ex.rank();
+  Chunks chunks(count, n);
+  if (n == 1) {
+    if (out != in) std::memcpy(out, in, count * ex.elemSize());
+    return;
+  }
+  std::vector<Step> steps;
+  addReduceScatterSteps(steps, n, r, in, work, out);
+  runSteps(ex, chunks, steps);
+}
+
+void allgather(Exchange& ex, char* buf, size_t count) {
+  const int n = ex.size();
+  if (n == 1) return;
+  std::vector<Step> steps;
+  addAllgatherSteps(steps, n, ex.rank(), buf);
+  runSteps(ex, Chunks(count, n), steps);
+}
+
+void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
+  const int n = ex.size(), r = ex.rank();
+  Chunks chunks(count, n);
+  if (n == 1) {
+    if (out != in) std::memcpy(out, in, count * ex.elemSize());
+    return;
+  }
+  std::vector<Step> steps;
+  addReduceScatterSteps(steps, n, r, in, out, out + chunks.offset(r) * ex.elemSize());
+  addAllgatherSteps(steps, n, r, out);
+  runSteps(ex, chunks, steps);
+}
+
+namespace {
+
+// Pipelined chain: position 0 starts, position n-1 ends. Every rank but the first receives
+// each segment from its predecessor (copying or reducing with `accum`), and every rank but the
+// last forwards it to its successor from `fwd`.
+void chain(Exchange& ex, int position, int prevRank, int nextRank, const char* firstSrc,
+           char* dst, const char* accum, size_t count) {
+  const int n = ex.size();
+  const size_t es = ex.elemSize();
+  const size_t m = segmentsFor(count, es, ex.segmentBytes());
+  Chunks seg(count, m);
+  const bool first = position == 0, last = position == n - 1;
+  std::vector<RequestPtr> recvs(m);
+  if (!first)
+    for (size_t j = 0; j < m; ++j) {
+      size_t off = seg.offset(j) * es, bytes = seg.size(j) * es;
+      recvs[j] = accum != nullptr ? ex.recvReduce(prevRank, dst + off, accum + off, bytes)
+                                  : ex.recv(prevRank, dst + off, bytes);
+    }
+  if (!last)
+    for (size_t j = 0; j < m; ++j) {
+      if (!first) ex.wait(recvs[j]);
+      const char* src = first ? firstSrc : dst;
+      ex.send(nextRank, src + seg.offset(j) * es, seg.size(j) * es);
+    }
+  ex.waitAll();
+}
+
+double groupLinkCost(const Group& g, double LinkCost::*field) {
+  return costOf(g).*field;
+}
+
+class RingAlgorithm : public Algorithm {
+ public:
+  const char* name() const override { return "ring"; }
+
+  std::string unsupported(const Group&, const CollectiveArgs&) const override { return ""; }
+
+  double cost(const Group& g, const CollectiveArgs& a) const override {
+    const double n = g.size(), S = a.count * elementSize(a.dtype);
+    const double alpha = groupLinkCost(g, &LinkCost::alpha);
+    const double beta = groupLinkCost(g, &LinkCost::beta);
+    const double gamma = groupLinkCost(g, &LinkCost::gamma);
+    const double seg = static_cast<double>(a.segmentBytes ? a.segmentBytes : 262144);
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce:
+        return 2 * (n - 1) * alpha + 2 * (n - 1) / n * S * beta + (n - 1) / n * S * gamma;
+      case CollectiveKind::kReduceScatter:
+        return (n - 1) * alpha + (n - 1) / n * S * (beta + gamma);
+      case CollectiveKind::kAllgather:
+        return (n - 1) * alpha + (n - 1) * S * beta;
+      case CollectiveKind::kBroadcast:
+        return (n - 1) * alpha + S * beta + (n - 2) * std::min(S, seg) * beta;
+      case CollectiveKind::kReduce:
+        return (n - 1) * alpha + S * (beta + gamma) + (n - 2) * std::min(S, seg) * beta;
+      default:
+        return 1e30;
+    }
+  }
+
+  void run(Exchange& ex, const CollectiveArgs& a) const override {
+    const int n = ex.size(), r = ex.rank();
+    const size_t es = ex.elemSize();
+    const char* in = static_cast<const char*>(a.in);
+    char* out = static_cast<char*>(a.out);
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce:
+        allreduce(ex, in, out, a.count);
+        return;
+      case CollectiveKind::kReduceScatter: {
+        char* work = static_cast<char*>(ex.group().comm().scratch(0, a.count * es));
+        reduceScatter(ex, in, work, out, a.count);
+        return;
+      }
+      case CollectiveKind::kAllgather: {
+        char* mine = out + static_cast<size_t>(r) * a.count * es;
+        if (mine != in) std::memcpy(mine, in, a.count * es);
+        allgather(ex, out, a.count * n);
+        return;
+      }
+      case CollectiveKind::kBroadcast: {
+        int pos = mod(r - a.root, n);
+        if (pos == 0 && out != in) std::memcpy(out, in, a.count * es);
+        chain(ex, pos, mod(r - 1, n), mod(r + 1, n), in, out, nullptr, a.count);
+        return;
+      }
+      case CollectiveKind::kReduce: {
+        // The chain starts right after the root and ends at the root.
+        int pos = mod(r - a.root - 1, n);
+        if (n == 1) {
+          if (out != in) std::memcpy(out, in, a.count * es);
+          return;
+        }
+        char* dst = r == a.root ? out : static_cast<char*>(ex.group().comm().scratch(0, a.count * es));
+        chain(ex, pos, mod(r - 1, n), mod(r + 1, n), in, dst, in, a.count);
+        return;
+      }
+      default:
+        PC_ASSERT(false, "ring cannot run ", collectiveName(a.kind));
+    }
+  }
+};
+
+}  // namespace
+
+const Algorithm& algorithm() {
+  static const RingAlgorithm instance;
+  return instance;
+}
+
+}  // namespace ring
+}  // namespace pycollective

@@ -1,0 +1,75 @@
+// build_info(), algorithms(), and the small helpers Python needs from the core.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "algorithms/registry.h"
+#include "bindings/bindings.h"
+#include "config.h"
+#include "core/error.h"
+#include "reduce/reduce.h"
+
+namespace py = pybind11;
+
+namespace pycollective {
+namespace bindings {
+
+CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
+                        int root, uint32_t shapeHash, size_t segmentBytes, double timeout) {
+  PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+  PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
+  PC_CHECK(kind >= 0 && kind <= static_cast<int>(CollectiveKind::kReduce), "unknown collective ",
+           kind);
+  CollectiveArgs a;
+  a.kind = static_cast<CollectiveKind>(kind);
+  a.in = reinterpret_cast<const void*>(in);
+  a.out = reinterpret_cast<void*>(out);
+  a.count = count;
+  a.dtype = static_cast<DType>(dtype);
+  a.op = static_cast<ReduceOp>(op);
+  a.root = root;
+  a.shapeHash = shapeHash;
+  a.segmentBytes = segmentBytes;
+  a.timeoutSeconds = timeout;
+  return a;
+}
+
+void bindInfo(py::module_& m) {
+  m.def("build_info", [] {
+    py::dict info;
+    info["version"] = PYCOLLECTIVE_VERSION;
+    info["compiler"] = PYCOLLECTIVE_COMPILER;
+    info["cxx_flags"] = PYCOLLECTIVE_CXX_FLAGS;
+    info["build_type"] = PYCOLLECTIVE_BUILD_TYPE;
+    info["simd"] = simdLevel();
+    info["cuda"] = static_cast<bool>(PYCOLLECTIVE_HAVE_CUDA);
+    info["cuda_version"] = PYCOLLECTIVE_CUDA_VERSION;
+    info["cuda_architectures"] = PYCOLLECTIVE_CUDA_ARCHITECTURES;
+    return info;
+  });
+  m.def("algorithms", &algorithmNames);
+
+  // Reduces b into a in place (numpy-free kernel access for tests and the parameter server).
+  m.def(
+      "reduce_into",
+      [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op) {
+        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+        PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
+        ReduceFn fn = lookupReduce(static_cast<DType>(dtype), static_cast<ReduceOp>(op));
+        py::gil_scoped_release release;
+        fn(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a),
+           reinterpret_cast<const void*>(b), count);
+      },
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"),
+      py::arg("op"));
+  m.def(
+      "scale",
+      [](uintptr_t data, size_t count, int dtype, double factor) {
+        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+        py::gil_scoped_release release;
+        scaleInPlace(reinterpret_cast<void*>(data), count, static_cast<DType>(dtype), factor);
+      },
+      py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"));
+}
+
+}  // namespace bindings
+}  // namespace pycollective

@@ -1,0 +1,46 @@
+// LocalGroup: n replicas in this process. Python passes one pointer pair per replica.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "comm/local_group.h"
+#include "core/error.h"
+
+namespace py = pybind11;
+
+namespace pycollective {
+namespace bindings {
+
+void bindLocal(py::module_& m) {
+  py::class_<LocalGroup>(m, "LocalGroup")
+      .def(py::init<int, double, int>(), py::arg("size"), py::arg("timeout"),
+           py::arg("group_size") = 0)
+      .def_property_readonly("size", &LocalGroup::size)
+      .def(
+          "run",
+          [](LocalGroup& g, int kind, const std::vector<uintptr_t>& ins,
+             const std::vector<uintptr_t>& outs, size_t count, int dtype, int op, int root,
+             const std::string& algo, uint32_t shapeHash, size_t segmentBytes, double timeout) {
+            PC_CHECK(static_cast<int>(ins.size()) == g.size() &&
+                         static_cast<int>(outs.size()) == g.size(),
+                     "expected ", g.size(), " buffers per side");
+            std::vector<CollectiveArgs> args;
+            for (int r = 0; r < g.size(); ++r)
+              args.push_back(makeArgs(kind, ins[r], outs[r], count, dtype, op, root, shapeHash,
+                                      segmentBytes, timeout));
+            py::gil_scoped_release release;
+            g.run(args, algo);
+          },
+          py::arg("kind"), py::arg("ins"), py::arg("outs"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
+          py::arg("segment_bytes"), py::arg("timeout"))
+      .def(
+          "explain",
+          [](LocalGroup& g, int kind, size_t count, int dtype, int op) {
+            return g.explain(makeArgs(kind, 0, 0, count, dtype, op, 0, 0, 0, 0));
+          },
+          py::arg("kind"), py::arg("count"), py::arg("dtype"), py::arg("op"));
+}
+
+}  // namespace bindings
+}  // namespace pycollective

@@ -1,0 +1,142 @@
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "transport/notifier.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PC_CPU_RELAX() _mm_pause()
+#else
+#define PC_CPU_RELAX() ((void)0)
+#endif
+
+namespace pycollective {
+
+Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>> links,
+                           std::vector<int> hostOf, double timeoutSeconds)
+    : rank_(rank), size_(size), links_(std::move(links)), hostOf_(std::move(hostOf)),
+      timeoutSeconds_(timeoutSeconds) {
+  PC_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " out of range for size ", size);
+  PC_CHECK(static_cast<int>(links_.size()) == size, "expected ", size, " links, got ",
+           links_.size());
+  if (hostOf_.empty()) hostOf_.assign(size, 0);
+  PC_CHECK(static_cast<int>(hostOf_.size()) == size, "host table has ", hostOf_.size(),
+           " entries for ", size, " ranks");
+}
+
+Communicator::~Communicator() = default;
+
+Link& Communicator::link(int peer) {
+  PC_ASSERT(peer >= 0 && peer < size_ && peer != rank_ && links_[peer], "bad peer ", peer);
+  return *links_[peer];
+}
+
+std::string Communicator::who() const {
+  return "[rank " + std::to_string(rank_) + "/" + std::to_string(size_) + "]";
+}
+
+void Communicator::abort(const std::string& reason) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(abortMu_);
+    if (abortReason_.empty()) abortReason_ = reason;
+  }
+  aborted_.store(true);
+  for (auto& l : links_)
+    if (l) l->abort(reason);
+}
+
+std::string Communicator::abortReason() {
+  std::lock_guard<std::mutex> lock(abortMu_);
+  return abortReason_;
+}
+
+void* Communicator::scratch(int slot, size_t bytes) {
+  if (static_cast<int>(scratch_.size()) <= slot) {
+    scratch_.resize(slot + 1);
+    scratchBytes_.resize(slot + 1, 0);
+  }
+  if (scratchBytes_[slot] < bytes) {
+    // 64-byte aligned (vector loads) by over-allocating.
+    scratch_[slot].reset(new char[bytes + 64]);
+    scratchBytes_[slot] = bytes;
+  }
+  auto addr = reinterpret_cast<uintptr_t>(scratch_[slot].get());
+  return reinterpret_cast<void*>((addr + 63) & ~uintptr_t(63));
+}
+
+void Communicator::waitAll(const std::vector<Pending>& pending, const std::vector<Link*>& advance,
+                           const Deadline& deadline, const std::string& what) {
+  std::vector<Link*> links = advance;
+  for (const auto& p : pending)
+    if (std::find(links.begin(), links.end(), p.link) == links.end()) links.push_back(p.link);
+  Notifier* bell = nullptr;
+  bool allNotify = !links.empty();
+  for (Link* l : links) {
+    if (l->notifier() == nullptr) allNotify = false;
+    else bell = l->notifier();
+  }
+
+  int idleRounds = 0;
+  for (;;) {
+    uint64_t seen = bell != nullptr ? bell->generation() : 0;
+    bool moved = false;
+    for (Link* l : links) moved |= l->progress();
+    bool done = std::all_of(pending.begin(), pending.end(), [](const Pending& p) {
+      return p.request->done.load(std::memory_order_acquire);
+    });
+    if (done) return;
+    if (aborted_.load()) throw Aborted(who() + " " + what + " aborted: " + abortReason());
+    if (moved) {
+      idleRounds = 0;
+      continue;
+    }
+    if (deadline.expired()) {
+      const Pending* stuck = nullptr;
+      for (const auto& p : pending)
+        if (!p.request->done.load()) {
+          stuck = &p;
+          break;
+        }
+      throw CollectiveTimeout(makeMessage(
+          who(), " ", what, " timed out after ", deadline.totalSeconds(), " s waiting for rank ",
+          stuck->peer, stuck->isSend ? " to receive" : " to send", " over ",
+          stuck->link->describe(),
+          ". Every rank must call the same collectives in the same order; raise "
+          "PYCOLLECTIVE_TIMEOUT (or timeout=) if ranks are legitimately slow."));
+    }
+    // Spin briefly (small messages arrive within microseconds), then sleep on the doorbell, or
+    // poll with a growing pause for links that cannot ring it.
+    ++idleRounds;
+    if (idleRounds < 64) {
+      PC_CPU_RELAX();
+    } else if (idleRounds < 128) {
+      std::this_thread::yield();
+    } else if (allNotify) {
+      bell->waitPast(seen, std::chrono::milliseconds(5));
+    } else {
+      int us = std::min(1000, 1 << std::min(10, (idleRounds - 128) / 16));
+      if (bell != nullptr) bell->waitPast(seen, std::chrono::microseconds(us));
+      else std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
+  }
+}
+
+Group::Group(Communicator& comm, std::vector<int> members)
+    : comm_(comm), members_(std::move(members)), myIndex_(-1) {
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i] == comm.rank()) myIndex_ = static_cast<int>(i);
+  PC_ASSERT(myIndex_ >= 0, "rank ", comm.rank(), " is not a member of the group");
+}
+
+Group Group::world(Communicator& comm) {
+  std::vector<int> all(comm.size());
+  for (int i = 0; i < comm.size(); ++i) all[i] = i;
+  return Group(comm, std::move(all));
+}
+
+}  // namespace pycollective

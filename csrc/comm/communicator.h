@@ -1,0 +1,108 @@
+#pragma once
+// The native object behind a process group or one replica of a LocalCommunicator: who this rank
+// is, one Link per peer, where each peer lives (host), the timeout, the abort flag and the
+// sequence counter that stamps every collective.
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/executor.h"
+#include "core/deadline.h"
+#include "transport/link.h"
+
+namespace pycollective {
+
+// The alpha-beta-gamma model of one kind of link, used by algo="auto":
+// time(message of b bytes) = alpha + b * beta; reducing b bytes costs b * gamma.
+struct LinkCost {
+  double alpha = 5e-6;     // seconds per message
+  double beta = 1.0 / 5e9; // seconds per byte moved
+  double gamma = 1.0 / 8e9;// seconds per byte reduced
+};
+
+// A message waited for: used to name the peer and link in timeout messages.
+struct Pending {
+  Link* link;
+  RequestPtr request;
+  int peer;       // global rank
+  bool isSend;
+};
+
+class Communicator {
+ public:
+  // links[peer] is nullptr for this rank. hostOf[r] groups ranks by host (hierarchical).
+  Communicator(int rank, int size, std::vector<std::unique_ptr<Link>> links,
+               std::vector<int> hostOf, double timeoutSeconds);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Link& link(int peer);
+  const std::vector<int>& hostOf() const { return hostOf_; }
+  double timeoutSeconds() const { return timeoutSeconds_; }
+  void setTimeoutSeconds(double s) { timeoutSeconds_ = s; }
+
+  // Costs of links between ranks on the same host / different hosts.
+  LinkCost localCost, remoteCost;
+  // Ranks per hierarchical group when the host layout does not say (in-process replicas);
+  // 0 = derive from hostOf.
+  int hierarchicalGroupSize = 0;
+
+  uint64_t nextSeq() { return seq_++; }
+
+  // Waits until every request in `waitFor` completed, advancing every link in `advance` (a
+  // sender may need its outgoing links pushed while it waits for a receive). Throws
+  // CollectiveTimeout (naming `what`, the peer and the link), Aborted, RemoteError, ProtocolError.
+  void waitAll(const std::vector<Pending>& waitFor, const std::vector<Link*>& advance,
+               const Deadline& deadline, const std::string& what);
+
+  // Marks the communicator failed and fails every link, so peers stop waiting for this rank.
+  void abort(const std::string& reason) noexcept;
+  bool aborted() const { return aborted_.load(); }
+  std::string abortReason();
+
+  // A scratch buffer of at least `bytes`, reused across calls; `slot` keeps two buffers apart.
+  void* scratch(int slot, size_t bytes);
+
+  Executor& executor() { return executor_; }
+
+  // "[rank 3/8]"
+  std::string who() const;
+
+ private:
+  int rank_, size_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::vector<int> hostOf_;
+  double timeoutSeconds_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> aborted_{false};
+  std::mutex abortMu_;
+  std::string abortReason_;
+  std::vector<std::unique_ptr<char[]>> scratch_;
+  std::vector<size_t> scratchBytes_;
+  Executor executor_;  // last member: its thread is joined before the links go away
+};
+
+// The members of a (sub)group seen from one rank: algorithms talk to group ranks 0..size-1 and
+// never see global ranks, so the same ring runs on the whole world or on the ranks of one host.
+class Group {
+ public:
+  Group(Communicator& comm, std::vector<int> members);
+  static Group world(Communicator& comm);
+
+  int rank() const { return myIndex_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  int globalRank(int groupRank) const { return members_[groupRank]; }
+  Link& link(int groupRank) { return comm_.link(members_[groupRank]); }
+  Communicator& comm() { return comm_; }
+  const Communicator& comm() const { return comm_; }
+
+ private:
+  Communicator& comm_;
+  std::vector<int> members_;
+  int myIndex_;
+};
+
+}  // namespace pycollective

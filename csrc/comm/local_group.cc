@@ -1,0 +1,59 @@
+#include "comm/local_group.h"
+
+#include "algorithms/registry.h"
+#include "core/error.h"
+#include "transport/inproc.h"
+
+namespace pycollective {
+
+LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
+  PC_CHECK(size >= 1, "a LocalCommunicator needs at least one replica, got ", size);
+  PC_CHECK(groupSize >= 0, "group_size must be positive, got ", groupSize);
+  PC_CHECK(groupSize == 0 || size % groupSize == 0, "group_size ", groupSize,
+           " must divide the number of replicas (", size, ")");
+  InprocFabric fabric(size);
+  for (int r = 0; r < size; ++r) {
+    auto comm = std::make_unique<Communicator>(r, size, fabric.links(r), std::vector<int>(size, 0),
+                                               timeoutSeconds);
+    // In-process links: a message costs a doorbell (~several us) and one pass over memory.
+    comm->localCost = LinkCost{4e-6, 1.0 / 6e9, 1.0 / 6e9};
+    comm->remoteCost = comm->localCost;
+    comm->hierarchicalGroupSize = groupSize;
+    comms_.push_back(std::move(comm));
+  }
+}
+
+LocalGroup::~LocalGroup() = default;
+
+void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string& algo) {
+  PC_ASSERT(static_cast<int>(args.size()) == size(), "one call per replica");
+  std::vector<WorkPtr> works;
+  for (int r = 0; r < size(); ++r) {
+    Communicator* comm = comms_[r].get();
+    CollectiveArgs a = args[r];
+    works.push_back(comm->executor().submit([comm, a, algo] { runCollective(*comm, a, algo); }));
+  }
+  // Each replica's call is bounded by its own deadline, so these waits end.
+  // When one replica fails, the others fail as a consequence (RemoteError/Aborted naming it):
+  // report the cause.
+  std::exception_ptr cause, consequence;
+  for (auto& w : works) {
+    try {
+      w->wait(-1);
+    } catch (const RemoteError&) {
+      if (!consequence) consequence = std::current_exception();
+    } catch (const Aborted&) {
+      if (!consequence) consequence = std::current_exception();
+    } catch (...) {
+      if (!cause) cause = std::current_exception();
+    }
+  }
+  if (cause) std::rethrow_exception(cause);
+  if (consequence) std::rethrow_exception(consequence);
+}
+
+std::string LocalGroup::explain(const CollectiveArgs& args) {
+  return explainChoice(Group::world(*comms_[0]), args);
+}
+
+}  // namespace pycollective

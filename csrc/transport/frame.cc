@@ -1,0 +1,67 @@
+#include "transport/frame.h"
+
+#include <sstream>
+
+#include "algorithms/registry.h"
+
+namespace pycollective {
+
+const char* collectiveName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllreduce: return "allreduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllgather: return "allgather";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+std::string describeCall(const FrameHeader& h) {
+  std::ostringstream os;
+  os << collectiveName(static_cast<CollectiveKind>(h.kind)) << "#" << h.seq << " ("
+     << algorithmName(h.algo) << ", " << dtypeName(static_cast<DType>(h.dtype)) << ", "
+     << h.count << " elems";
+  auto kind = static_cast<CollectiveKind>(h.kind);
+  if (kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
+      kind == CollectiveKind::kReduceScatter)
+    os << ", op " << opName(static_cast<ReduceOp>(h.op));
+  if (kind == CollectiveKind::kBroadcast || kind == CollectiveKind::kReduce)
+    os << ", root " << h.root;
+  os << ")";
+  return os.str();
+}
+
+std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got) {
+  if (got.magic != FrameHeader::kMagic)
+    return "the frame is not a pycollective frame (bad magic): the byte stream is corrupt or "
+           "something else is connected to this port";
+  std::ostringstream os;
+  auto field = [&](const char* name, const std::string& mine, const std::string& theirs) {
+    if (mine != theirs) os << "; " << name << ": here " << mine << ", peer " << theirs;
+  };
+  field("collective", collectiveName(static_cast<CollectiveKind>(expected.kind)),
+        collectiveName(static_cast<CollectiveKind>(got.kind)));
+  field("sequence number", std::to_string(expected.seq), std::to_string(got.seq));
+  field("algorithm", algorithmName(expected.algo), algorithmName(got.algo));
+  field("dtype", dtypeName(static_cast<DType>(expected.dtype)),
+        dtypeName(static_cast<DType>(got.dtype)));
+  field("element count", std::to_string(expected.count), std::to_string(got.count));
+  if (expected.count == got.count && expected.shapeHash != got.shapeHash)
+    os << "; shape: the same element count in a different shape";
+  field("op", opName(static_cast<ReduceOp>(expected.op)), opName(static_cast<ReduceOp>(got.op)));
+  field("root", std::to_string(expected.root), std::to_string(got.root));
+  std::string fields = os.str();
+  if (fields.empty()) {
+    // Same call: only the step or size can differ, which is a pycollective bug.
+    if (expected.step != got.step || expected.bytes != got.bytes)
+      return "same call but message step/size differ (step " + std::to_string(expected.step) +
+             " vs " + std::to_string(got.step) + ", bytes " + std::to_string(expected.bytes) +
+             " vs " + std::to_string(got.bytes) + ")";
+    return "";
+  }
+  return fields.substr(2);
+}
+
+}  // namespace pycollective

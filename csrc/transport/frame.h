@@ -1,0 +1,45 @@
+#pragma once
+// Every message between two ranks carries a FrameHeader describing the call that sent it. The
+// receiver compares it with the header it expects, so ranks that called different collectives
+// (or the same one with other arguments) fail loudly instead of mixing data or hanging.
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace pycollective {
+
+enum class CollectiveKind : uint8_t {
+  kAllreduce = 0,
+  kReduceScatter = 1,
+  kAllgather = 2,
+  kBroadcast = 3,
+  kReduce = 4,
+  kBarrier = 5,
+};
+const char* collectiveName(CollectiveKind kind);
+
+struct FrameHeader {
+  static constexpr uint32_t kMagic = 0x4c4f4350;  // "PCOL"
+  uint32_t magic = kMagic;
+  uint32_t step = 0;        // message index within the call, same on both sides
+  uint64_t seq = 0;         // collective sequence number within the communicator
+  uint64_t count = 0;       // elements of the whole call (per rank)
+  uint64_t bytes = 0;       // payload bytes that follow this header
+  uint32_t shapeHash = 0;   // hash of the caller's shape: same count, other shape is an error
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint8_t algo = 0;         // index in the algorithm registry
+  int32_t root = 0;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
+
+// One line describing the call a header belongs to: "allreduce#17 (ring, float32, 4096 elems)".
+std::string describeCall(const FrameHeader& h);
+
+// Returns "" when `got` matches `expected`, else a sentence naming every field that differs.
+std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got);
+
+}  // namespace pycollective

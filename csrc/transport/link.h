@@ -1,0 +1,60 @@
+#pragma once
+// A Link moves bytes between this rank and one peer. Algorithms see nothing else of a transport:
+// the same ring runs over threads of one process, processes of one host, or hosts of a network.
+//
+// Contract:
+//  - postSend / postRecv never block; they return a Request that completes later.
+//  - Messages in one direction are delivered in the order they were posted; each postRecv is
+//    matched with the next postSend of the peer, and its header is checked (ProtocolError).
+//  - progress() advances posted requests without blocking. The caller's wait loop calls it on
+//    every link it waits for; transports without a background thread do their I/O here.
+//  - A receive may reduce instead of copy: dst = accum OP incoming (accum may be dst itself),
+//    which lets transports reduce straight out of the peer's memory or their own staging area.
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "reduce/reduce.h"
+#include "transport/frame.h"
+
+namespace pycollective {
+
+class Notifier;
+
+struct Request {
+  std::atomic<bool> done{false};
+};
+using RequestPtr = std::shared_ptr<Request>;
+
+struct RecvSpec {
+  void* dst = nullptr;
+  size_t bytes = 0;
+  ReduceFn reduce = nullptr;     // nullptr: plain copy
+  const void* accum = nullptr;   // with reduce: dst = accum OP incoming (nullptr means dst)
+  size_t elemSize = 1;           // element size for reduce
+};
+
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  virtual RequestPtr postSend(const void* data, size_t bytes, const FrameHeader& header) = 0;
+  virtual RequestPtr postRecv(const RecvSpec& spec, const FrameHeader& expected) = 0;
+
+  // Advances posted requests; returns true if anything moved. Throws RemoteError when the peer
+  // failed or closed the link, ProtocolError when a header does not match.
+  virtual bool progress() = 0;
+
+  // Fails every pending and future request on both ends (as far as the transport can reach
+  // the peer). Never throws, never blocks for long.
+  virtual void abort(const std::string& reason) noexcept = 0;
+
+  // "inproc -> rank 2", "tcp 10.0.0.5:4101 -> rank 2"
+  virtual std::string describe() const = 0;
+
+  // The doorbell this link rings when data arrives, or nullptr if the waiter must poll.
+  virtual Notifier* notifier() { return nullptr; }
+};
+
+}  // namespace pycollective

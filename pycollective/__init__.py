@@ -1,0 +1,54 @@
+"""pycollective: collective communication for Python with a native core.
+
+Quick tour::
+
+    import numpy as np
+    import pycollective as pc
+
+    comm = pc.LocalCommunicator(4)               # 4 replicas in this process
+    xs = [np.full(1000, i, np.float32) for i in range(4)]
+    ys = comm.allreduce(xs, op="sum", algo="ring")
+
+See README.md and docs/ for process groups, launchers, strategies and benchmarks.
+"""
+
+from __future__ import annotations
+
+from pycollective._ext import _C
+from pycollective.errors import (
+    Aborted,
+    CollectiveError,
+    CollectiveTimeout,
+    InternalError,
+    ProtocolError,
+    RemoteError,
+)
+from pycollective.local import LocalCommunicator
+from pycollective.reduce_op import ReduceOp
+
+__version__ = _C.build_info()["version"]
+
+
+def build_info() -> dict:
+    """What this build contains: version, compiler, flags, SIMD kernel set chosen at run time,
+    CUDA yes/no (and its version and architectures)."""
+    return dict(_C.build_info())
+
+
+def algorithms() -> list[str]:
+    """Names accepted by ``algo=``: ring, halving_doubling, hierarchical, reduce_to_one, auto."""
+    return list(_C.algorithms())
+
+
+__all__ = [
+    "Aborted",
+    "CollectiveError",
+    "CollectiveTimeout",
+    "InternalError",
+    "LocalCommunicator",
+    "ProtocolError",
+    "ReduceOp",
+    "RemoteError",
+    "algorithms",
+    "build_info",
+]

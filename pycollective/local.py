@@ -1,0 +1,124 @@
+"""LocalCommunicator: several replicas inside one process (what MirroredStrategy needs).
+
+Each replica runs on its own native thread over in-process links, executing exactly the
+algorithm code a multi-process group runs; the GIL is released for the whole collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pycollective._calls import KINDS, REDUCING, Prepared, prepare
+from pycollective._ext import _C
+from pycollective.config import default_timeout, env_int
+from pycollective.reduce_op import ReduceOp, parse_op
+from pycollective.tensors import adapt, shape_hash
+
+
+class LocalCommunicator:
+    """``n`` replicas in this process.
+
+    Args:
+        num_replicas: how many replicas (threads).
+        timeout: seconds a collective may take (default ``PYCOLLECTIVE_TIMEOUT`` or 300).
+        group_size: replicas per group for ``algo="hierarchical"`` (default
+            ``PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE``, else one group of all replicas). Must
+            divide ``num_replicas``.
+
+    Every method takes one tensor per replica (a list of length ``num_replicas``) and returns
+    one result per replica. Every replica's result is bitwise identical to the others'.
+    """
+
+    def __init__(self, num_replicas: int, timeout: float | None = None,
+                 group_size: int | None = None) -> None:
+        if not isinstance(num_replicas, int) or num_replicas < 1:
+            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+        if group_size is None:
+            group_size = env_int("PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE", 0)
+        self._timeout = default_timeout() if timeout is None else float(timeout)
+        self._group = _C.LocalGroup(num_replicas, self._timeout, group_size)
+        self.num_replicas = num_replicas
+        self.group_size = group_size or num_replicas
+
+    def __repr__(self) -> str:
+        return f"LocalCommunicator({self.num_replicas})"
+
+    # The collectives ------------------------------------------------------------------------
+
+    def allreduce(self, tensors: Sequence[Any], op: str | ReduceOp = "sum", algo: str = "auto",
+                  inplace: bool = False, timeout: float | None = None) -> list[Any]:
+        """Every replica gets the reduction of all replicas' tensors.
+
+        ``op``: sum, prod, min, max, avg. ``algo``: one of :func:`pycollective.algorithms`.
+        ``inplace=True`` writes the result into the inputs (and returns them).
+        """
+        return self._run("allreduce", tensors, op, algo, 0, inplace, timeout)
+
+    def reduce_scatter(self, tensors: Sequence[Any], op: str | ReduceOp = "sum",
+                       algo: str = "auto", timeout: float | None = None) -> list[Any]:
+        """Replica ``r`` gets chunk ``r`` of the reduction: rows of axis 0 when the first
+        dimension divides evenly by the replica count, else a flat chunk of the flattened
+        result (the first ``size % n`` replicas hold one extra element)."""
+        return self._run("reduce_scatter", tensors, op, algo, 0, False, timeout)
+
+    def allgather(self, tensors: Sequence[Any], algo: str = "auto",
+                  timeout: float | None = None) -> list[Any]:
+        """Every replica gets all replicas' tensors stacked: shape ``(n, *shape)``."""
+        return self._run("allgather", tensors, "sum", algo, 0, False, timeout)
+
+    def broadcast(self, tensors: Sequence[Any], root: int = 0, algo: str = "auto",
+                  inplace: bool = False, timeout: float | None = None) -> list[Any]:
+        """Every replica gets replica ``root``'s tensor."""
+        return self._run("broadcast", tensors, "sum", algo, root, inplace, timeout)
+
+    def reduce(self, tensors: Sequence[Any], root: int = 0, op: str | ReduceOp = "sum",
+               algo: str = "auto", inplace: bool = False,
+               timeout: float | None = None) -> list[Any]:
+        """Replica ``root`` gets the reduction; the other entries of the result are None."""
+        return self._run("reduce", tensors, op, algo, root, inplace, timeout)
+
+    def explain(self, collective: str, nbytes: int, dtype: str = "float32") -> str:
+        """The algorithm ``algo="auto"`` picks for a call of this size, with the model's costs."""
+        from pycollective.tensors import DTYPE_NAMES
+
+        code = {v: k for k, v in DTYPE_NAMES.items()}[dtype]
+        itemsize = {0: 2, 1: 2, 2: 4, 3: 8, 4: 1, 5: 1, 6: 4, 7: 8}[code]
+        return self._group.explain(KINDS[collective], nbytes // itemsize, code, 0)
+
+    # Plumbing -------------------------------------------------------------------------------
+
+    def _run(self, kind: str, tensors: Sequence[Any], op: str | ReduceOp, algo: str, root: int,
+             inplace: bool, timeout: float | None) -> list[Any]:
+        n = self.num_replicas
+        if not isinstance(tensors, (list, tuple)):
+            raise TypeError(f"{kind} expects a list of {n} tensors (one per replica), "
+                            f"got {type(tensors).__name__}")
+        if len(tensors) != n:
+            raise ValueError(f"{kind} expects {n} tensors (one per replica), got {len(tensors)}")
+        if not isinstance(root, int) or not 0 <= root < n:
+            raise ValueError(f"root must be a replica index in [0, {n}), got {root!r}")
+        if not isinstance(algo, str):
+            raise TypeError(f"algo must be a string, got {type(algo).__name__}")
+        reduce_op = parse_op(op)
+        bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
+        first = bufs[0]
+        for i, b in enumerate(bufs[1:], start=1):
+            if b.code != first.code:
+                raise TypeError(f"replica {i} passed {b.dtype_name} but replica 0 passed "
+                                f"{first.dtype_name}; every replica must pass the same dtype")
+            if b.array.shape != first.array.shape:
+                raise ValueError(f"replica {i} passed shape {b.array.shape} but replica 0 "
+                                 f"passed {first.array.shape}; every replica must pass the "
+                                 "same shape")
+        if kind in REDUCING and reduce_op == ReduceOp.AVG and first.code >= 4:
+            raise TypeError(f"avg is not defined for {first.dtype_name}: use op='sum' and "
+                            "divide, or convert to a floating dtype")
+        calls: list[Prepared] = [
+            prepare(kind, b, i, n, root, inplace, f"replica {i}") for i, b in enumerate(bufs)
+        ]
+        self._group.run(
+            KINDS[kind], [c.in_ptr for c in calls], [c.out_ptr for c in calls],
+            first.count, first.code, int(reduce_op), root, algo, shape_hash(first.array.shape),
+            0, self._timeout if timeout is None else float(timeout),
+        )
+        return [c.result() for c in calls]

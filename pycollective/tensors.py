@@ -1,0 +1,142 @@
+"""Adapters from user tensors to the raw buffers the native core works on.
+
+Accepted: numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``), torch CPU tensors, and anything
+with the buffer protocol or ``__dlpack__``. Results come back as the caller's type: numpy in,
+numpy out; torch in, torch out.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+try:  # bfloat16 numpy arrays
+    import ml_dtypes
+
+    _BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+    ml_dtypes = None
+    _BF16 = None
+
+# numpy dtype -> native dtype code (csrc/core/dtype.h; never renumber)
+_CODES: dict[np.dtype, int] = {
+    np.dtype(np.float16): 0,
+    np.dtype(np.float32): 2,
+    np.dtype(np.float64): 3,
+    np.dtype(np.int8): 4,
+    np.dtype(np.uint8): 5,
+    np.dtype(np.int32): 6,
+    np.dtype(np.int64): 7,
+}
+if _BF16 is not None:
+    _CODES[_BF16] = 1
+BFLOAT16 = 1
+DTYPE_NAMES = {0: "float16", 1: "bfloat16", 2: "float32", 3: "float64", 4: "int8",
+               5: "uint8", 6: "int32", 7: "int64"}
+SUPPORTED = "float16, bfloat16, float32, float64, int8, uint8, int32, int64"
+
+
+@dataclass
+class Buffer:
+    """A user tensor seen as a numpy array that shares its memory.
+
+    ``array`` may be a uint16 view for bfloat16 when ml_dtypes is absent; ``code`` is the
+    native dtype code either way. ``wrap`` turns a numpy result back into the caller's type.
+    """
+
+    array: np.ndarray
+    code: int
+    wrap: Callable[[np.ndarray], Any]
+    source: Any
+
+    @property
+    def ptr(self) -> int:
+        return self.array.__array_interface__["data"][0]
+
+    @property
+    def count(self) -> int:
+        return self.array.size
+
+    @property
+    def dtype_name(self) -> str:
+        return DTYPE_NAMES[self.code]
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "numpy")
+
+
+def _from_torch(t: Any, where: str) -> Buffer:
+    import torch
+
+    if t.device.type != "cpu":
+        raise TypeError(
+            f"{where}: torch tensor on {t.device}; this build handles CPU tensors (CUDA tensors "
+            "need a CUDA build of pycollective)"
+        )
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        raw = t.view(torch.int16).numpy().view(np.uint16)
+        arr = raw.view(_BF16) if _BF16 is not None else raw
+
+        def wrap(a: np.ndarray) -> Any:
+            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+
+        return Buffer(arr, BFLOAT16, wrap, t)
+    try:
+        arr = t.numpy()
+    except TypeError as exc:
+        raise TypeError(f"{where}: unsupported torch dtype {t.dtype}; supported: {SUPPORTED}") from exc
+    return Buffer(arr, _code_of(arr.dtype, where), torch.from_numpy, t)
+
+
+def _code_of(dtype: np.dtype, where: str) -> int:
+    code = _CODES.get(np.dtype(dtype))
+    if code is None:
+        hint = " (bfloat16 needs `pip install ml_dtypes`)" if "bfloat16" in str(dtype) else ""
+        raise TypeError(f"{where}: unsupported dtype {dtype}; supported: {SUPPORTED}{hint}")
+    return code
+
+
+def adapt(x: Any, where: str) -> Buffer:
+    """Returns a Buffer sharing memory with x. ``where`` names x in error messages."""
+    if isinstance(x, np.ndarray):
+        return Buffer(x, _code_of(x.dtype, where), lambda a: a, x)
+    if _is_torch(x):
+        return _from_torch(x, where)
+    if hasattr(x, "__dlpack__") and not hasattr(x, "__array_interface__"):
+        arr = np.from_dlpack(x)
+        return Buffer(arr, _code_of(arr.dtype, where), lambda a: a, x)
+    try:
+        arr = np.asarray(memoryview(x)) if not hasattr(x, "__array_interface__") else np.asarray(x)
+    except TypeError as exc:
+        raise TypeError(
+            f"{where}: expected a numpy array, a torch CPU tensor, or an object with the buffer "
+            f"protocol or __dlpack__, got {type(x).__name__}"
+        ) from exc
+    return Buffer(arr, _code_of(arr.dtype, where), lambda a: a, x)
+
+
+def contiguous_input(buf: Buffer) -> np.ndarray:
+    """The array as a C-contiguous input (a copy only when it is a strided view)."""
+    return buf.array if buf.array.flags.c_contiguous else np.ascontiguousarray(buf.array)
+
+
+def check_writable(buf: Buffer, where: str) -> None:
+    """inplace=True writes into the caller's memory: it must be writable and contiguous."""
+    if not buf.array.flags.writeable:
+        raise ValueError(f"{where}: inplace=True but the array is read-only")
+    if not buf.array.flags.c_contiguous:
+        raise ValueError(
+            f"{where}: inplace=True needs a C-contiguous array, got a strided view; pass "
+            "np.ascontiguousarray(x) or use inplace=False"
+        )
+
+
+def shape_hash(shape: tuple[int, ...]) -> int:
+    """A 32-bit digest of a shape, carried in frame headers so that ranks passing the same
+    element count in different shapes are told apart."""
+    return zlib.crc32(repr(tuple(int(s) for s in shape)).encode()) & 0xFFFFFFFF
