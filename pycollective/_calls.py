@@ -48,32 +48,48 @@ class Prepared:
         return self.buf.wrap(self.out)
 
 
+def result_shape(kind: str, shape: tuple[int, ...], count: int, rank: int, size: int,
+                 root: int) -> tuple[int, ...] | None:
+    """Shape of `kind`'s result on `rank` (None: no result there, i.e. reduce off the root)."""
+    if kind in ("allreduce", "broadcast"):
+        return shape
+    if kind == "reduce":
+        return shape if rank == root else None
+    if kind == "allgather":
+        return (size,) + shape
+    if kind == "reduce_scatter":
+        # Rows of axis 0 when it divides evenly (chunk r is then rows of the input), else flat.
+        if len(shape) >= 1 and count > 0 and shape[0] % size == 0:
+            return (shape[0] // size,) + shape[1:]
+        start, stop = chunk_bounds(count, size, rank)
+        return (stop - start,)
+    raise ValueError(f"unknown collective {kind!r}")
+
+
 def prepare(kind: str, buf: Buffer, rank: int, size: int, root: int, inplace: bool,
-            where: str) -> Prepared:
-    """Checks one rank's tensor for `kind` and allocates its output."""
+            where: str, out: Buffer | None = None) -> Prepared:
+    """Checks one rank's tensor for `kind` and allocates its output, or checks the caller's
+    ``out`` buffer (same dtype, the result's shape, writable and contiguous)."""
     if inplace:
+        if out is not None:
+            raise ValueError(f"{where}: pass either inplace=True or out=, not both")
         if kind in ("reduce_scatter", "allgather"):
             raise ValueError(f"{where}: {kind} returns an array of another size; inplace=True "
                              "is only for allreduce, broadcast and reduce")
         check_writable(buf, where)
     inp = contiguous_input(buf)
-    shape = inp.shape
-    if kind == "allreduce":
-        out = inp if inplace else np.empty_like(inp)
-    elif kind == "broadcast":
-        out = inp if inplace else np.empty_like(inp)
-    elif kind == "reduce":
-        out = (inp if inplace else np.empty_like(inp)) if rank == root else None
-    elif kind == "allgather":
-        out = np.empty((size,) + shape, dtype=inp.dtype)
-    elif kind == "reduce_scatter":
-        start, stop = chunk_bounds(inp.size, size, rank)
-        # Split along axis 0 when it divides evenly (then chunk r is rows of the input),
-        # else flat chunks.
-        if len(shape) >= 1 and shape[0] % size == 0 and inp.size > 0:
-            out = np.empty((shape[0] // size,) + shape[1:], dtype=inp.dtype)
-        else:
-            out = np.empty(stop - start, dtype=inp.dtype)
-    else:
-        raise ValueError(f"unknown collective {kind!r}")
-    return Prepared(inp, out, buf)
+    shape = result_shape(kind, inp.shape, inp.size, rank, size, root)
+    if shape is None:
+        return Prepared(inp, None, buf)
+    if inplace:
+        return Prepared(inp, inp, buf)
+    if out is None:
+        return Prepared(inp, np.empty(shape, dtype=inp.dtype), buf)
+    if out.code != buf.code:
+        raise TypeError(f"{where}: out= has dtype {out.dtype_name} but the input has "
+                        f"{buf.dtype_name}")
+    if out.array.shape != shape:
+        raise ValueError(f"{where}: out= has shape {out.array.shape}; the result of {kind} has "
+                         f"shape {shape}")
+    check_writable(out, f"{where} (out=)")
+    return Prepared(inp, out.array, out)

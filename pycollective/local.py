@@ -46,36 +46,42 @@ class LocalCommunicator:
     # The collectives ------------------------------------------------------------------------
 
     def allreduce(self, tensors: Sequence[Any], op: str | ReduceOp = "sum", algo: str = "auto",
-                  inplace: bool = False, timeout: float | None = None) -> list[Any]:
+                  inplace: bool = False, out: Sequence[Any] | None = None,
+                  timeout: float | None = None) -> list[Any]:
         """Every replica gets the reduction of all replicas' tensors.
 
         ``op``: sum, prod, min, max, avg. ``algo``: one of :func:`pycollective.algorithms`.
-        ``inplace=True`` writes the result into the inputs (and returns them).
+        ``inplace=True`` writes the result into the inputs (and returns them); ``out=`` (one
+        tensor per replica, every method has it) writes into tensors you allocated once, which
+        spares the page faults of fresh result memory in a training loop.
         """
-        return self._run("allreduce", tensors, op, algo, 0, inplace, timeout)
+        return self._run("allreduce", tensors, op, algo, 0, inplace, timeout, out)
 
     def reduce_scatter(self, tensors: Sequence[Any], op: str | ReduceOp = "sum",
-                       algo: str = "auto", timeout: float | None = None) -> list[Any]:
+                       algo: str = "auto", out: Sequence[Any] | None = None,
+                       timeout: float | None = None) -> list[Any]:
         """Replica ``r`` gets chunk ``r`` of the reduction: rows of axis 0 when the first
         dimension divides evenly by the replica count, else a flat chunk of the flattened
         result (the first ``size % n`` replicas hold one extra element)."""
-        return self._run("reduce_scatter", tensors, op, algo, 0, False, timeout)
+        return self._run("reduce_scatter", tensors, op, algo, 0, False, timeout, out)
 
     def allgather(self, tensors: Sequence[Any], algo: str = "auto",
-                  timeout: float | None = None) -> list[Any]:
+                  out: Sequence[Any] | None = None, timeout: float | None = None) -> list[Any]:
         """Every replica gets all replicas' tensors stacked: shape ``(n, *shape)``."""
-        return self._run("allgather", tensors, "sum", algo, 0, False, timeout)
+        return self._run("allgather", tensors, "sum", algo, 0, False, timeout, out)
 
     def broadcast(self, tensors: Sequence[Any], root: int = 0, algo: str = "auto",
-                  inplace: bool = False, timeout: float | None = None) -> list[Any]:
+                  inplace: bool = False, out: Sequence[Any] | None = None,
+                  timeout: float | None = None) -> list[Any]:
         """Every replica gets replica ``root``'s tensor."""
-        return self._run("broadcast", tensors, "sum", algo, root, inplace, timeout)
+        return self._run("broadcast", tensors, "sum", algo, root, inplace, timeout, out)
 
     def reduce(self, tensors: Sequence[Any], root: int = 0, op: str | ReduceOp = "sum",
-               algo: str = "auto", inplace: bool = False,
+               algo: str = "auto", inplace: bool = False, out: Sequence[Any] | None = None,
                timeout: float | None = None) -> list[Any]:
-        """Replica ``root`` gets the reduction; the other entries of the result are None."""
-        return self._run("reduce", tensors, op, algo, root, inplace, timeout)
+        """Replica ``root`` gets the reduction; the other entries of the result are None
+        (with out=, only the root's out tensor is written)."""
+        return self._run("reduce", tensors, op, algo, root, inplace, timeout, out)
 
     def explain(self, collective: str, nbytes: int, dtype: str = "float32") -> str:
         """The algorithm ``algo="auto"`` picks for a call of this size, with the model's costs."""
@@ -88,13 +94,16 @@ class LocalCommunicator:
     # Plumbing -------------------------------------------------------------------------------
 
     def _run(self, kind: str, tensors: Sequence[Any], op: str | ReduceOp, algo: str, root: int,
-             inplace: bool, timeout: float | None) -> list[Any]:
+             inplace: bool, timeout: float | None, out: Sequence[Any] | None) -> list[Any]:
         n = self.num_replicas
-        if not isinstance(tensors, (list, tuple)):
-            raise TypeError(f"{kind} expects a list of {n} tensors (one per replica), "
-                            f"got {type(tensors).__name__}")
-        if len(tensors) != n:
-            raise ValueError(f"{kind} expects {n} tensors (one per replica), got {len(tensors)}")
+        for name, seq in (("tensors", tensors), ("out", out)):
+            if seq is None and name == "out":
+                continue
+            if not isinstance(seq, (list, tuple)):
+                raise TypeError(f"{kind} expects {name} as a list of {n} tensors (one per "
+                                f"replica), got {type(seq).__name__}")
+            if len(seq) != n:
+                raise ValueError(f"{kind} expects {n} {name} (one per replica), got {len(seq)}")
         if not isinstance(root, int) or not 0 <= root < n:
             raise ValueError(f"root must be a replica index in [0, {n}), got {root!r}")
         if not isinstance(algo, str):
@@ -113,8 +122,11 @@ class LocalCommunicator:
         if kind in REDUCING and reduce_op == ReduceOp.AVG and first.code >= 4:
             raise TypeError(f"avg is not defined for {first.dtype_name}: use op='sum' and "
                             "divide, or convert to a floating dtype")
+        outs = [None] * n if out is None else [adapt(o, f"replica {i} out=") for i, o in
+                                               enumerate(out)]
         calls: list[Prepared] = [
-            prepare(kind, b, i, n, root, inplace, f"replica {i}") for i, b in enumerate(bufs)
+            prepare(kind, b, i, n, root, inplace, f"replica {i}", outs[i])
+            for i, b in enumerate(bufs)
         ]
         self._group.run(
             KINDS[kind], [c.in_ptr for c in calls], [c.out_ptr for c in calls],

@@ -26,7 +26,9 @@ def error(env: dict[str, str], **overrides) -> str:
 
 
 def tf_config(cluster: dict, task_type: str, index: int) -> dict[str, str]:
-    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})}
+    return {
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+    }
 
 
 PYCOLLECTIVE_ENV = {
@@ -129,12 +131,18 @@ def test_tf_config_without_chief_uses_worker_0():
 
 
 def test_tf_config_index_may_be_a_digit_string():
-    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
-                                    "task": {"type": "worker", "index": "1"}}), **TOKEN}
+    env = {
+        "TF_CONFIG": json.dumps(
+            {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": "1"}}
+        ),
+        **TOKEN,
+    }
     assert spec(env).rank == 1
 
 
-@pytest.mark.parametrize(("task_type", "role"), [("ps", "parameter server"), ("evaluator", "evaluator")])
+@pytest.mark.parametrize(
+    ("task_type", "role"), [("ps", "a parameter server"), ("evaluator", "an evaluator")]
+)
 def test_tf_config_ps_and_evaluator_are_not_in_the_group(task_type, role):
     cluster = {**CLUSTER, "evaluator": ["e0:2222"]}
     message = error({**tf_config(cluster, task_type, 0), **TOKEN})
@@ -150,20 +158,38 @@ def test_tf_config_ps_and_evaluator_are_not_in_the_group(task_type, role):
         (json.dumps({"task": {"type": "worker", "index": 0}}), 'no "cluster"'),
         (json.dumps({"cluster": {"worker": ["a:1"]}}), 'no "task"'),
         (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"index": 0}}), '"task.type"'),
-        (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}),
-         "lists 1 address"),
-        (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}),
-         "non-negative integer"),
-        (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "boss", "index": 0}}),
-         '"boss"'),
-        (json.dumps({"cluster": {"worker": ["nohostport"]}, "task": {"type": "worker", "index": 0}}),
-         "malformed"),
-        (json.dumps({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}),
-         "must be a list"),
-        (json.dumps({"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}}),
-         "at most one chief"),
-        (json.dumps({"cluster": {"ps": ["a:1"]}, "task": {"type": "chief", "index": 0}}),
-         "lists 0 address"),
+        (
+            json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}),
+            "lists 1 address",
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}),
+            "non-negative integer",
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "boss", "index": 0}}),
+            '"boss"',
+        ),
+        (
+            json.dumps(
+                {"cluster": {"worker": ["nohostport"]}, "task": {"type": "worker", "index": 0}}
+            ),
+            "malformed",
+        ),
+        (
+            json.dumps({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}),
+            "must be a list",
+        ),
+        (
+            json.dumps(
+                {"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}}
+            ),
+            "at most one chief",
+        ),
+        (
+            json.dumps({"cluster": {"ps": ["a:1"]}, "task": {"type": "chief", "index": 0}}),
+            "lists 0 address",
+        ),
     ],
 )
 def test_tf_config_bad_input_says_what_and_shows_an_example(raw, expected):
@@ -231,7 +257,8 @@ def test_slurm_master_addr_beats_nodelist():
 def test_slurm_local_size_derived_from_tasks_per_node():
     env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_NTASKS_PER_NODE"}
     assert spec({**env, "SLURM_TASKS_PER_NODE": "2(x3)"}).local_size == 2
-    assert spec({**env, "SLURM_TASKS_PER_NODE": "2(x2),1", "SLURM_NODEID": "2"}).local_size == 1
+    last_node = {**env, "SLURM_LOCALID": "0", "SLURM_NODEID": "2"}
+    assert spec({**last_node, "SLURM_TASKS_PER_NODE": "2(x2),1"}).local_size == 1
     assert spec(env).local_size is None
     message = error({**env, "SLURM_TASKS_PER_NODE": "two"})
     assert "SLURM_TASKS_PER_NODE" in message and "2(x3),1" in message
@@ -307,21 +334,41 @@ def test_token_from_environment_or_override():
 @pytest.mark.parametrize(
     ("env", "overrides", "expected"),
     [
-        ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_RANK": "two"}, {}, "PYCOLLECTIVE_RANK='two' is not an integer"),
+        (
+            {**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_RANK": "two"},
+            {},
+            "PYCOLLECTIVE_RANK='two' is not an integer",
+        ),
         ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_RANK": "-1"}, {}, "negative"),
         ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_RANK": "4"}, {}, "rank 4 is outside [0, world_size=4)"),
         ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_WORLD_SIZE": "0"}, {}, "world_size must be >= 1"),
         ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_LOCAL_RANK": "2"}, {}, "local_rank 2 is outside"),
-        ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_MASTER_PORT": "http"}, {}, "PYCOLLECTIVE_MASTER_PORT='http'"),
+        (
+            {**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_MASTER_PORT": "http"},
+            {},
+            "PYCOLLECTIVE_MASTER_PORT='http'",
+        ),
         ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_MASTER_PORT": "70000"}, {}, "not a TCP port"),
-        ({**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_MASTER_PORT": "0"}, {}, "cannot find an OS-chosen port"),
-        ({**TORCHRUN_ENV, "WORLD_SIZE": "x"}, {}, "WORLD_SIZE='x' is not an integer (from torchrun"),
+        (
+            {**PYCOLLECTIVE_ENV, "PYCOLLECTIVE_MASTER_PORT": "0"},
+            {},
+            "cannot find an OS-chosen port",
+        ),
+        (
+            {**TORCHRUN_ENV, "WORLD_SIZE": "x"},
+            {},
+            "WORLD_SIZE='x' is not an integer (from torchrun",
+        ),
         ({**OMPI_ENV, "OMPI_COMM_WORLD_SIZE": "1.5"}, {}, "OMPI_COMM_WORLD_SIZE='1.5'"),
         ({**SLURM_ENV, "SLURM_PROCID": "p"}, {}, "SLURM_PROCID='p' is not an integer (from Slurm"),
         ({"PYCOLLECTIVE_RANK": "0"}, {}, "PYCOLLECTIVE_WORLD_SIZE is not set"),
         ({}, {"rank": 1}, "rank 1 is outside"),
         ({}, {"rank": 0, "world_size": 2, "token": "t"}, "no coordinator address"),
-        ({}, {"rank": 0, "world_size": 2, "master": "nohost", "token": "t"}, "master='nohost' is malformed"),
+        (
+            {},
+            {"rank": 0, "world_size": 2, "master": "nohost", "token": "t"},
+            "master='nohost' is malformed",
+        ),
         ({}, {"rank": "0", "world_size": 1}, "rank= must be an int"),
     ],
 )

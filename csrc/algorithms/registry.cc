@@ -18,7 +18,7 @@ namespace {
 const std::vector<const Algorithm*>& registry() {
   static const std::vector<const Algorithm*> all = {
       &ring::algorithm(), &halving_doubling::algorithm(), &hierarchical::algorithm(),
-      &reduce_to_one::algorithm()};
+      &reduce_to_one::algorithm(), &direct::algorithm()};
   return all;
 }
 

@@ -29,5 +29,6 @@ namespace ring { const Algorithm& algorithm(); }
 namespace halving_doubling { const Algorithm& algorithm(); }
 namespace hierarchical { const Algorithm& algorithm(); }
 namespace reduce_to_one { const Algorithm& algorithm(); }
+namespace direct { const Algorithm& algorithm(); }
 
 }  // namespace pycollective

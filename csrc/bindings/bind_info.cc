@@ -5,6 +5,7 @@
 #include "algorithms/registry.h"
 #include "bindings/bindings.h"
 #include "config.h"
+#include "core/memory_bandwidth.h"
 #include "core/error.h"
 #include "reduce/reduce.h"
 
@@ -47,6 +48,14 @@ void bindInfo(py::module_& m) {
     return info;
   });
   m.def("algorithms", &algorithmNames);
+  m.def(
+      "memory_bandwidth",
+      [](size_t bytesPerThread, int threads, int reps) {
+        py::gil_scoped_release release;
+        return measureCopyBandwidth(bytesPerThread, threads, reps);
+      },
+      py::arg("bytes_per_thread"), py::arg("threads"), py::arg("reps") = 3,
+      "Bytes read+written per second when `threads` threads each copy a private buffer.");
 
   // Reduces b into a in place (numpy-free kernel access for tests and the parameter server).
   m.def(

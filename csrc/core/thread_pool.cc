@@ -70,7 +70,7 @@ int reductionThreads() {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int numWorkers) : ownerPid_(getpid()) {
+ThreadPool::ThreadPool(int numWorkers) : ownerPid_(getpid()), state_(new State) {
   workers_.reserve(static_cast<size_t>(std::max(0, numWorkers)));
   for (int i = 0; i < numWorkers; ++i) {
     try {
@@ -88,40 +88,42 @@ ThreadPool::ThreadPool(int numWorkers) : ownerPid_(getpid()) {
 
 ThreadPool::~ThreadPool() {
   if (getpid() != ownerPid_) {
-    // A fork()ed child inherits this object but not the threads: joining them would wait forever
-    // for threads that do not exist here, and mu_ may have been copied locked.
+    // A fork()ed child inherits this object but not the threads. Joining them, or destroying the
+    // condition variable they were waiting on, would wait forever; the mutex may have been copied
+    // locked. So the child forgets the threads and leaks the state.
     for (std::thread& t : workers_) t.detach();
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
   }
-  workAvailable_.notify_all();
+  state_->workAvailable.notify_all();
   for (std::thread& t : workers_) t.join();
+  delete state_;
 }
 
 int ThreadPool::claimPieceLocked(Job* job) {
   const int piece = job->nextPiece++;
   if (job->nextPiece == job->nPieces) {
-    queue_.erase(std::find(queue_.begin(), queue_.end(), job));
+    state_->queue.erase(std::find(state_->queue.begin(), state_->queue.end(), job));
   }
   return piece;
 }
 
 void ThreadPool::finishPieceLocked(Job* job) {
-  // Notified with mu_ held: the caller cannot wake, return and destroy the job (and its
-  // condition variable) before this thread releases mu_.
+  // Notified with the mutex held: the caller cannot wake, return and destroy the job (and its
+  // condition variable) before this thread releases the mutex.
   if (--job->unfinished == 0) job->done.notify_one();
 }
 
 void ThreadPool::workerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(state_->mu);
   for (;;) {
-    workAvailable_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    state_->workAvailable.wait(lock, [this] { return state_->stop || !state_->queue.empty(); });
     // Jobs still queued at stop are safe to abandon: their callers run the remaining pieces.
-    if (stop_) return;
-    Job* job = queue_.front();
+    if (state_->stop) return;
+    Job* job = state_->queue.front();
     const int piece = claimPieceLocked(job);
     lock.unlock();
     std::exception_ptr error;
@@ -138,7 +140,7 @@ void ThreadPool::workerLoop() {
 
 void ThreadPool::parallelFor(int nPieces, const std::function<void(int)>& fn) {
   if (nPieces <= 0) return;
-  // In a fork()ed child the workers do not exist (and mu_ may be held by a parent thread).
+  // In a fork()ed child the workers do not exist (and the mutex may have been copied locked).
   if (nPieces == 1 || workers_.empty() || getpid() != ownerPid_) {
     runInline(nPieces, fn);
     return;
@@ -149,20 +151,20 @@ void ThreadPool::parallelFor(int nPieces, const std::function<void(int)>& fn) {
   job.nPieces = nPieces;
   job.unfinished = nPieces;
 
-  std::unique_lock<std::mutex> lock(mu_);
-  if (stop_) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (state_->stop) {
     lock.unlock();
     runInline(nPieces, fn);
     return;
   }
-  queue_.push_back(&job);
+  state_->queue.push_back(&job);
   lock.unlock();
   // Wake only as many workers as there are pieces beyond the caller's own.
   const int helpers = std::min(nPieces - 1, numWorkers());
   if (helpers == numWorkers()) {
-    workAvailable_.notify_all();
+    state_->workAvailable.notify_all();
   } else {
-    for (int i = 0; i < helpers; ++i) workAvailable_.notify_one();
+    for (int i = 0; i < helpers; ++i) state_->workAvailable.notify_one();
   }
 
   // The caller takes pieces until none is left, so it never waits for a piece that nobody runs.

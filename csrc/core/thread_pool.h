@@ -43,17 +43,23 @@ class ThreadPool {
 
  private:
   struct Job;
+  // Everything the workers synchronize on. On the heap so that a fork()ed child can abandon it:
+  // destroying a condition variable that (in the parent's copied memory) still has waiters
+  // blocks forever in glibc.
+  struct State {
+    std::mutex mu;
+    std::condition_variable workAvailable;
+    std::deque<Job*> queue;  // jobs with pieces not yet taken, oldest first
+    bool stop = false;
+  };
 
   void workerLoop();
-  // Takes the next piece of job; the caller holds mu_ and has checked that one is left.
+  // Takes the next piece of job; the caller holds state_->mu and has checked that one is left.
   int claimPieceLocked(Job* job);
   void finishPieceLocked(Job* job);
 
   const pid_t ownerPid_;  // the process that started the workers
-  std::mutex mu_;
-  std::condition_variable workAvailable_;
-  std::deque<Job*> queue_;  // jobs with pieces not yet taken, oldest first
-  bool stop_ = false;
+  State* const state_;    // owned; deliberately leaked in a fork()ed child
   std::vector<std::thread> workers_;
 };
 

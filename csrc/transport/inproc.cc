@@ -90,6 +90,7 @@ class InprocLink : public Link {
 
   std::string describe() const override { return "inproc -> rank " + std::to_string(peer_); }
   Notifier* notifier() override { return mine_.get(); }
+  bool sharesMemory() const override { return true; }
 
  private:
   struct PendingRecv {

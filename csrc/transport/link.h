@@ -55,6 +55,10 @@ class Link {
 
   // The doorbell this link rings when data arrives, or nullptr if the waiter must poll.
   virtual Notifier* notifier() { return nullptr; }
+
+  // True when the peer lives in this address space, so its buffers may be read and written
+  // directly (the "direct" algorithm); pointers then travel as ordinary messages.
+  virtual bool sharesMemory() const { return false; }
 };
 
 }  // namespace pycollective

@@ -1,0 +1,108 @@
+"""In-process suite: n replicas of a LocalCommunicator, every algorithm, a size sweep; numpy
+(stack, sum, copy back) as the baseline, and the memory-traffic floor measured in the same run.
+
+The floor of an allreduce over n in-process replicas of S bytes: every input read once and every
+output written once, 2*n*S bytes, at the copy bandwidth of n threads (measured here, now)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .patterns import count_wrong, expected, np_dtype, rank_input
+from .rows import Row
+from .timing import time_calls
+
+
+def _result_buffers(collective: str, n: int, count: int, dtype: str) -> list:
+    """Preallocated outputs (out=), as a training loop keeps them."""
+    dt = np_dtype(dtype)
+    if collective == "allgather":
+        return [np.empty((n, count), dt) for _ in range(n)]
+    if collective == "reduce_scatter":
+        base, extra = divmod(count, n)
+        return [np.empty(base + (1 if r < extra else 0), dt) for r in range(n)]
+    return [np.empty(count, dt) for _ in range(n)]
+
+
+def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
+    """Bytes the collective must read and write in total, at the machine's copy bandwidth."""
+    traffic = {"allreduce": 2 * n * nbytes, "broadcast": (n + 1) * nbytes,
+               "reduce": (n + 1) * nbytes, "allgather": n * nbytes + n * n * nbytes,
+               "reduce_scatter": n * nbytes + nbytes}[collective]
+    return traffic / copy_bw
+
+
+def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algos: list[str],
+        iters: int, warmup: int, inplace: bool, copy_bw: float,
+        progress: Callable[[str], None], budget_s: float = 2.0) -> list[Row]:
+    import pycollective as pc
+
+    comm = pc.LocalCommunicator(world)
+    itemsize = np_dtype(dtype).itemsize
+    rows: list[Row] = []
+    for nbytes in sizes:
+        count = max(1, nbytes // itemsize)
+        if collective == "allgather":
+            count = max(1, count // world)
+        inputs = [rank_input(r, count, dtype) for r in range(world)]
+        outs = _result_buffers(collective, world, count, dtype)
+        want = [expected(collective, op, world, count, dtype, r) for r in range(world)]
+        row_bytes = count * itemsize * (world if collective == "allgather" else 1)
+        for algo in algos:
+            progress(f"inproc {collective} {algo} {row_bytes} B")
+            call = _call(comm, collective, inputs, outs, algo, op, inplace)
+            try:
+                results = call()  # the first call is checked, then timed calls follow
+            except ValueError as exc:  # this algorithm cannot run this collective here
+                progress(f"skip {algo}: {exc}")
+                continue
+            wrong = sum(count_wrong(results[r], want[r], op) for r in range(world))
+            if inplace:  # inputs now hold results; restore them for the timed calls
+                for r in range(world):
+                    inputs[r][...] = rank_input(r, count, dtype)
+            t = time_calls(call, iters, warmup, budget_s)
+            rows.append(Row(collective, row_bytes, count, dtype, algo, "inproc", world,
+                            t.median, t.p10, t.p90, wrong,
+                            extra={"floor_s": memory_floor_seconds(collective, world, row_bytes,
+                                                                   copy_bw)}))
+        if collective == "allreduce":
+            rows.append(_numpy_baseline(inputs, outs, dtype, count, world, iters, warmup,
+                                        budget_s, want, op))
+    return rows
+
+
+def _call(comm, collective: str, inputs: list, outs: list, algo: str, op: str,
+          inplace: bool) -> Callable[[], list]:
+    if collective == "allreduce":
+        if inplace:
+            return lambda: comm.allreduce(inputs, op=op, algo=algo, inplace=True)
+        return lambda: comm.allreduce(inputs, op=op, algo=algo, out=outs)
+    if collective == "reduce_scatter":
+        return lambda: comm.reduce_scatter(inputs, op=op, algo=algo, out=outs)
+    if collective == "allgather":
+        return lambda: comm.allgather(inputs, algo=algo, out=outs)
+    if collective == "broadcast":
+        return lambda: comm.broadcast(inputs, root=0, algo=algo, out=outs)
+    if collective == "reduce":
+        return lambda: comm.reduce(inputs, root=0, op=op, algo=algo, out=outs)
+    raise ValueError(collective)
+
+
+def _numpy_baseline(inputs, outs, dtype, count, world, iters, warmup, budget_s, want,
+                    op) -> Row:
+    """What a user does without a library: stack, reduce, copy the result back to every replica."""
+    reducer = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max, "avg": np.mean}[op]
+
+    def call():
+        res = reducer(np.stack(inputs), axis=0).astype(inputs[0].dtype, copy=False)
+        for o in outs:
+            np.copyto(o, res)
+        return outs
+
+    results = call()
+    wrong = sum(count_wrong(results[r], want[r], op) for r in range(world))
+    t = time_calls(call, iters, warmup, budget_s)
+    return Row("allreduce", count * inputs[0].itemsize, count, dtype, "numpy", "inproc", world,
+               t.median, t.p10, t.p90, wrong, peer=True)

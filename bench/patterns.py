@@ -1,0 +1,70 @@
+"""Inputs whose reductions are exact in every dtype, so a result can be checked bit for bit
+(nccl-tests checks the same way): small integers, different on every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import ml_dtypes
+
+    _BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    _BF16 = None
+
+
+def np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        if _BF16 is None:
+            raise SystemExit("bfloat16 needs ml_dtypes: pip install ml_dtypes")
+        return _BF16
+    return np.dtype(name)
+
+
+def rank_input(rank: int, count: int, dtype: str) -> np.ndarray:
+    """Values in [-2, 2] (unsigned: [0, 4]); products of a few ranks stay exact."""
+    idx = np.arange(count, dtype=np.int64)
+    vals = (idx * 7 + rank * 3) % 5
+    if np_dtype(dtype).kind != "u":
+        vals = vals - 2
+    return vals.astype(np_dtype(dtype))
+
+
+def expected(collective: str, op: str, n: int, count: int, dtype: str, rank: int,
+             root: int = 0) -> np.ndarray | None:
+    """What `rank` must hold after `collective` of rank_input() over n ranks."""
+    inputs = [rank_input(r, count, dtype).astype(np.float64) for r in range(n)]
+    if collective == "allgather":
+        return np.stack(inputs).astype(np_dtype(dtype))
+    if collective == "broadcast":
+        return inputs[root].astype(np_dtype(dtype))
+    stack = np.stack(inputs)
+    red = {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0),
+           "max": stack.max(0), "avg": stack.sum(0) / n}[op]
+    dt = np_dtype(dtype)
+    if dt.kind in "iu":
+        red = red.astype(np.int64).astype(dt)  # integer sums/products wrap like the kernels
+    else:
+        red = red.astype(dt)
+    if collective == "reduce":
+        return red if rank == root else None
+    if collective == "reduce_scatter":
+        base, extra = divmod(count, n)
+        start = rank * base + min(rank, extra)
+        return red[start:start + base + (1 if rank < extra else 0)]
+    return red
+
+
+def count_wrong(got, want: np.ndarray | None, op: str) -> int:
+    """Elements that differ; avg is allowed one rounding of the final division."""
+    if want is None:
+        return 0
+    g = np.asarray(got).reshape(-1)
+    w = want.reshape(-1)
+    if g.shape != w.shape:
+        return max(g.size, w.size)
+    if op == "avg":
+        gf, wf = g.astype(np.float64), w.astype(np.float64)
+        return int((np.abs(gf - wf) > 1e-2 * np.maximum(1, np.abs(wf))).sum())
+    return int((g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1))
+               .any(axis=1).sum()) if g.size else 0

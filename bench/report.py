@@ -1,0 +1,120 @@
+"""Turns rows into the terminal table, the summary, JSON, CSV and a plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from typing import IO, Iterable
+
+from .metrics import human_bytes
+from .rows import Row
+
+COLUMNS = ["size", "count", "dtype", "algorithm", "transport", "time(us)", "spread",
+           "algbw(GB/s)", "busbw(GB/s)", "x floor", "#wrong"]
+
+
+def table(rows: Iterable[Row], out: IO[str]) -> None:
+    rows = list(rows)
+    lines = [COLUMNS]
+    for r in rows:
+        floor = r.extra.get("floor_s")
+        lines.append([
+            human_bytes(r.nbytes), str(r.count), r.dtype, r.algo + (" (peer)" if r.peer else ""),
+            r.transport, f"{r.median_s * 1e6:.1f}", f"{r.p10_s * 1e6:.0f}-{r.p90_s * 1e6:.0f}",
+            f"{r.algbw / 1e9:.2f}", f"{r.busbw / 1e9:.2f}",
+            f"{r.median_s / floor:.2f}" if floor else "-",
+            str(r.wrong) if r.wrong == 0 else f"{r.wrong} WRONG",
+        ])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    for k, line in enumerate(lines):
+        out.write("  ".join(c.rjust(w) for c, w in zip(line, widths)) + "\n")
+        if k == 0:
+            out.write("  ".join("-" * w for w in widths) + "\n")
+
+
+def summary(rows: Iterable[Row]) -> list[str]:
+    """Which algorithm wins at which size, how auto did against the best, and our ratio to
+    every peer measured in the same run."""
+    rows = list(rows)
+    by_key: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_key[(r.collective, r.transport if not r.peer else "*", r.nbytes)].append(r)
+    lines: list[str] = []
+    groups: dict[tuple, list] = defaultdict(list)
+    for (coll, transport, nbytes), rs in sorted(by_key.items(), key=lambda kv: kv[0]):
+        ours = [r for r in rs if not r.peer and r.algo != "auto"]
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r.median_s)
+        auto = next((r for r in rs if r.algo == "auto"), None)
+        text = f"{human_bytes(nbytes):>9}: best {best.algo} {best.median_s * 1e6:.0f} us"
+        if auto is not None:
+            text += f"; auto {auto.median_s / best.median_s:.2f}x of best"
+        floor = best.extra.get("floor_s")
+        if floor:
+            text += f"; best {best.median_s / floor:.2f}x the memory floor"
+        groups[(coll, transport)].append(text)
+    for (coll, transport), texts in groups.items():
+        lines.append(f"{coll} over {transport}:")
+        lines.extend("  " + t for t in texts)
+    peers = [r for r in rows if r.peer]
+    for p in peers:
+        ours = [r for r in rows if not r.peer and r.collective == p.collective
+                and r.nbytes == p.nbytes and r.algo != "auto"]
+        if ours:
+            best = min(ours, key=lambda r: r.median_s)
+            lines.append(f"vs {p.algo} ({p.transport}) at {human_bytes(p.nbytes)}: "
+                         f"{best.algo}/{best.transport} runs at {p.median_s / best.median_s:.2f}x "
+                         f"its speed (busbw {best.busbw / 1e9:.2f} vs {p.busbw / 1e9:.2f} GB/s)")
+    wrong = sum(r.wrong for r in rows)
+    lines.append("all results correct" if wrong == 0 else
+                 f"WRONG RESULTS: {wrong} elements in "
+                 f"{sum(1 for r in rows if r.wrong)} rows")
+    return lines
+
+
+def write_json(rows: list[Row], ceilings: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump({"ceilings": ceilings, "rows": [r.as_dict() for r in rows]}, f, indent=1)
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    fields = ["collective", "nbytes", "count", "dtype", "algo", "transport", "world", "median_s",
+              "p10_s", "p90_s", "algbw_Bps", "busbw_Bps", "wrong", "peer"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r.as_dict())
+
+
+def plot(rows: list[Row], ceilings: dict, path: str) -> None:
+    """busbw vs size, one line per algorithm/transport/peer, log-scaled size axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lines: dict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        lines[f"{r.collective} {r.label}"].append(r)
+    for label, rs in sorted(lines.items()):
+        rs.sort(key=lambda r: r.nbytes)
+        ax.plot([r.nbytes for r in rs], [r.busbw / 1e9 for r in rs], marker="o",
+                linestyle="--" if rs[0].peer else "-", label=label)
+    for name, value in ceilings.items():
+        if name.endswith("_Bps"):
+            ax.axhline(value / 1e9, color="grey", linewidth=0.8, linestyle=":")
+            ax.annotate(name.removesuffix("_Bps"), (ax.get_xlim()[0], value / 1e9),
+                        fontsize=7, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes per rank)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("pycollective: busbw by size (nccl-tests definition)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,153 @@
+// Direct: for peers that share this address space (in-process replicas). Ranks swap buffer
+// addresses, then rank r alone reduces chunk r, reading every peer's input once, and writes the
+// result straight into every peer's output: a reduce-scatter by direct reads and an allgather by
+// direct writes, each byte of input read once and each byte of output written once, which is
+// the memory-traffic floor of an allreduce. (NCCL's P2P read and "two-shot" all-reduce follow
+// the same idea.) Chunk r of every buffer is touched by rank r only, so in-place is safe; a
+// second round of messages keeps every rank in the call until all writes into its output ended.
+#include <cstring>
+#include <vector>
+
+#include "algorithms/chunking.h"
+#include "algorithms/exchange.h"
+#include "algorithms/registry.h"
+#include "core/error.h"
+
+namespace pycollective {
+namespace direct {
+
+namespace {
+
+struct Buffers {
+  const char* in;
+  char* out;
+};
+
+// Every rank's buffers, learned by an all-to-all of addresses (this is also the entry barrier:
+// nobody touches a peer's memory before the peer has entered the call).
+std::vector<Buffers> swapAddresses(Exchange& ex, const CollectiveArgs& a) {
+  const int n = ex.size(), r = ex.rank();
+  std::vector<Buffers> all(n);
+  all[r] = {static_cast<const char*>(a.in), static_cast<char*>(a.out)};
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    ex.send(p, &all[r], sizeof(Buffers));
+    ex.recv(p, &all[p], sizeof(Buffers));
+  }
+  ex.waitAll();
+  return all;
+}
+
+// Exit barrier: a rank returns only after every peer finished writing into its output.
+void finish(Exchange& ex) {
+  const int n = ex.size(), r = ex.rank();
+  char token = 1;
+  std::vector<char> tokens(n);
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    ex.send(p, &token, 1);
+    ex.recv(p, &tokens[p], 1);
+  }
+  ex.waitAll();
+}
+
+// acc = in_0 OP in_1 OP ... OP in_{n-1} over [off, off+len) elements, in rank order.
+void reduceAll(Exchange& ex, const std::vector<Buffers>& all, char* acc, size_t off, size_t len) {
+  const size_t es = ex.elemSize(), bytes = len * es;
+  const size_t at = off * es;
+  if (all.size() == 1) {
+    std::memcpy(acc, all[0].in + at, bytes);
+    return;
+  }
+  ex.reduceLocal(acc, all[0].in + at, all[1].in + at, bytes);
+  for (size_t p = 2; p < all.size(); ++p) ex.reduceLocal(acc, acc, all[p].in + at, bytes);
+}
+
+class Direct : public Algorithm {
+ public:
+  const char* name() const override { return "direct"; }
+
+  std::string unsupported(const Group& g, const CollectiveArgs&) const override {
+    Group& mg = const_cast<Group&>(g);
+    for (int p = 0; p < g.size(); ++p)
+      if (p != g.rank() && !mg.link(p).sharesMemory())
+        return "it needs peers in this process (in-process replicas); rank " +
+               std::to_string(g.globalRank(p)) + " is reached over " + mg.link(p).describe();
+    return "";
+  }
+
+  double cost(const Group& g, const CollectiveArgs& a) const override {
+    const LinkCost& c = costOf(g);
+    const double n = g.size(), S = a.count * elementSize(a.dtype);
+    // Two all-to-all rounds of tiny messages, then one read of the inputs and one write of
+    // the outputs, spread over the ranks.
+    const double sync = 2 * (n - 1) * c.alpha;
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce: return sync + S * c.beta + (n - 1) / n * S * c.gamma;
+      case CollectiveKind::kReduceScatter: return sync + S / n * c.beta + (n - 1) / n * S * c.gamma;
+      case CollectiveKind::kReduce: return sync + S / n * c.beta + (n - 1) / n * S * c.gamma;
+      case CollectiveKind::kAllgather: return sync + n * S * c.beta;
+      case CollectiveKind::kBroadcast: return sync + S * c.beta;
+      default: return 1e30;
+    }
+  }
+
+  void run(Exchange& ex, const CollectiveArgs& a) const override {
+    const int n = ex.size(), r = ex.rank();
+    const size_t es = ex.elemSize();
+    std::vector<Buffers> all = swapAddresses(ex, a);
+    Chunks chunks(a.count, n);
+    const size_t segElems = std::max<size_t>(1, ex.segmentBytes() / es);
+    const size_t mine = chunks.offset(r), mineLen = chunks.size(r);
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce:
+      case CollectiveKind::kReduce:
+      case CollectiveKind::kReduceScatter: {
+        // Accumulate a segment in a cache-sized scratch buffer, then store it everywhere.
+        char* acc = static_cast<char*>(ex.group().comm().scratch(1, segElems * es));
+        for (size_t s = 0; s < mineLen; s += segElems) {
+          size_t len = std::min(segElems, mineLen - s), off = mine + s;
+          reduceAll(ex, all, acc, off, len);
+          if (a.kind == CollectiveKind::kReduceScatter) {
+            std::memcpy(static_cast<char*>(a.out) + s * es, acc, len * es);
+          } else if (a.kind == CollectiveKind::kReduce) {
+            std::memcpy(all[a.root].out + off * es, acc, len * es);
+          } else {
+            for (int k = 1; k <= n; ++k) {  // start with the next rank: spread the stores
+              int p = (r + k) % n;
+              std::memcpy(all[p].out + off * es, acc, len * es);
+            }
+          }
+        }
+        break;
+      }
+      case CollectiveKind::kAllgather: {
+        const size_t block = a.count * es;
+        for (int p = 0; p < n; ++p)
+          if (all[p].out + r * block != all[r].in)
+            std::memcpy(all[p].out + r * block, all[r].in, block);
+        break;
+      }
+      case CollectiveKind::kBroadcast: {
+        const char* src = all[a.root].in + mine * es;
+        for (int p = 0; p < n; ++p)
+          if (all[p].out + mine * es != src)
+            std::memcpy(all[p].out + mine * es, src, mineLen * es);
+        break;
+      }
+      default:
+        PC_ASSERT(false, "direct cannot run ", collectiveName(a.kind));
+    }
+    finish(ex);
+  }
+};
+
+}  // namespace
+
+const Algorithm& algorithm() {
+  static const Direct instance;
+  return instance;
+}
+
+}  // namespace direct
+}  // namespace pycollective

@@ -1,0 +1,397 @@
+"""``pycollective run``: start N ranks on this machine, tag their output, stop them together.
+
+Each rank gets the PYCOLLECTIVE_* variables that ``ClusterSpec.from_env``
+reads first, a fresh cluster token, and a TF_CONFIG for TensorFlow-style
+code. When one rank fails, the others are stopped (SIGTERM, then SIGKILL
+after a grace period) and the launcher exits with the failed rank's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+HELP = "start N ranks of a program on this machine"
+
+# Exit code for --timeout, as timeout(1) uses.
+TIMEOUT_EXIT_CODE = 124
+# How often the launcher checks its ranks, deadline and signals.
+_POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declares the ``run`` subcommand's options."""
+    parser.add_argument(
+        "-n", "--nprocs", type=_positive_int, required=True, help="number of ranks to start"
+    )
+    parser.add_argument(
+        "--host-ids",
+        type=lambda text: [part.strip() for part in text.split(",")],
+        default=None,
+        metavar="A,A,B,B",
+        help="host id of each rank, to fake several hosts on one machine "
+        "(sets PYCOLLECTIVE_HOST_ID and the local rank/size from it)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help=f"stop every rank after S seconds and exit with {TIMEOUT_EXIT_CODE}",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when stopping ranks (default 5)",
+    )
+    parser.add_argument(
+        "--tag-output",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='prefix every output line with "[rank N] " (default: on)',
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="the program and its arguments, e.g. python train.py --epochs 3",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the ``run`` subcommand from parsed arguments; returns the exit code."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        _say("no program given; e.g. pycollective run -n 4 python train.py")
+        return 2
+    if args.host_ids is not None and len(args.host_ids) != args.nprocs:
+        _say(
+            f"--host-ids lists {len(args.host_ids)} host id(s) but -n is {args.nprocs}; "
+            "give one host id per rank, e.g. --host-ids a,a,b,b for -n 4"
+        )
+        return 2
+    return launch(
+        command,
+        args.nprocs,
+        host_ids=args.host_ids,
+        timeout=args.timeout,
+        tag_output=args.tag_output,
+        grace=args.grace,
+    )
+
+
+def rank_environments(
+    nprocs: int,
+    host_ids: Sequence[str] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> list[dict[str, str]]:
+    """Builds each rank's environment: PYCOLLECTIVE_*, the token and TF_CONFIG.
+
+    Args:
+        nprocs: Number of ranks.
+        host_ids: Host id per rank, or None for one host.
+        base: Environment to extend; ``os.environ`` when None.
+
+    Returns:
+        One environment per rank, in rank order.
+    """
+    base_env = dict(os.environ if base is None else base)
+    # All ranks share one token; a token already in the environment wins so
+    # that a user can join ranks started elsewhere.
+    token = base_env.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
+    ports = _free_ports(nprocs)
+    hosts = list(host_ids) if host_ids is not None else ["localhost"] * nprocs
+    workers = [f"127.0.0.1:{port}" for port in ports]
+    environments = []
+    for rank in range(nprocs):
+        env = dict(base_env)
+        same_host = [r for r in range(nprocs) if hosts[r] == hosts[rank]]
+        env.update(
+            PYCOLLECTIVE_RANK=str(rank),
+            PYCOLLECTIVE_WORLD_SIZE=str(nprocs),
+            PYCOLLECTIVE_LOCAL_RANK=str(same_host.index(rank)),
+            PYCOLLECTIVE_LOCAL_SIZE=str(len(same_host)),
+            PYCOLLECTIVE_MASTER_ADDR="127.0.0.1",
+            # Worker 0 of TF_CONFIG is the coordinator too, at the same port.
+            PYCOLLECTIVE_MASTER_PORT=str(ports[0]),
+            PYCOLLECTIVE_TOKEN=token,
+            TF_CONFIG=json.dumps(
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+            ),
+        )
+        if host_ids is not None:
+            env["PYCOLLECTIVE_HOST_ID"] = hosts[rank]
+        environments.append(env)
+    return environments
+
+
+def launch(
+    command: Sequence[str],
+    nprocs: int,
+    *,
+    host_ids: Sequence[str] | None = None,
+    timeout: float | None = None,
+    tag_output: bool = True,
+    grace: float = 5.0,
+) -> int:
+    """Starts ``nprocs`` ranks of ``command`` and waits for them.
+
+    Args:
+        command: Program and arguments, e.g. ``["python", "train.py"]``.
+        nprocs: Number of ranks.
+        host_ids: Host id per rank to fake several hosts, or None.
+        timeout: Seconds after which every rank is stopped, or None.
+        tag_output: Prefix each output line with ``"[rank N] "``.
+        grace: Seconds between SIGTERM and SIGKILL when stopping ranks.
+
+    Returns:
+        0 if every rank exited 0; the first failed rank's exit code (128+N
+        for a rank killed by signal N); 124 on timeout; 128+N when the
+        launcher itself received signal N.
+    """
+    environments = rank_environments(nprocs, host_ids)
+    if tag_output:
+        for env in environments:
+            # Piped Python output is block-buffered: lines would arrive late.
+            env.setdefault("PYTHONUNBUFFERED", "1")
+    group = _RankGroup(tag_output=tag_output, grace=grace)
+    received: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        try:
+            for rank, env in enumerate(environments):
+                group.start(rank, command, env)
+        except OSError as exc:
+            _say(f"cannot start {command[0]!r}: {exc}")
+            group.stop_all()
+            return 127
+        return _supervise(group, received, timeout)
+    finally:
+        if not group.all_exited():  # an exception escaped: never leave ranks behind
+            group.stop_all()
+        group.join_output()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(group: _RankGroup, received: list[int], timeout: float | None) -> int:
+    """Waits for the ranks; reacts to the first failure, the timeout or a signal."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if received:
+            signum = received[0]
+            _say(f"received {signal.Signals(signum).name}; forwarded it to all ranks")
+            group.stop_all(first_signal=signum, interrupts=received)
+            return 128 + signum
+        exited = group.poll()
+        failed = [r for r in exited if r.returncode != 0]
+        if failed:
+            first = failed[0]
+            code = first.returncode
+            if code < 0:
+                what = f"was killed by {signal.Signals(-code).name}"
+                code = 128 - code
+            else:
+                what = f"exited with code {code}"
+            group.stop_all(interrupts=received)
+            _say(f"rank {first.rank} {what}; stopped the other ranks")
+            return code
+        if group.all_exited():
+            return 0
+        if deadline is not None and time.monotonic() >= deadline:
+            group.stop_all(interrupts=received)
+            _say(f"timed out after {timeout:g} s; stopped all ranks")
+            return TIMEOUT_EXIT_CODE
+        time.sleep(_POLL_S)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen
+    returncode: int | None = None
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+
+class _RankGroup:
+    """The child processes, each in its own process group, and their output pumps."""
+
+    def __init__(self, tag_output: bool, grace: float) -> None:
+        self.tag_output = tag_output
+        self.grace = grace
+        self.ranks: list[_Rank] = []
+        self._exit_order: list[_Rank] = []
+        self._locks = {"stdout": threading.Lock(), "stderr": threading.Lock()}
+
+    def start(self, rank: int, command: Sequence[str], env: dict[str, str]) -> None:
+        pipe = subprocess.PIPE if self.tag_output else None
+        process = subprocess.Popen(
+            list(command),
+            env=env,
+            stdout=pipe,
+            stderr=pipe,
+            # Own process group: the launcher decides who gets which signal,
+            # and stopping a rank also stops whatever the rank started.
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+        entry = _Rank(rank, process)
+        self.ranks.append(entry)
+        if self.tag_output:
+            prefix = f"[rank {rank}] ".encode()
+            for name, stream in (("stdout", process.stdout), ("stderr", process.stderr)):
+                pump = threading.Thread(
+                    target=_pump,
+                    args=(stream, _binary(name), prefix, self._locks[name]),
+                    name=f"pc-run-{name}-{rank}",
+                    daemon=True,
+                )
+                pump.start()
+                entry.pumps.append(pump)
+
+    def poll(self) -> list[_Rank]:
+        """Ranks that have exited, in the order they were seen to exit."""
+        for entry in self.ranks:
+            if entry.returncode is None:
+                code = entry.process.poll()
+                if code is not None:
+                    entry.returncode = code
+                    self._exit_order.append(entry)
+        return list(self._exit_order)
+
+    def all_exited(self) -> bool:
+        return all(entry.returncode is not None for entry in self.ranks)
+
+    def stop_all(
+        self, first_signal: int = signal.SIGTERM, interrupts: list[int] | None = None
+    ) -> None:
+        """Signals every rank's process group, then SIGKILLs what outlives the grace period.
+
+        A further signal to the launcher during the grace period (a second
+        Ctrl-C) skips the rest of the wait.
+        """
+        seen = len(interrupts) if interrupts is not None else 0
+        self._signal_groups(first_signal)
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline:
+            self.poll()
+            if self.all_exited():
+                break
+            if interrupts is not None and len(interrupts) > seen:
+                break
+            time.sleep(_POLL_S)
+        # Also reaches the leftovers of ranks that already exited.
+        self._signal_groups(signal.SIGKILL)
+        for entry in self.ranks:
+            try:
+                entry.process.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        self.poll()
+
+    def join_output(self) -> None:
+        # A grandchild in another session may hold a pipe open: never wait long.
+        end = time.monotonic() + 2.0
+        for entry in self.ranks:
+            for pump in entry.pumps:
+                pump.join(timeout=max(0.0, end - time.monotonic()))
+
+    def _signal_groups(self, signum: int) -> None:
+        for entry in self.ranks:
+            try:
+                os.killpg(entry.process.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _pump(stream: BinaryIO, sink: BinaryIO, prefix: bytes, lock: threading.Lock) -> None:
+    """Copies one child stream line by line, each line prefixed and written whole."""
+    try:
+        for line in iter(stream.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with lock:
+                sink.write(prefix + line)
+                sink.flush()
+    except (OSError, ValueError):
+        pass  # our own stdout closed (e.g. a closed pipe): nothing left to do
+    finally:
+        stream.close()
+
+
+def _binary(name: str) -> BinaryIO:
+    stream = getattr(sys, name)
+    return getattr(stream, "buffer", stream)
+
+
+def _die_with_parent(parent_pid: int):
+    """A preexec_fn that makes the child die if the launcher is killed (Linux only).
+
+    SIGKILL on the launcher cannot be forwarded; without this the ranks, in
+    their own sessions, would outlive it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct ports the OS reports free now (all held open until all are chosen)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _say(message: str) -> None:
+    print(f"pycollective run: {message}", file=sys.stderr, flush=True)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value

@@ -1,0 +1,95 @@
+"""Forms a process group's control plane: rank 0 hosts the service, all ranks register."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+
+from .client import CoordinationClient, PeerInfo
+from .cluster import ClusterSpec, format_address, is_loopback, parse_address
+from .service import CoordinationService
+
+
+def rendezvous(
+    spec: ClusterSpec,
+    endpoints: dict[str, str],
+    timeout: float,
+    heartbeat_timeout: float = 10.0,
+) -> tuple[CoordinationClient, list[PeerInfo], CoordinationService | None]:
+    """Starts the coordinator on rank 0, then registers this rank and returns the peers.
+
+    The client's heartbeat is not started: the caller starts it with the
+    callback that aborts its communicator (``client.start_heartbeat``).
+
+    Args:
+        spec: This process's place in the group (see ``ClusterSpec.from_env``).
+        endpoints: This rank's data-plane endpoints by transport name.
+        timeout: Seconds to wait for the coordinator and for every rank.
+        heartbeat_timeout: Seconds of silence after which the service
+            declares a rank failed (rank 0 only).
+
+    Returns:
+        ``(client, peers, service)``: this rank's client, the peer table
+        ordered by rank, and the service on rank 0 (None on other ranks). The
+        caller closes the client and, on rank 0, stops the service last.
+
+    Raises:
+        ValueError: A multi-rank group has no token.
+        RendezvousError: The coordinator could not start or be reached, or
+            not every rank registered within ``timeout``.
+    """
+    token = spec.token
+    if token is None:
+        if spec.world_size > 1:
+            raise ValueError(
+                f"rank {spec.rank} of {spec.world_size} has no cluster token (from "
+                f"{spec.source}): set PYCOLLECTIVE_TOKEN to the same secret on every rank, or "
+                "launch with `pycollective run`, which generates one"
+            )
+        # A single process talks only to itself: any fresh secret will do.
+        token = secrets.token_hex(16)
+
+    service: CoordinationService | None = None
+    address = spec.master
+    if spec.rank == 0:
+        bind_host = _bind_host(spec.master_addr)
+        service = CoordinationService(
+            spec.world_size,
+            token,
+            host=bind_host,
+            port=spec.master_port,
+            heartbeat_timeout=heartbeat_timeout,
+        )
+        _, port = parse_address(service.start())
+        # Rank 0 reaches its own service over loopback: no name resolution,
+        # and it works whatever interface master_addr names.
+        address = format_address(_loopback_for(bind_host), port)
+
+    client = CoordinationClient(address, spec.rank, token, timeout=timeout)
+    try:
+        peers = client.register(spec.host_id, endpoints, world_size=spec.world_size)
+    except BaseException:
+        client.close()
+        if service is not None:
+            service.stop(grace=0)
+        raise
+    return client, peers, service
+
+
+def _bind_host(master_addr: str) -> str:
+    """Loopback masters stay private; any other master listens on all interfaces."""
+    ipv6 = _is_ipv6(master_addr)
+    if is_loopback(master_addr):
+        return "::1" if ipv6 else "127.0.0.1"
+    return "::" if ipv6 else "0.0.0.0"
+
+
+def _loopback_for(bind_host: str) -> str:
+    return "::1" if _is_ipv6(bind_host) else "127.0.0.1"
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False

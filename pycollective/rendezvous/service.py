@@ -1,0 +1,515 @@
+"""The coordination service hosted by rank 0: registration, barriers, KV, liveness, abort.
+
+All state lives behind one condition variable. Every blocking handler waits on
+it with a deadline taken from the caller's gRPC deadline (capped when a caller
+sent none) and also wakes on abort, on stop and when its caller goes away, so
+no handler thread can wait forever.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from . import coordination_pb2 as pb
+from . import coordination_pb2_grpc as pb_grpc
+from .client import (
+    COORDINATOR_RANK,
+    TOKEN_METADATA_KEY,
+    WATCHING_METADATA_KEY,
+    RendezvousError,
+)
+from .cluster import format_address
+
+# A caller that sent no deadline still gets an answer eventually.
+_MAX_WAIT_WITHOUT_DEADLINE_S = 3600.0
+# Answer this much before the caller's deadline so that the caller sees our
+# explanation (who is missing) instead of a bare DEADLINE_EXCEEDED.
+_ANSWER_MARGIN_S = 0.5
+# Upper bound on how long a waiting handler sleeps between checks of its
+# caller's liveness; wake-ups are normally immediate (notify_all).
+_POLL_S = 0.5
+
+_log = logging.getLogger("pycollective.rendezvous")
+
+
+@dataclass
+class _Barrier:
+    # Bumped each time the barrier completes, so a name can be reused.
+    generation: int = 0
+    arrived: set[int] = field(default_factory=set)
+
+
+class CoordinationService:
+    """gRPC coordination service for one process group (hosted by rank 0).
+
+    Args:
+        world_size: Number of ranks in the group.
+        token: Shared secret every call must carry (metadata
+            ``x-pycollective-token``).
+        host: Interface to bind; ``"0.0.0.0"`` for all interfaces.
+        port: Port to bind; 0 lets the OS choose.
+        heartbeat_timeout: A rank that heartbeated at least once and is then
+            silent this many seconds is declared failed and the group aborted.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        heartbeat_timeout: float = 10.0,
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not token:
+            raise ValueError("the coordination service needs a non-empty token")
+        if heartbeat_timeout <= 0:
+            raise ValueError(f"heartbeat_timeout must be > 0, got {heartbeat_timeout}")
+        self.world_size = world_size
+        self.heartbeat_timeout = heartbeat_timeout
+        self._token = token
+        self._host = host
+        self._port = port
+        self._address: str | None = None
+        self._server: grpc.Server | None = None
+        self._monitor: threading.Thread | None = None
+        self._state = _State(self)
+
+    @property
+    def address(self) -> str:
+        """The bound ``host:port``; valid after ``start()``."""
+        if self._address is None:
+            raise RuntimeError("the coordination service is not started")
+        return self._address
+
+    def start(self) -> str:
+        """Binds and starts serving.
+
+        Returns:
+            The bound address as ``"host:port"`` (the OS-chosen port when
+            ``port`` was 0).
+
+        Raises:
+            RendezvousError: The address cannot be bound (e.g. port in use).
+        """
+        if self._server is not None:
+            return self.address
+        # Every rank can block one handler thread per concurrent call
+        # (register/barrier/get, heartbeat, the watch stream): size the pool
+        # so that waiting handlers can never starve the calls that release them.
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=4 * self.world_size + 8, thread_name_prefix="pc-coord"
+            ),
+            interceptors=[_TokenCheck(self._token)],
+            # gRPC enables SO_REUSEPORT by default: two coordinators could then
+            # share a port and split the ranks between them without any error.
+            options=[("grpc.so_reuseport", 0)],
+        )
+        pb_grpc.add_CoordinationServicer_to_server(_Servicer(self._state), server)
+        wanted = format_address(self._host, self._port)
+        try:
+            port = server.add_insecure_port(wanted)
+        except RuntimeError as exc:
+            port, detail = 0, f" ({exc})"
+        else:
+            detail = ""
+        if port == 0:
+            server.stop(None)
+            raise RendezvousError(
+                f"the coordination service cannot listen on {wanted}{detail}: is the port "
+                "already in use (another job, or a previous run still exiting)? Choose another "
+                "PYCOLLECTIVE_MASTER_PORT, the same on every rank."
+            )
+        server.start()
+        self._server = server
+        self._address = format_address(self._host, port)
+        self._state.address = self._address
+        self._monitor = threading.Thread(
+            target=self._state.monitor_heartbeats, name="pc-coord-heartbeats", daemon=True
+        )
+        self._monitor.start()
+        _log.info(
+            "coordination service for %d ranks listening on %s", self.world_size, self._address
+        )
+        return self._address
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stops serving; waiting calls fail and watchers get a shutdown notice.
+
+        Args:
+            grace: Seconds in-flight calls may take to finish before they are
+                cancelled; None cancels them at once.
+        """
+        server = self._server
+        if server is None:
+            return
+        self._server = None
+        self._state.begin_stop()
+        server.stop(grace).wait(timeout=(grace or 0) + 5.0)
+        if self._monitor is not None:
+            self._monitor.join(timeout=5.0)
+        _log.info("coordination service on %s stopped", self._address)
+
+    def __enter__(self) -> CoordinationService:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class _State:
+    """The group's control state, shared by all handler threads."""
+
+    def __init__(self, service: CoordinationService) -> None:
+        self.world_size = service.world_size
+        self.heartbeat_timeout = service.heartbeat_timeout
+        self.address = "(not started)"
+        # Condition over an RLock: gRPC may run RPC-termination callbacks on a
+        # thread that already holds it.
+        self.cond = threading.Condition(threading.RLock())
+        self.peers: dict[int, pb.PeerInfo] = {}
+        self.barriers: dict[str, _Barrier] = {}
+        self.kv: dict[str, bytes] = {}
+        self.last_heartbeat: dict[int, float] = {}
+        self.left: set[int] = set()
+        self.aborted: pb.AbortNotice | None = None
+        self.stopping = False
+        self._stop_event = threading.Event()
+
+    # -- helpers used by the handlers, all called with ``cond`` held --------
+
+    def describe(self, rank: int) -> str:
+        """ "rank 2 (host h, pid 123)" when known, else "rank 2"."""
+        peer = self.peers.get(rank)
+        if peer is None:
+            return f"rank {rank}"
+        return f"rank {rank} (host {peer.host_id}, pid {peer.pid})"
+
+    def check_rank(self, rank: int, context: grpc.ServicerContext, call: str) -> None:
+        if not 0 <= rank < self.world_size:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{call} from rank {rank}, but this group has ranks 0..{self.world_size - 1} "
+                f"(world_size {self.world_size}): check the rank and world size given to "
+                "every process",
+            )
+
+    def wait(
+        self,
+        context: grpc.ServicerContext,
+        ready: Callable[[], bool],
+        timeout_message: Callable[[float], str],
+    ) -> None:
+        """Waits until ``ready()``; aborts the call on deadline, group abort or stop."""
+        remaining = context.time_remaining()
+        if remaining is None:
+            remaining = _MAX_WAIT_WITHOUT_DEADLINE_S
+        budget = max(0.0, remaining - min(_ANSWER_MARGIN_S, remaining / 2))
+        start = time.monotonic()
+        while not ready():
+            if self.aborted is not None:
+                context.abort(
+                    grpc.StatusCode.ABORTED, f"the group was aborted: {self.aborted.reason}"
+                )
+            if self.stopping:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the coordination service at {self.address} is shutting down",
+                )
+            if not context.is_active():
+                context.abort(grpc.StatusCode.CANCELLED, "the caller went away")
+            waited = time.monotonic() - start
+            if waited >= budget:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, timeout_message(waited))
+            self.cond.wait(min(budget - waited, _POLL_S))
+
+    def trigger_abort(self, rank: int, reason: str) -> None:
+        """Records the group's first failure and wakes every waiter and watcher."""
+        with self.cond:
+            if self.aborted is not None or self.stopping:
+                _log.info("ignored a later failure (group already aborted): %s", reason)
+                return
+            self.aborted = pb.AbortNotice(rank=rank, reason=reason)
+            _log.error("aborting the group: %s", reason)
+            self.cond.notify_all()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def begin_stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self._stop_event.set()
+
+    def monitor_heartbeats(self) -> None:
+        """Declares a rank failed once it has been silent for heartbeat_timeout."""
+        interval = min(_POLL_S, self.heartbeat_timeout / 4)
+        while not self._stop_event.wait(interval):
+            with self.cond:
+                if self.aborted is not None or self.stopping:
+                    continue
+                now = time.monotonic()
+                for rank, last in sorted(self.last_heartbeat.items()):
+                    silent = now - last
+                    if rank not in self.left and silent > self.heartbeat_timeout:
+                        self.trigger_abort(
+                            rank,
+                            f"{self.describe(rank)} stopped heartbeating: last heard from "
+                            f"{silent:.1f} s ago (heartbeat timeout {self.heartbeat_timeout:g} s); "
+                            "the process is hung, stopped or its host is unreachable",
+                        )
+                        break
+
+
+class _Servicer(pb_grpc.CoordinationServicer):
+    """Maps each RPC onto ``_State``; one handler thread per in-flight call."""
+
+    def __init__(self, state: _State) -> None:
+        self._s = state
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext):
+        s = self._s
+        rank = request.rank
+        with s.cond:
+            s.check_rank(rank, context, "Register")
+            if request.world_size and request.world_size != s.world_size:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"rank {rank} was launched with world_size {request.world_size}, but the "
+                    f"coordinator at {s.address} serves world_size {s.world_size}: every rank "
+                    "must be launched with the same world size",
+                )
+            existing = s.peers.get(rank)
+            # The same process may retry; a different process with this rank may not.
+            if existing is not None and (existing.host_id, existing.pid) != (
+                request.host_id,
+                request.pid,
+            ):
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"rank {rank} is already registered by pid {existing.pid} on host "
+                    f"{existing.host_id}; pid {request.pid} on host {request.host_id} asked for "
+                    "the same rank: two processes were given the same rank",
+                )
+            s.peers[rank] = pb.PeerInfo(
+                rank=rank,
+                host_id=request.host_id,
+                pid=request.pid,
+                endpoints=dict(request.endpoints),
+            )
+            _log.info("%s registered (%d of %d)", s.describe(rank), len(s.peers), s.world_size)
+            s.cond.notify_all()
+
+            def missing() -> list[int]:
+                return [r for r in range(s.world_size) if r not in s.peers]
+
+            s.wait(
+                context,
+                lambda: len(s.peers) == s.world_size,
+                lambda waited: (
+                    f"registration timed out after {waited:.1f} s: {len(s.peers)} of "
+                    f"{s.world_size} ranks registered, still missing ranks {missing()}. Are all "
+                    f"{s.world_size} processes started and pointed at {s.address}?"
+                ),
+            )
+            return pb.RegisterResponse(peers=[s.peers[r] for r in range(s.world_size)])
+
+    def Barrier(self, request: pb.BarrierRequest, context: grpc.ServicerContext):
+        s = self._s
+        rank, name = request.rank, request.name
+        with s.cond:
+            s.check_rank(rank, context, f"Barrier {name!r}")
+            barrier = s.barriers.setdefault(name, _Barrier())
+            generation = barrier.generation
+            barrier.arrived.add(rank)
+            if len(barrier.arrived) == s.world_size:
+                barrier.generation += 1
+                barrier.arrived = set()
+                s.cond.notify_all()
+                return pb.BarrierResponse()
+            try:
+                s.wait(
+                    context,
+                    lambda: barrier.generation != generation,
+                    lambda waited: (
+                        f"barrier {name!r} timed out after {waited:.1f} s: ranks "
+                        f"{sorted(barrier.arrived)} arrived, still waiting for ranks "
+                        f"{[r for r in range(s.world_size) if r not in barrier.arrived]}"
+                    ),
+                )
+            except BaseException:
+                # A rank that gave up has not arrived, should it try again.
+                if barrier.generation == generation:
+                    barrier.arrived.discard(rank)
+                raise
+            return pb.BarrierResponse()
+
+    def Set(self, request: pb.SetRequest, context: grpc.ServicerContext):
+        s = self._s
+        with s.cond:
+            s.kv[request.key] = request.value
+            s.cond.notify_all()
+        return pb.SetResponse()
+
+    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext):
+        s = self._s
+        key = request.key
+        with s.cond:
+            s.wait(
+                context,
+                lambda: key in s.kv,
+                lambda waited: f"key {key!r} was not set within {waited:.1f} s",
+            )
+            return pb.GetResponse(value=s.kv[key])
+
+    def Add(self, request: pb.AddRequest, context: grpc.ServicerContext):
+        s = self._s
+        key = request.key
+        with s.cond:
+            current = s.kv.get(key, b"0")
+            try:
+                value = int(current.decode("ascii")) + request.delta
+            except (UnicodeDecodeError, ValueError):
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"key {key!r} holds {current[:32]!r}, not a counter; add() needs a key "
+                    "that is only ever used as a counter",
+                )
+            # Counters share the KV map as decimal text, so get() can read them.
+            s.kv[key] = str(value).encode("ascii")
+            s.cond.notify_all()
+            return pb.AddResponse(value=value)
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext):
+        s = self._s
+        with s.cond:
+            s.check_rank(request.rank, context, "Heartbeat")
+            s.last_heartbeat[request.rank] = time.monotonic()
+        return pb.HeartbeatResponse()
+
+    def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext):
+        s = self._s
+        with s.cond:
+            s.check_rank(request.rank, context, "Abort")
+            who = s.describe(request.rank)
+        s.trigger_abort(request.rank, f"{who} aborted the group: {request.reason}")
+        return pb.AbortResponse()
+
+    def Leave(self, request: pb.LeaveRequest, context: grpc.ServicerContext):
+        s = self._s
+        with s.cond:
+            s.check_rank(request.rank, context, "Leave")
+            s.left.add(request.rank)
+            s.last_heartbeat.pop(request.rank, None)
+            _log.info("%s left the group", s.describe(request.rank))
+        return pb.LeaveResponse()
+
+    def WatchAbort(
+        self, request: pb.WatchAbortRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.AbortNotice]:
+        s = self._s
+        rank = request.rank
+        with s.cond:
+            s.check_rank(rank, context, "WatchAbort")
+        ended_normally = threading.Event()
+
+        def on_rpc_end() -> None:
+            # Runs however the stream ends; only an unexpected end is a failure.
+            s.wake()
+            if ended_normally.is_set():
+                return
+            with s.cond:
+                if s.stopping or rank in s.left:
+                    return
+                if rank not in s.peers:
+                    _log.info("unregistered rank %d stopped watching", rank)
+                    return
+                who = s.describe(rank)
+            s.trigger_abort(
+                rank,
+                f"{who} lost its connection to the coordinator: the process exited or was "
+                "killed without leaving the group",
+            )
+
+        context.add_callback(on_rpc_end)
+        context.send_initial_metadata(((WATCHING_METADATA_KEY, "1"),))
+        with s.cond:
+            while s.aborted is None and not s.stopping and context.is_active():
+                s.cond.wait(_POLL_S)
+            notice = s.aborted
+            if notice is None and s.stopping:
+                notice = pb.AbortNotice(
+                    rank=COORDINATOR_RANK,
+                    reason=f"the coordination service at {s.address} was stopped "
+                    "(its host process, normally rank 0, is exiting)",
+                )
+            if notice is not None:
+                ended_normally.set()
+        if notice is not None:
+            yield notice
+
+
+class _TokenCheck(grpc.ServerInterceptor):
+    """Refuses any call without the cluster token, before it reaches a handler."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode("utf-8")
+
+    def intercept_service(self, continuation, handler_call_details):
+        problem = "it carried no token"
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == TOKEN_METADATA_KEY:
+                given = value.encode("utf-8") if isinstance(value, str) else value
+                # Constant-time: the comparison must not leak the token's prefix.
+                if hmac.compare_digest(given, self._token):
+                    return continuation(handler_call_details)
+                problem = "its token is wrong"
+                break
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        return _refusal(handler, handler_call_details.method, problem)
+
+
+def _refusal(handler: grpc.RpcMethodHandler, method: str, problem: str):
+    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
+    message = (
+        f"the coordinator refused {method.rsplit('/', 1)[-1]}: {problem} "
+        f"(metadata {TOKEN_METADATA_KEY})"
+    )
+
+    def refuse(request_or_iterator, context: grpc.ServicerContext):
+        _log.warning("refused %s from %s: %s", method, context.peer(), problem)
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    def refuse_stream(request_or_iterator, context: grpc.ServicerContext):
+        refuse(request_or_iterator, context)
+        yield  # unreachable: refuse() raises; makes this a generator
+
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    streaming = (handler.request_streaming, handler.response_streaming)
+    return kinds[streaming](
+        refuse_stream if handler.response_streaming else refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
