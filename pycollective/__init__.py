@@ -24,6 +24,25 @@ from pycollective.errors import (
     RemoteError,
 )
 from pycollective.local import LocalCommunicator
+from pycollective.process_group import (
+    ProcessGroup,
+    Work,
+    allgather,
+    allreduce,
+    allreduce_async,
+    barrier,
+    broadcast,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    new_group,
+    rank,
+    reduce,
+    reduce_scatter,
+    shutdown,
+    world_size,
+)
 from pycollective.reduce_op import ReduceOp
 
 __version__ = _C.build_info()["version"]
@@ -41,6 +60,23 @@ def algorithms() -> list[str]:
 
 
 __all__ = [
+    "ProcessGroup",
+    "Work",
+    "allgather",
+    "allreduce",
+    "allreduce_async",
+    "barrier",
+    "broadcast",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "new_group",
+    "rank",
+    "reduce",
+    "reduce_scatter",
+    "shutdown",
+    "world_size",
     "Aborted",
     "CollectiveError",
     "CollectiveTimeout",

@@ -11,7 +11,8 @@ import numpy as np
 
 from pycollective.tensors import Buffer, check_writable, contiguous_input
 
-KINDS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "broadcast": 3, "reduce": 4}
+KINDS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "broadcast": 3, "reduce": 4,
+         "barrier": 5}
 REDUCING = {"allreduce", "reduce_scatter", "reduce"}
 
 

@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "algorithms/barrier.h"
 #include "algorithms/chunking.h"
 #include "algorithms/exchange.h"
 #include "core/error.h"
@@ -72,6 +73,7 @@ std::vector<std::string> algorithmNames() {
 
 const char* algorithmName(uint8_t index) {
   const auto& all = registry();
+  if (index == 255) return "barrier";
   return index < all.size() ? all[index]->name() : "?";
 }
 
@@ -89,20 +91,37 @@ std::string explainChoice(const Group& group, const CollectiveArgs& args) {
 }
 
 void runCollective(Communicator& comm, const CollectiveArgs& args, const std::string& algoName) {
+  std::vector<int> all(comm.size());
+  for (int i = 0; i < comm.size(); ++i) all[i] = i;
+  runCollective(comm, all, 0, args, algoName);
+}
+
+void runCollective(Communicator& comm, const std::vector<int>& members, int groupId,
+                   const CollectiveArgs& args, const std::string& algoName) {
   if (comm.aborted())
     throw Aborted(comm.who() + " this group was aborted earlier (" + comm.abortReason() +
                   "); create a new group to continue");
-  PC_CHECK(args.root >= 0 && args.root < comm.size(), comm.who(), " root ", args.root,
-           " is out of range for a group of ", comm.size(), " ranks");
+  Group group(comm, members);
+  PC_CHECK(args.root >= 0 && args.root < group.size(), comm.who(), " root ", args.root,
+           " is out of range for a group of ", group.size(), " ranks");
+  if (args.kind == CollectiveKind::kBarrier) {
+    Exchange ex(group, args, 255, comm.nextSeq(groupId));
+    try {
+      runBarrier(ex);
+    } catch (const std::exception& e) {
+      comm.abort(e.what());
+      throw;
+    }
+    return;
+  }
   // Fails with InvalidType for an integer avg, before anything moves.
   if (args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduce ||
       args.kind == CollectiveKind::kReduceScatter)
     lookupReduce(args.dtype, args.op);
 
-  Group world = Group::world(comm);
   const Algorithm* algo = nullptr;
   if (algoName == "auto") {
-    Choice c = chooseAuto(world, args);
+    Choice c = chooseAuto(group, args);
     PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
     algo = c.algo;
     PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",
@@ -111,12 +130,12 @@ void runCollective(Communicator& comm, const CollectiveArgs& args, const std::st
     for (const Algorithm* a : registry())
       if (algoName == a->name()) algo = a;
     PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());
-    std::string why = algo->unsupported(world, args);
+    std::string why = algo->unsupported(group, args);
     PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
              collectiveName(args.kind), " here: ", why);
   }
 
-  Exchange ex(world, args, indexOf(algo), comm.nextSeq());
+  Exchange ex(group, args, indexOf(algo), comm.nextSeq(groupId));
   try {
     algo->run(ex, args);
   } catch (const std::exception& e) {
@@ -125,16 +144,16 @@ void runCollective(Communicator& comm, const CollectiveArgs& args, const std::st
   }
 
   if (args.op == ReduceOp::kAvg) {
-    const double scale = 1.0 / comm.size();
+    const double scale = 1.0 / group.size();
     switch (args.kind) {
       case CollectiveKind::kAllreduce:
         scaleInPlace(args.out, args.count, args.dtype, scale);
         break;
       case CollectiveKind::kReduce:
-        if (comm.rank() == args.root) scaleInPlace(args.out, args.count, args.dtype, scale);
+        if (group.rank() == args.root) scaleInPlace(args.out, args.count, args.dtype, scale);
         break;
       case CollectiveKind::kReduceScatter:
-        scaleInPlace(args.out, Chunks(args.count, comm.size()).size(comm.rank()), args.dtype,
+        scaleInPlace(args.out, Chunks(args.count, group.size()).size(group.rank()), args.dtype,
                      scale);
         break;
       default:

@@ -21,6 +21,10 @@ const LinkCost& costOf(const Group& group);
 // the final scale of avg. Throws InvalidArgument for unknown/unsupported algorithms before any
 // data moves; any later failure aborts the communicator (its peers stop waiting for it).
 void runCollective(Communicator& comm, const CollectiveArgs& args, const std::string& algo);
+// The same on a subgroup of the communicator's ranks (members are global ranks, ascending, and
+// include this rank); groupId keeps the subgroup's sequence numbers apart.
+void runCollective(Communicator& comm, const std::vector<int>& members, int groupId,
+                   const CollectiveArgs& args, const std::string& algo);
 
 // The algorithm runCollective would use for algo="auto", with the reason.
 std::string explainChoice(const Group& group, const CollectiveArgs& args);

@@ -11,4 +11,5 @@ PYBIND11_MODULE(_C, m) {
   pycollective::bindings::bindErrors(m);
   pycollective::bindings::bindInfo(m);
   pycollective::bindings::bindLocal(m);
+  pycollective::bindings::bindGroup(m);
 }

@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -34,6 +36,11 @@ Communicator::~Communicator() = default;
 Link& Communicator::link(int peer) {
   PC_ASSERT(peer >= 0 && peer < size_ && peer != rank_ && links_[peer], "bad peer ", peer);
   return *links_[peer];
+}
+
+uint64_t Communicator::nextSeq(int groupId) {
+  std::lock_guard<std::mutex> lock(seqMu_);
+  return seq_[groupId]++;
 }
 
 std::string Communicator::who() const {
@@ -75,11 +82,13 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
   for (const auto& p : pending)
     if (std::find(links.begin(), links.end(), p.link) == links.end()) links.push_back(p.link);
   Notifier* bell = nullptr;
-  bool allNotify = !links.empty();
+  bool allNotify = !links.empty(), allSockets = !links.empty();
   for (Link* l : links) {
     if (l->notifier() == nullptr) allNotify = false;
     else bell = l->notifier();
+    if (l->pollFd() < 0) allSockets = false;
   }
+  std::vector<pollfd> fds;
 
   int idleRounds = 0;
   for (;;) {
@@ -118,6 +127,12 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
       std::this_thread::yield();
     } else if (allNotify) {
       bell->waitPast(seen, std::chrono::milliseconds(5));
+    } else if (allSockets) {
+      // Sleep in the kernel until a socket is ready (bounded, to re-check abort and deadline).
+      fds.clear();
+      for (Link* l : links)
+        if (l->pollEvents() != 0) fds.push_back(pollfd{l->pollFd(), l->pollEvents(), 0});
+      ::poll(fds.data(), fds.size(), 5);
     } else {
       int us = std::min(1000, 1 << std::min(10, (idleRounds - 128) / 16));
       if (bell != nullptr) bell->waitPast(seen, std::chrono::microseconds(us));

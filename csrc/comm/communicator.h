@@ -3,6 +3,7 @@
 // is, one Link per peer, where each peer lives (host), the timeout, the abort flag and the
 // sequence counter that stamps every collective.
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,7 +51,8 @@ class Communicator {
   // 0 = derive from hostOf.
   int hierarchicalGroupSize = 0;
 
-  uint64_t nextSeq() { return seq_++; }
+  // Sequence number of the next collective of group `groupId` (0 = all ranks).
+  uint64_t nextSeq(int groupId = 0);
 
   // Waits until every request in `waitFor` completed, advancing every link in `advance` (a
   // sender may need its outgoing links pushed while it waits for a receive). Throws
@@ -76,7 +78,8 @@ class Communicator {
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<int> hostOf_;
   double timeoutSeconds_;
-  std::atomic<uint64_t> seq_{0};
+  std::mutex seqMu_;
+  std::map<int, uint64_t> seq_;
   std::atomic<bool> aborted_{false};
   std::mutex abortMu_;
   std::string abortReason_;

@@ -56,6 +56,11 @@ class Link {
   // The doorbell this link rings when data arrives, or nullptr if the waiter must poll.
   virtual Notifier* notifier() { return nullptr; }
 
+  // A socket the waiter may poll() for `pollEvents()` instead of spinning (-1: none). Links
+  // without a notifier or socket are polled with a growing pause.
+  virtual int pollFd() const { return -1; }
+  virtual short pollEvents() const { return 0; }
+
   // True when the peer lives in this address space, so its buffers may be read and written
   // directly (the "direct" algorithm); pointers then travel as ordinary messages.
   virtual bool sharesMemory() const { return false; }

@@ -1,0 +1,120 @@
+// The native side of a process group: links made by the transports, a Communicator over them,
+// and synchronous or asynchronous collectives on it. Connections are made (and authenticated)
+// in Python; this layer takes over sockets and shared-memory names.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <tuple>
+
+#include "algorithms/registry.h"
+#include "bindings/bindings.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "transport/tcp.h"
+
+namespace py = pybind11;
+
+namespace pycollective {
+namespace bindings {
+
+namespace {
+
+// A link on its way into a Communicator (which takes ownership).
+struct LinkHandle {
+  std::unique_ptr<Link> link;
+  std::string describe() const { return link ? link->describe() : "<moved into a group>"; }
+};
+
+LinkCost toCost(const std::tuple<double, double, double>& t) {
+  return LinkCost{std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+}
+
+}  // namespace
+
+void bindGroup(py::module_& m) {
+  py::class_<LinkHandle>(m, "Link").def("__repr__", &LinkHandle::describe);
+
+  m.def(
+      "tcp_link",
+      [](int fd, int rank, int peer, const std::string& address) {
+        TcpLinkOptions o;
+        o.fd = fd;
+        o.rank = rank;
+        o.peer = peer;
+        o.peerAddress = address;
+        return LinkHandle{makeTcpLink(o)};
+      },
+      py::arg("fd"), py::arg("rank"), py::arg("peer"), py::arg("address"),
+      "Takes over a connected, authenticated socket (the link closes it).");
+
+  py::class_<Work, WorkPtr>(m, "Work")
+      .def(
+          "wait",
+          [](Work& w, double timeout) {
+            py::gil_scoped_release release;
+            return w.wait(timeout);
+          },
+          py::arg("timeout") = -1.0,
+          "Waits (timeout < 0: until done); False if still running; re-raises the failure.")
+      .def("is_completed", &Work::isCompleted)
+      .def_property_readonly("seconds", &Work::seconds);
+
+  py::class_<Communicator>(m, "Communicator")
+      .def(py::init([](int rank, int size, std::vector<LinkHandle*> links, std::vector<int> hostOf,
+                       double timeout) {
+             PC_CHECK(static_cast<int>(links.size()) == size, "expected ", size, " links");
+             std::vector<std::unique_ptr<Link>> owned(size);
+             for (int p = 0; p < size; ++p) {
+               if (p == rank) continue;
+               PC_CHECK(links[p] != nullptr && links[p]->link, "no link to rank ", p);
+               owned[p] = std::move(links[p]->link);
+             }
+             return std::make_unique<Communicator>(rank, size, std::move(owned), std::move(hostOf),
+                                                   timeout);
+           }),
+           py::arg("rank"), py::arg("size"), py::arg("links"), py::arg("host_of"),
+           py::arg("timeout"))
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def(
+          "set_costs",
+          [](Communicator& c, std::tuple<double, double, double> local,
+             std::tuple<double, double, double> remote) {
+            c.localCost = toCost(local);
+            c.remoteCost = toCost(remote);
+          },
+          py::arg("local"), py::arg("remote"),
+          "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links")
+      .def(
+          "submit",
+          [](Communicator& c, int kind, uintptr_t in, uintptr_t out, size_t count, int dtype,
+             int op, int root, const std::string& algo, uint32_t shapeHash, size_t segmentBytes,
+             double timeout, std::vector<int> members, int groupId) {
+            CollectiveArgs a = makeArgs(kind, in, out, count, dtype, op, root, shapeHash,
+                                        segmentBytes, timeout);
+            Communicator* comm = &c;
+            return c.executor().submit([comm, a, algo, members, groupId] {
+              runCollective(*comm, members, groupId, a, algo);
+            });
+          },
+          py::arg("kind"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
+          py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algo"),
+          py::arg("shape_hash"), py::arg("segment_bytes"), py::arg("timeout"),
+          py::arg("members"), py::arg("group_id"),
+          "Queues a collective on the group's executor (issue order is run order); returns Work.")
+      .def(
+          "explain",
+          [](Communicator& c, int kind, size_t count, int dtype, int op) {
+            return explainChoice(Group::world(c), makeArgs(kind, 0, 0, count, dtype, op, 0, 0, 0,
+                                                           0));
+          },
+          py::arg("kind"), py::arg("count"), py::arg("dtype"), py::arg("op"))
+      .def(
+          "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
+          py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")
+      .def_property_readonly("aborted", &Communicator::aborted)
+      .def_property_readonly("abort_reason", &Communicator::abortReason);
+}
+
+}  // namespace bindings
+}  // namespace pycollective

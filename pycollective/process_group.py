@@ -1,0 +1,372 @@
+"""Process groups: every process calls the same collectives; links between processes are
+shared memory (same host) or TCP (any host), set up through the gRPC coordination service.
+
+    import pycollective as pc
+    pc.init()                                   # from arguments or the launcher's environment
+    y = pc.allreduce(x, op="sum", algo="ring")
+    pc.shutdown()
+
+The module-level functions act on the default group made by :func:`init`; :func:`new_group`
+makes sub-groups of it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import threading
+import time
+from typing import Any
+
+from pycollective._calls import KINDS, REDUCING, Prepared, prepare
+from pycollective._ext import _C
+from pycollective.config import default_timeout, env_float, env_int
+from pycollective.errors import Aborted, CollectiveError, CollectiveTimeout, RemoteError
+from pycollective.reduce_op import ReduceOp, parse_op
+from pycollective.rendezvous import ClusterSpec, rendezvous
+from pycollective.tensors import adapt, shape_hash
+from pycollective.transports import TcpListener, open_links
+
+# Cost-model defaults per transport: (alpha s/message, beta s/byte, gamma s/byte reduced).
+# `pycollective tune` measures them on a cluster (PYCOLLECTIVE_TUNING).
+DEFAULT_COSTS = {
+    "shm": (3e-6, 1 / 8e9, 1 / 10e9),
+    "tcp": (40e-6, 1 / 2.5e9, 1 / 10e9),
+}
+
+
+class Work:
+    """Handle of an asynchronous collective (``*_async``).
+
+    ``wait(timeout=None)`` returns the result (re-raising the collective's error);
+    ``is_completed()`` polls. The inputs must stay untouched until it completes.
+    """
+
+    def __init__(self, native: Any, calls: list[Prepared], group: "ProcessGroup", what: str):
+        self._native, self._calls, self._group, self._what = native, calls, group, what
+
+    def is_completed(self) -> bool:
+        return self._native.is_completed()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        try:
+            done = self._native.wait(-1.0 if timeout is None else float(timeout))
+        except CollectiveError as exc:
+            raise self._group._world.explain_failure(exc) from None
+        if not done:
+            raise CollectiveTimeout(f"[rank {self._group.rank}/{self._group.size}] {self._what} "
+                                    f"still running after wait(timeout={timeout}); it goes on "
+                                    "in the background")
+        results = [c.result() for c in self._calls]
+        return results[0] if len(results) == 1 else results
+
+    @property
+    def seconds(self) -> float:
+        """How long the collective ran (once completed)."""
+        return self._native.seconds
+
+
+class ProcessGroup:
+    """A set of ranks that run collectives together. Made by :func:`init` (all ranks) and
+    :func:`new_group` (a subset). Ranks passed to collectives (``root=``) are ranks within the
+    group."""
+
+    def __init__(self, world: "_World", members: list[int], group_id: int):
+        self._world = world
+        self.members = members
+        self.group_id = group_id
+        me = world.comm.rank
+        self.rank = members.index(me)
+        self.size = len(members)
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(rank={self.rank}, size={self.size}, members={self.members})"
+
+    # Collectives: each returns the result; *_async returns a Work.
+
+    def allreduce(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
+                  inplace: bool = False, out: Any = None, timeout: float | None = None) -> Any:
+        """Every rank gets the reduction of all ranks' tensors."""
+        return self.allreduce_async(x, op, algo, inplace, out, timeout).wait()
+
+    def allreduce_async(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
+                        inplace: bool = False, out: Any = None,
+                        timeout: float | None = None) -> Work:
+        return self._submit("allreduce", x, op, algo, 0, inplace, out, timeout)
+
+    def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
+                       out: Any = None, timeout: float | None = None) -> Any:
+        """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly)."""
+        return self._submit("reduce_scatter", x, op, algo, 0, False, out, timeout).wait()
+
+    def allgather(self, x: Any, algo: str = "auto", out: Any = None,
+                  timeout: float | None = None) -> Any:
+        """Every rank gets all ranks' tensors stacked: shape (size, *x.shape)."""
+        return self._submit("allgather", x, "sum", algo, 0, False, out, timeout).wait()
+
+    def broadcast(self, x: Any, root: int = 0, algo: str = "auto", inplace: bool = False,
+                  out: Any = None, timeout: float | None = None) -> Any:
+        """Every rank gets rank ``root``'s tensor (others pass a tensor of the same shape)."""
+        return self._submit("broadcast", x, "sum", algo, root, inplace, out, timeout).wait()
+
+    def reduce(self, x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
+               inplace: bool = False, out: Any = None, timeout: float | None = None) -> Any:
+        """Rank ``root`` gets the reduction; other ranks get None."""
+        return self._submit("reduce", x, op, algo, root, inplace, out, timeout).wait()
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Returns once every rank of the group called barrier()."""
+        native = self._world.comm.submit(KINDS["barrier"], 0, 0, 0, 2, 0, 0, "auto", 0, 0,
+                                         self._timeout(timeout), self.members, self.group_id)
+        Work(native, [], self, "barrier").wait()
+
+    def explain(self, collective: str, nbytes: int) -> str:
+        """The algorithm algo="auto" picks for a float32 call of this size, with the model."""
+        return self._world.comm.explain(KINDS[collective], nbytes // 4, 2, 0)
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self._world.timeout if timeout is None else float(timeout)
+
+    def _submit(self, kind: str, x: Any, op: str | ReduceOp, algo: str, root: int,
+                inplace: bool, out: Any, timeout: float | None) -> Work:
+        if not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")
+        if not isinstance(algo, str):
+            raise TypeError(f"algo must be a string, got {type(algo).__name__}")
+        reduce_op = parse_op(op)
+        where = f"rank {self._world.comm.rank}"
+        buf = adapt(x, where)
+        if kind in REDUCING and reduce_op == ReduceOp.AVG and buf.code >= 4:
+            raise TypeError(f"{where}: avg is not defined for {buf.dtype_name}: use op='sum' "
+                            "and divide, or convert to a floating dtype")
+        call = prepare(kind, buf, self.rank, self.size, root, inplace, where,
+                       None if out is None else adapt(out, f"{where} out="))
+        native = self._world.comm.submit(
+            KINDS[kind], call.in_ptr, call.out_ptr, buf.count, buf.code, int(reduce_op), root,
+            algo, shape_hash(buf.array.shape), 0, self._timeout(timeout), self.members,
+            self.group_id)
+        return Work(native, [call], self, f"{kind} of {buf.count} {buf.dtype_name}")
+
+
+class _World:
+    """Everything :func:`init` set up: the native communicator, the coordination client (and
+    service on rank 0), and what the coordinator said when a rank failed."""
+
+    def __init__(self, spec: ClusterSpec, timeout: float, transport: str | None,
+                 ifname: str | None, connect_timeout: float):
+        self.spec = spec
+        self.timeout = timeout
+        self.groups = 0
+        self.abort_notice: tuple[int, str] | None = None
+        self._notice = threading.Event()
+        self._reported = False
+        listener = TcpListener.open(ifname, spec.master_addr)
+        try:
+            self.client, peers, self.service = rendezvous(
+                spec, {"tcp": listener.endpoint}, connect_timeout,
+                heartbeat_timeout=env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0))
+            try:
+                session = self._session(spec.rank, connect_timeout)
+                hosts = [p.host_id for p in peers]
+                token = spec.token or secrets.token_hex(16)
+                links, self.transports = open_links(
+                    spec.rank, spec.world_size, hosts, [p.endpoints for p in peers], listener,
+                    token, session, transport or os.environ.get("PYCOLLECTIVE_TRANSPORT") or None,
+                    connect_timeout, env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20))
+                host_index = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+                self.comm = _C.Communicator(spec.rank, spec.world_size, links,
+                                            [host_index[h] for h in hosts], timeout)
+                self._set_costs()
+                self.local_ranks = [p.rank for p in peers if p.host_id == hosts[spec.rank]]
+            except BaseException:
+                self.client.close()
+                if self.service is not None:
+                    self.service.stop(grace=0)
+                raise
+        finally:
+            listener.close()
+        self.client.start_heartbeat(self._on_abort)
+        self.world = ProcessGroup(self, list(range(spec.world_size)), 0)
+
+    def _session(self, rank: int, timeout: float) -> str:
+        """A random id shared by the group (names its shared-memory segments)."""
+        if rank == 0:
+            self.client.set("pycollective/session", secrets.token_hex(8).encode())
+        return self.client.get("pycollective/session", timeout=timeout).decode()
+
+    def _set_costs(self) -> None:
+        others = [t for r, t in enumerate(self.transports) if r != self.spec.rank]
+        local = next((t for r, t in enumerate(self.transports)
+                      if r != self.spec.rank and t == "shm"), others[0] if others else "shm")
+        self.comm.set_costs(DEFAULT_COSTS[local], DEFAULT_COSTS["tcp"])
+
+    def _on_abort(self, rank: int, reason: str) -> None:
+        self.abort_notice = (rank, reason)
+        self._notice.set()
+        self.comm.abort(f"rank {rank} failed: {reason}" if rank >= 0 else reason)
+
+    def explain_failure(self, exc: CollectiveError) -> CollectiveError:
+        """This rank's error, with the cause the coordinator reported when another rank failed
+        first. A rank that failed on its own tells the coordinator, so the others learn why."""
+        if isinstance(exc, (RemoteError, Aborted)):
+            self._notice.wait(0.5)  # the failing rank's notice may still be on its way
+            notice = self.abort_notice
+            if notice is not None and notice[1] not in str(exc):
+                who = f"rank {notice[0]}" if notice[0] >= 0 else "the coordinator"
+                return type(exc)(f"{exc}\n  cause, reported by {who}: {notice[1]}")
+            return exc
+        if not self._reported:
+            self._reported = True
+            self.client.abort(str(exc))
+        return exc
+
+    def close(self, timeout: float) -> None:
+        try:
+            self.client.barrier("pycollective/shutdown", timeout=timeout)
+        except Exception:  # a failed group still shuts down; peers may be gone
+            pass
+        self.client.close()
+        if self.service is not None:
+            self.service.stop(grace=0.5)
+        self.comm.abort("the group was shut down")
+
+
+_world: _World | None = None
+_lock = threading.Lock()
+
+
+def init(rank: int | None = None, world_size: int | None = None, master: str | None = None,
+         token: str | None = None, timeout: float | None = None, transport: str | None = None,
+         ifname: str | None = None, connect_timeout: float | None = None) -> ProcessGroup:
+    """Joins the default process group and returns it.
+
+    Without arguments the group comes from the environment of the launcher in use:
+    ``pycollective run``, ``TF_CONFIG``, torchrun, Open MPI or Slurm (docs/launching.md).
+    ``master`` is "host:port" of rank 0's coordination service; ``token`` (or
+    ``PYCOLLECTIVE_TOKEN``) must be the same on every rank. ``timeout`` is the default for every
+    collective (``PYCOLLECTIVE_TIMEOUT``); ``transport`` forces "shm" or "tcp" for every peer
+    (``PYCOLLECTIVE_TRANSPORT``); ``ifname`` picks the interface TCP links use
+    (``PYCOLLECTIVE_IFNAME``); ``connect_timeout`` bounds forming the group (60 s).
+    """
+    global _world
+    with _lock:
+        if _world is not None:
+            raise RuntimeError("pycollective.init() was already called in this process; call "
+                               "pycollective.shutdown() first")
+        spec = ClusterSpec.from_env(rank=rank, world_size=world_size, master=master, token=token)
+        _world = _World(spec, default_timeout() if timeout is None else float(timeout), transport,
+                        ifname, connect_timeout if connect_timeout is not None else
+                        env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0))
+        return _world.world
+
+
+def shutdown(timeout: float = 30.0) -> None:
+    """Leaves the group: waits (up to `timeout`) for every rank to call shutdown, then closes
+    links and the coordination service."""
+    global _world
+    with _lock:
+        if _world is None:
+            return
+        world, _world = _world, None
+    world.close(timeout)
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def _default() -> ProcessGroup:
+    if _world is None:
+        raise RuntimeError("no process group: call pycollective.init() first")
+    return _world.world
+
+
+def new_group(ranks: list[int]) -> ProcessGroup | None:
+    """A sub-group of the default group. Every rank must call new_group with the same ranks in
+    the same order (members and non-members alike); non-members get None."""
+    world = _default()._world
+    members = sorted(set(int(r) for r in ranks))
+    if not members or members[0] < 0 or members[-1] >= world.spec.world_size:
+        raise ValueError(f"new_group ranks must be in [0, {world.spec.world_size}), got {ranks}")
+    world.groups += 1
+    if world.comm.rank not in members:
+        return None
+    return ProcessGroup(world, members, world.groups)
+
+
+def _group(group: ProcessGroup | None) -> ProcessGroup:
+    return _default() if group is None else group
+
+
+def rank() -> int:
+    """This process's rank in the default group."""
+    return _default().rank
+
+
+def world_size() -> int:
+    return _default().size
+
+
+def local_rank() -> int:
+    """This process's index among the ranks on its host."""
+    w = _default()._world
+    return w.local_ranks.index(w.comm.rank)
+
+
+def local_size() -> int:
+    """How many ranks run on this host."""
+    return len(_default()._world.local_ranks)
+
+
+def allreduce(x: Any, op: str | ReduceOp = "sum", algo: str = "auto", inplace: bool = False,
+              out: Any = None, group: ProcessGroup | None = None,
+              timeout: float | None = None) -> Any:
+    """Every rank gets the reduction (sum, prod, min, max, avg) of all ranks' tensors."""
+    return _group(group).allreduce(x, op, algo, inplace, out, timeout)
+
+
+def allreduce_async(x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
+                    inplace: bool = False, out: Any = None, group: ProcessGroup | None = None,
+                    timeout: float | None = None) -> Work:
+    """Starts an allreduce; ``.wait()`` on the returned Work gives the result."""
+    return _group(group).allreduce_async(x, op, algo, inplace, out, timeout)
+
+
+def reduce_scatter(x: Any, op: str | ReduceOp = "sum", algo: str = "auto", out: Any = None,
+                   group: ProcessGroup | None = None, timeout: float | None = None) -> Any:
+    return _group(group).reduce_scatter(x, op, algo, out, timeout)
+
+
+def allgather(x: Any, algo: str = "auto", out: Any = None, group: ProcessGroup | None = None,
+              timeout: float | None = None) -> Any:
+    return _group(group).allgather(x, algo, out, timeout)
+
+
+def broadcast(x: Any, root: int = 0, algo: str = "auto", inplace: bool = False, out: Any = None,
+              group: ProcessGroup | None = None, timeout: float | None = None) -> Any:
+    return _group(group).broadcast(x, root, algo, inplace, out, timeout)
+
+
+def reduce(x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
+           inplace: bool = False, out: Any = None, group: ProcessGroup | None = None,
+           timeout: float | None = None) -> Any:
+    return _group(group).reduce(x, root, op, algo, inplace, out, timeout)
+
+
+def barrier(group: ProcessGroup | None = None, timeout: float | None = None) -> None:
+    _group(group).barrier(timeout)
+
+
+@atexit.register
+def _leave_quietly() -> None:
+    """A process that exits without shutdown() still leaves the coordinator cleanly."""
+    global _world
+    if _world is not None:
+        world, _world = _world, None
+        try:
+            world.client.close()
+            if world.service is not None:
+                world.service.stop(grace=0)
+        except Exception:
+            pass

@@ -1,0 +1,229 @@
+"""Opening the data links of a process group: which transport each peer gets, TCP connections
+authenticated with the cluster token, and shared-memory segment names. The native side
+(``_C.tcp_link`` / ``_C.shm_link``) then owns the socket or segment.
+
+Transport per peer: ``shm`` between ranks on the same host, ``tcp`` otherwise;
+``PYCOLLECTIVE_TRANSPORT`` (or ``transport=``) forces one for every peer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from pycollective._ext import _C
+from pycollective.errors import CollectiveError
+
+TRANSPORTS = ("shm", "tcp")
+_MAGIC = b"PCOLLINK"
+_HELLO = struct.Struct("!8sI16s")  # magic, connecting rank, nonce
+
+
+class LinkSetupError(CollectiveError):
+    """A data link could not be opened or authenticated."""
+
+
+def choose_transport(my_host: str, peer_host: str, forced: str | None) -> str:
+    if forced:
+        if forced not in TRANSPORTS:
+            raise ValueError(f"unknown transport {forced!r}; choose one of {', '.join(TRANSPORTS)}")
+        if forced == "shm" and my_host != peer_host:
+            raise ValueError(f"transport 'shm' needs every rank on one host, but host "
+                             f"{peer_host!r} is not {my_host!r}; use tcp")
+        return forced
+    return "shm" if my_host == peer_host else "tcp"
+
+
+def _mac(token: str, *parts: bytes) -> bytes:
+    return hmac.new(token.encode(), b"|".join(parts), hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("connection closed during the handshake")
+        data += chunk
+    return data
+
+
+def bind_address(ifname: str | None) -> str:
+    """The address TCP links listen on: PYCOLLECTIVE_IFNAME may name an interface or an address."""
+    name = ifname or os.environ.get("PYCOLLECTIVE_IFNAME", "")
+    if not name:
+        return "0.0.0.0"
+    try:
+        socket.inet_aton(name)
+        return name
+    except OSError:
+        pass
+    try:
+        import fcntl
+
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+        finally:
+            s.close()
+        return socket.inet_ntoa(packed[20:24])
+    except OSError as exc:
+        raise ValueError(f"PYCOLLECTIVE_IFNAME={name!r} is neither an address nor an interface "
+                         f"with an IPv4 address on this host ({exc})") from None
+
+
+def advertised_host(bind: str, master_addr: str) -> str:
+    """The address peers should dial: the bound address, else the one that routes to the master."""
+    if bind != "0.0.0.0":
+        return bind
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, 9))  # no packet is sent: this only picks a route
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+@dataclass
+class TcpListener:
+    sock: socket.socket
+    endpoint: str
+
+    @classmethod
+    def open(cls, ifname: str | None, master_addr: str) -> "TcpListener":
+        bind = bind_address(ifname)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((bind, 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        return cls(sock, f"{advertised_host(bind, master_addr)}:{port}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _connect(rank: int, peer: int, endpoint: str, token: str, session: bytes,
+             deadline: float) -> socket.socket:
+    host, port = endpoint.rsplit(":", 1)
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+            break
+        except OSError as exc:
+            last = exc
+            time.sleep(0.05)
+    else:
+        raise LinkSetupError(f"rank {rank} could not connect to rank {peer} at {endpoint}: {last}")
+    try:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        nonce = secrets.token_bytes(16)
+        sock.sendall(_HELLO.pack(_MAGIC, rank, nonce))
+        reply = _recv_exact(sock, 16 + 32)
+        peer_nonce, peer_mac = reply[:16], reply[16:]
+        if not hmac.compare_digest(peer_mac, _mac(token, b"accept", session, nonce, peer_nonce)):
+            raise LinkSetupError(f"rank {peer} at {endpoint} did not prove it knows the cluster "
+                                 "token: is PYCOLLECTIVE_TOKEN the same on every rank?")
+        sock.sendall(_mac(token, b"connect", session, nonce, peer_nonce, str(rank).encode()))
+        if _recv_exact(sock, 1) != b"\x01":
+            raise LinkSetupError(f"rank {peer} refused rank {rank}'s connection")
+        sock.settimeout(None)
+        return sock
+    except (OSError, ConnectionError) as exc:
+        sock.close()
+        raise LinkSetupError(f"rank {rank}: handshake with rank {peer} at {endpoint} failed: "
+                             f"{exc}") from exc
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _accept(listener: TcpListener, rank: int, expected: set[int], token: str, session: bytes,
+            deadline: float, out: dict[int, socket.socket], errors: list[str]) -> None:
+    """Accepts authenticated connections from every rank in `expected`. A connection that fails
+    the handshake (wrong token, stray client) is closed and logged; accepting goes on."""
+    listener.sock.settimeout(0.2)
+    while expected - set(out) and time.monotonic() < deadline:
+        try:
+            sock, addr = listener.sock.accept()
+        except socket.timeout:
+            continue
+        except OSError as exc:
+            errors.append(str(exc))
+            return
+        try:
+            sock.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
+            magic, peer, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+            if magic != _MAGIC or peer not in expected or peer in out:
+                raise LinkSetupError(f"unexpected hello from {addr} (rank {peer})")
+            my_nonce = secrets.token_bytes(16)
+            sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce))
+            proof = _recv_exact(sock, 32)
+            if not hmac.compare_digest(proof, _mac(token, b"connect", session, nonce, my_nonce,
+                                                    str(peer).encode())):
+                raise LinkSetupError(f"connection from {addr} claiming rank {peer} has the wrong "
+                                     "cluster token")
+            sock.sendall(b"\x01")
+            sock.settimeout(None)
+            out[peer] = sock
+        except (OSError, ConnectionError, struct.error, LinkSetupError) as exc:
+            errors.append(f"refused a data connection from {addr}: {exc}")
+            sock.close()
+
+
+def open_links(rank: int, size: int, hosts: list[str], endpoints: list[dict[str, str]],
+               listener: TcpListener, token: str, session: str, forced: str | None,
+               timeout: float, shm_ring_bytes: int) -> tuple[list, list[str]]:
+    """Opens one link per peer. Lower ranks accept TCP connections from higher ranks (in a
+    thread) while this rank dials the lower ones; shared-memory pairs are set up in (lo, hi)
+    order on every rank, so no two ranks wait for each other in opposite order.
+
+    Returns the native links (None at this rank) and the transport name per peer."""
+    deadline = time.monotonic() + timeout
+    kinds = [choose_transport(hosts[rank], hosts[p], forced) if p != rank else "self"
+             for p in range(size)]
+    sess = session.encode()
+    higher_tcp = {p for p in range(rank + 1, size) if kinds[p] == "tcp"}
+    accepted: dict[int, socket.socket] = {}
+    errors: list[str] = []
+    acceptor = threading.Thread(
+        target=_accept, args=(listener, rank, higher_tcp, token, sess, deadline, accepted, errors),
+        daemon=True)
+    acceptor.start()
+    links: list = [None] * size
+    try:
+        for p in range(size):
+            if p == rank:
+                continue
+            if kinds[p] == "tcp" and p < rank:
+                sock = _connect(rank, p, endpoints[p]["tcp"], token, sess, deadline)
+                links[p] = _C.tcp_link(sock.detach(), rank, p, endpoints[p]["tcp"])
+            elif kinds[p] == "shm":
+                lo, hi = min(rank, p), max(rank, p)
+                name = f"/pycol-{session[:16]}-{lo}-{hi}"
+                digest = _mac(token, b"shm", name.encode())
+                links[p] = _C.shm_link(name, rank == lo, rank, p, digest, shm_ring_bytes,
+                                       max(0.1, deadline - time.monotonic()))
+        acceptor.join(max(0.0, deadline - time.monotonic()))
+        missing = sorted(higher_tcp - set(accepted))
+        if missing:
+            detail = "; ".join(errors[-3:])
+            raise LinkSetupError(f"rank {rank}: ranks {missing} did not connect within "
+                                 f"{timeout:.0f} s" + (f" ({detail})" if detail else ""))
+        for p, sock in accepted.items():
+            links[p] = _C.tcp_link(sock.detach(), rank, p, endpoints[p]["tcp"])
+    except BaseException:
+        for sock in accepted.values():
+            try:
+                sock.close()
+            except OSError:
+                pass
+        raise
+    return links, kinds
