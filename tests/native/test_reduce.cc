@@ -473,10 +473,9 @@ void testKernels(const std::vector<size_t>& sizes) {
           refElement(dt, op, a.data(), b.data(), wantAB.data(), i);
           refElement(dt, op, a.data(), a.data(), wantAA.data(), i);
         }
-        const std::vector<char> aCopy(static_cast<char*>(a.data()),
-                                      static_cast<char*>(a.data()) + count * es);
-        const std::vector<char> bCopy(static_cast<char*>(b.data()),
-                                      static_cast<char*>(b.data()) + count * es);
+        std::vector<char> aCopy(count * es + 1), bCopy(count * es + 1);  // +1: never null
+        std::memcpy(aCopy.data(), a.data(), count * es);
+        std::memcpy(bCopy.data(), b.data(), count * es);
         for (Alias mode : {Alias::kDistinct, Alias::kDstIsA, Alias::kDstIsB, Alias::kAllSame}) {
           std::memcpy(a.data(), aCopy.data(), count * es);
           std::memcpy(b.data(), bCopy.data(), count * es);
