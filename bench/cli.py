@@ -2,11 +2,14 @@
 
 Options follow nccl-tests: -b/-e/-f size sweep, -c collective, -d dtype, -o op, -n iterations,
 -w warm-up. Every row's result is checked; a wrong result is shown and makes the exit code 1.
+By default local processes run every algorithm over shared memory, with torch.distributed
+(gloo) and MPI in the same run where installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -18,8 +21,9 @@ COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="pycollective bench", description=__doc__)
-    p.add_argument("--mode", choices=["inproc"], default="inproc",
-                   help="inproc: replicas are threads of one process (LocalCommunicator)")
+    p.add_argument("--mode", choices=["procs", "inproc"], default="procs",
+                   help="procs: one process per rank (default); inproc: replicas are threads "
+                        "of one process (LocalCommunicator)")
     p.add_argument("-c", "--collective", choices=COLLECTIVES, default="allreduce")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
@@ -30,11 +34,19 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("-o", "--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=3)
-    p.add_argument("--world", type=int, default=4, help="replicas (inproc) or ranks")
-    p.add_argument("--algos", default="ring,halving_doubling,hierarchical,reduce_to_one,direct,"
-                   "auto", help="comma-separated algorithms")
+    p.add_argument("--world", type=int, default=None,
+                   help="replicas (inproc, default 4) or processes (procs, default: cores, 2..4)")
+    p.add_argument("--algos", default=None,
+                   help="comma-separated algorithms (default: all that the mode can run)")
+    p.add_argument("--transports", default="shm",
+                   help="procs mode: comma-separated transports among shm, tcp")
+    p.add_argument("--peers", default="gloo,mpi,tensorflow",
+                   help="procs mode: libraries measured in the same run ('' for none)")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="procs mode: pretend the ranks sit on this many hosts (consecutive "
+                        "ranks per host), to exercise hierarchical on one machine")
     p.add_argument("--inplace", action="store_true", help="in place instead of out= buffers")
-    p.add_argument("--budget", type=float, default=1.5,
+    p.add_argument("--budget", type=float, default=0.5,
                    help="seconds of timing per row at most (at least 3 iterations)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--csv", metavar="FILE")
@@ -73,6 +85,13 @@ class Progress:
             sys.stderr.write("\r" + " " * 90 + "\r")
 
 
+HELP = "benchmark collectives: every algorithm, transport and peer side by side"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    build_parser(parser)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run(args)
@@ -81,25 +100,49 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     import pycollective as pc
 
-    from . import inproc
+    from . import ceilings as measure
+    from . import inproc, procs
 
-    algos = [a for a in args.algos.split(",") if a]
+    procs_mode = args.mode == "procs"
+    world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
+    everything = [a for a in pc.algorithms() if not (procs_mode and a == "direct")]
+    algos = [a for a in (args.algos or ",".join(everything)).split(",") if a]
     unknown = set(algos) - set(pc.algorithms())
     if unknown:
         raise SystemExit(f"unknown algorithms {sorted(unknown)}; choose from {pc.algorithms()}")
+    transports = [t for t in args.transports.split(",") if t]
+    peers = [p for p in args.peers.split(",") if p] if procs_mode else []
+    if procs_mode and world % args.hosts:
+        raise SystemExit(f"--hosts {args.hosts} must divide the number of ranks ({world})")
     sweep = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     info = pc.build_info()
-    copy_bw = pc._C.memory_bandwidth(min(args.maxbytes, 64 << 20), args.world, 3)
+
+    copy_bw = measure.memory_copy_bandwidth(min(args.maxbytes, 64 << 20), world)
     ceilings = {"memory_copy_Bps": copy_bw}
-    print(f"# pycollective {info['version']} bench: {args.collective}, {args.mode}, "
-          f"{args.world} replicas, {args.dtype} {args.op}, {human_bytes(sweep[0])}.."
-          f"{human_bytes(sweep[-1])}, kernels {info['simd']}")
-    print(f"# ceiling: memory copy bandwidth with {args.world} threads "
-          f"{copy_bw / 1e9:.1f} GB/s (read+write)")
-    progress = Progress(len(sweep) * len(algos))
-    rows = inproc.run(args.collective, sweep, args.dtype, args.op, args.world, algos,
-                      args.iters, args.warmup, args.inplace, copy_bw, progress, args.budget)
+    if procs_mode and ("tcp" in transports or "gloo" in peers):
+        ceilings["loopback_tcp_Bps"] = measure.loopback_tcp_bandwidth()
+    where = (f"{world} processes over {','.join(transports)}" if procs_mode
+             else f"{world} in-process replicas")
+    print(f"# pycollective {info['version']} bench: {args.collective}, {where}, {args.dtype} "
+          f"{args.op}, {human_bytes(sweep[0])}..{human_bytes(sweep[-1])}, kernels {info['simd']}")
+    print(f"# ceiling: memory copy bandwidth, {world} threads: {copy_bw / 1e9:.1f} GB/s "
+          "(read+write)")
+    if "loopback_tcp_Bps" in ceilings:
+        print(f"# ceiling: loopback TCP, one stream: {ceilings['loopback_tcp_Bps'] / 1e9:.2f} GB/s")
+    notes: list[str] = []
+    total = len(sweep) * (len(algos) * (len(transports) if procs_mode else 1) + len(peers))
+    progress = Progress(total)
+    if procs_mode:
+        host_ids = ([f"host{r * args.hosts // world}" for r in range(world)]
+                    if args.hosts > 1 else None)
+        rows = procs.run(args.collective, sweep, args.dtype, args.op, world, algos, transports,
+                         peers, args.iters, args.warmup, args.budget, progress, notes, host_ids)
+    else:
+        rows = inproc.run(args.collective, sweep, args.dtype, args.op, world, algos,
+                          args.iters, args.warmup, args.inplace, copy_bw, progress, args.budget)
     progress.close()
+    for note in notes:
+        print(f"# {note}")
     table(rows, sys.stdout)
     print()
     for line in summary(rows):

@@ -33,9 +33,11 @@ class Subcommand:
 def _subcommands() -> list[Subcommand]:
     # Imported here so that `pycollective --help` stays fast as tools are added.
     from . import launcher
+    from .bench import cli as bench
 
     return [
         Subcommand("run", launcher.HELP, launcher.add_arguments, launcher.main),
+        Subcommand("bench", bench.HELP, bench.add_arguments, bench.run),
     ]
 
 

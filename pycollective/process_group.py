@@ -228,6 +228,9 @@ class _World:
             pass
         self.client.close()
         if self.service is not None:
+            # Stop only once everyone left: a stopped service reads as a failure to a rank
+            # still connected to it.
+            self.service.wait_until_left(timeout)
             self.service.stop(grace=0.5)
         self.comm.abort("the group was shut down")
 

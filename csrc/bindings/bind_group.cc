@@ -10,6 +10,7 @@
 #include "bindings/bindings.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "transport/shm.h"
 #include "transport/tcp.h"
 
 namespace py = pybind11;
@@ -46,6 +47,25 @@ void bindGroup(py::module_& m) {
       },
       py::arg("fd"), py::arg("rank"), py::arg("peer"), py::arg("address"),
       "Takes over a connected, authenticated socket (the link closes it).");
+
+  m.def(
+      "shm_link",
+      [](const std::string& name, bool create, int rank, int peer, py::bytes digest,
+         size_t ringBytes, double timeout) {
+        ShmLinkOptions o;
+        o.name = name;
+        o.create = create;
+        o.rank = rank;
+        o.peer = peer;
+        o.authDigest = digest;
+        o.ringBytes = ringBytes;
+        o.connectTimeoutSeconds = timeout;
+        py::gil_scoped_release release;
+        return LinkHandle{connectShm(o)};
+      },
+      py::arg("name"), py::arg("create"), py::arg("rank"), py::arg("peer"), py::arg("digest"),
+      py::arg("ring_bytes"), py::arg("timeout"),
+      "Creates (lower rank) or opens a shared-memory segment; blocks until both sides attached.");
 
   py::class_<Work, WorkPtr>(m, "Work")
       .def(

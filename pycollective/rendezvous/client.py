@@ -416,7 +416,9 @@ class CoordinationClient:
     def _deliver_abort(self, rank: int, reason: str) -> None:
         """Calls on_abort exactly once, whichever thread noticed first."""
         with self._lock:
-            if self._abort_delivered or self._on_abort is None:
+            # Once close() began, the group is being left on purpose: the service stopping
+            # after everyone left is not a failure.
+            if self._abort_delivered or self._on_abort is None or self._closed:
                 return
             self._abort_delivered = True
             callback = self._on_abort

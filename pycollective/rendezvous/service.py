@@ -160,6 +160,18 @@ class CoordinationService:
             self._monitor.join(timeout=5.0)
         _log.info("coordination service on %s stopped", self._address)
 
+    def wait_until_left(self, timeout: float) -> bool:
+        """Waits until every registered rank left (closed its client), so that stopping the
+        service next does not read as a failure to anyone. False if some did not in time."""
+        deadline = time.monotonic() + timeout
+        with self._state.cond:
+            while set(self._state.peers) - self._state.left:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._state.cond.wait(remaining)
+        return True
+
     def __enter__(self) -> CoordinationService:
         self.start()
         return self
@@ -415,6 +427,7 @@ class _Servicer(pb_grpc.CoordinationServicer):
         with s.cond:
             s.check_rank(request.rank, context, "Leave")
             s.left.add(request.rank)
+            s.cond.notify_all()
             s.last_heartbeat.pop(request.rank, None)
             _log.info("%s left the group", s.describe(request.rank))
         return pb.LeaveResponse()

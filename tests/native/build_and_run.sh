@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds the CPU reduction kernels and their native test with the compiler directly, using the
-# same per-file flags as the CMake build, then runs the test once per kernel table this CPU
-# supports (PYCOLLECTIVE_SIMD=generic, avx2, avx512).
+# Builds native tests with the compiler directly, using the same per-file flags as the CMake
+# build, and runs them:
+#  - test_reduce: the CPU reduction kernels, once per kernel table this CPU supports
+#    (PYCOLLECTIVE_SIMD=generic, avx2, avx512);
+#  - test_shm: the shared-memory transport, two forked processes per case; it also prints the
+#    64 MiB one-way GB/s and the 4 KiB round-trip latency.
 #
 #   tests/native/build_and_run.sh           correctness checks
-#   tests/native/build_and_run.sh --bench   float32 sum GB/s per table vs memcpy
+#   tests/native/build_and_run.sh --bench   float32 sum GB/s per table vs memcpy; shm GB/s, us
 #
 # Environment: CXX (default g++), BUILD_DIR (default build/native-test),
-# SANITIZE=address|undefined|thread (adds -fsanitize=...).
+# SANITIZE=address|undefined|thread (adds -fsanitize=...), TESTS (default "reduce shm").
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -45,8 +48,19 @@ if [[ $x86 == 1 ]]; then
   compile csrc/reduce/reduce_cpu_avx2.cc "${avx2_flags[@]}"
   compile csrc/reduce/reduce_cpu_avx512.cc "${avx512_flags[@]}"
 fi
+kernel_objects=("${objects[@]}")
 compile tests/native/test_reduce.cc
 "$cxx" "${common[@]}" "${objects[@]}" -o "$out/test_reduce"
+
+# The shm transport test: the kernels (it reduces out of the ring) plus the transport. frame.cc
+# needs algorithmName(), which test_shm.cc stubs instead of linking the algorithm registry.
+objects=("${kernel_objects[@]}")
+compile csrc/core/logging.cc
+compile csrc/transport/frame.cc
+compile csrc/transport/shm.cc
+compile tests/native/test_shm.cc
+# -lrt: shm_open lives there before glibc 2.34 (an empty stub after).
+"$cxx" "${common[@]}" "${objects[@]}" -o "$out/test_shm" -lrt
 
 # Every level up to the best one this CPU supports, in order.
 best="$(env -u PYCOLLECTIVE_SIMD "$out/test_reduce" --print-simd)"
@@ -66,9 +80,16 @@ if [[ $fallback != "$best" ]] || ! grep -q "PYCOLLECTIVE_SIMD=bogus" "$out/warni
   exit 1
 fi
 
+tests="${TESTS:-reduce shm}"
 status=0
-for level in "${levels[@]}"; do
-  echo "== PYCOLLECTIVE_SIMD=$level $*"
-  PYCOLLECTIVE_SIMD="$level" timeout 900 "$out/test_reduce" "$@" || status=1
-done
+if [[ " $tests " == *" reduce "* ]]; then
+  for level in "${levels[@]}"; do
+    echo "== PYCOLLECTIVE_SIMD=$level $*"
+    PYCOLLECTIVE_SIMD="$level" timeout 900 "$out/test_reduce" "$@" || status=1
+  done
+fi
+if [[ " $tests " == *" shm "* ]]; then
+  echo "== test_shm $*"
+  timeout 900 "$out/test_shm" "$@" || status=1
+fi
 exit $status

@@ -1,0 +1,135 @@
+"""Multi-process suite: `world` local processes run each algorithm over each transport, and the
+peers (torch.distributed gloo, MPI) run the same sizes in the same run.
+
+Each run is one set of rank processes (bench/worker.py) under a hard deadline; rank 0 writes
+its rows to a file. A peer that is not installed is skipped with a one-line reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+from .rows import Row
+
+_PKG = __package__  # "bench" in a checkout, "pycollective.bench" when installed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_ranks(job: dict, world: int, deadline_s: float,
+                 progress: Callable[[str], None]) -> list[dict]:
+    """Runs one job on `world` processes; returns rank 0's rows."""
+    tmp = tempfile.mkdtemp(prefix="pycol-bench-")
+    job = dict(job, result=os.path.join(tmp, "rows.json"), peer_port=_free_port())
+    job_path = os.path.join(tmp, "job.json")
+    with open(job_path, "w") as f:
+        json.dump(job, f)
+    cmd = [sys.executable, "-m", f"{_PKG}.worker", job_path]
+    if job["backend"] == "mpi":
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        procs = [subprocess.Popen(["mpirun", "-n", str(world), "--oversubscribe"] + cmd,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, start_new_session=True)]
+    else:
+        port, token = _free_port(), secrets.token_hex(8)
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, PYCOLLECTIVE_RANK=str(r), PYCOLLECTIVE_WORLD_SIZE=str(world),
+                       PYCOLLECTIVE_MASTER_ADDR="127.0.0.1", PYCOLLECTIVE_MASTER_PORT=str(port),
+                       PYCOLLECTIVE_TOKEN=token)
+            if job.get("host_ids"):  # fake hosts on one machine (hierarchical experiments)
+                env["PYCOLLECTIVE_HOST_ID"] = job["host_ids"][r]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+    log: list[str] = []
+    deadline = time.monotonic() + deadline_s
+    os.set_blocking(procs[0].stdout.fileno(), False)
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        line = procs[0].stdout.readline()
+        if line:
+            log.append(line.rstrip())
+            if line.startswith("done"):
+                progress(line[5:].strip())
+        else:
+            time.sleep(0.02)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    rest = procs[0].stdout.read() or ""
+    log.extend(rest.splitlines())
+    for p in procs[1:]:
+        log.extend((p.stdout.read() or "").splitlines())
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if failed or not os.path.exists(job["result"]):
+        raise RuntimeError(f"{job['backend']} over {job.get('transport', '?')}: ranks {failed} "
+                           f"failed or timed out after {deadline_s:.0f} s:\n" +
+                           "\n".join(log[-20:]))
+    with open(job["result"]) as f:
+        return json.load(f)
+
+
+def peer_status(name: str) -> str | None:
+    """None when the peer can run here, else why not (one line)."""
+    if name == "gloo":
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed (pip install torch)"
+        return None
+    if name == "mpi":
+        if shutil.which("mpirun") is None:
+            return "no mpirun on PATH (apt-get install openmpi-bin libopenmpi-dev)"
+        if importlib.util.find_spec("mpi4py") is None:
+            return "mpi4py is not installed (pip install mpi4py)"
+        return None
+    if name == "tensorflow":
+        if importlib.util.find_spec("tensorflow") is None:
+            return "tensorflow is not installed (pip install tensorflow)"
+        return "the TensorFlow MultiWorkerMirroredStrategy peer is not implemented yet"
+    return f"unknown peer {name!r}"
+
+
+def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algos: list[str],
+        transports: list[str], peers: list[str], iters: int, warmup: int, budget_s: float,
+        progress: Callable[[str], None], notes: list[str],
+        host_ids: list[str] | None = None) -> list[Row]:
+    job = {"collective": collective, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters,
+           "warmup": warmup, "budget": budget_s}
+    deadline = 60 + 4 * budget_s * len(sizes) * max(1, len(algos))
+    rows: list[Row] = []
+
+    def add(raw: list[dict], transport: str, peer: bool) -> None:
+        for d in raw:
+            rows.append(Row(collective, d["nbytes"], d["count"], dtype, d["algo"], transport,
+                            world, d["median_s"], d["p10_s"], d["p90_s"], d["wrong"], peer=peer))
+
+    for transport in transports:
+        raw = _spawn_ranks(dict(job, backend="pycollective", transport=transport, algos=algos,
+                                host_ids=host_ids), world, deadline, progress)
+        add(raw, transport, False)
+    for peer in peers:
+        why = peer_status(peer)
+        if why is not None:
+            notes.append(f"peer {peer} skipped: {why}")
+            continue
+        try:
+            raw = _spawn_ranks(dict(job, backend=peer, algos=[peer]), world, deadline, progress)
+        except RuntimeError as exc:
+            notes.append(f"peer {peer} failed: {str(exc).splitlines()[0]}")
+            continue
+        add(raw, "tcp" if peer == "gloo" else "shm", True)
+    return rows

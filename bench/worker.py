@@ -1,0 +1,205 @@
+"""One rank of a multi-process benchmark run (started by bench/procs.py, or by mpirun for the
+MPI peer). Reads its job from a JSON file, times every (size, algorithm) with a barrier before
+each iteration, and rank 0 writes the rows: time = the slowest rank's, median over iterations.
+
+Backends: "pycollective" (our transports and algorithms), "gloo" (torch.distributed),
+"mpi" (mpi4py over the system MPI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from .patterns import count_wrong, expected, np_dtype, rank_input
+
+
+def _timed(call, backend, iters: int, warmup: int, budget_s: float) -> np.ndarray:
+    """Per-iteration time of the slowest rank. Every rank must run the same number of
+    iterations, so the count comes from one probe iteration's time, agreed by all ranks."""
+    for _ in range(warmup):
+        call()
+    backend.barrier()
+    t0 = time.perf_counter()
+    call()
+    probe = backend.max_over_ranks(np.array([time.perf_counter() - t0]))[0]
+    iters = int(min(iters, max(3, budget_s / max(probe, 1e-9))))
+    times = np.empty(iters)
+    for i in range(iters):
+        backend.barrier()
+        t0 = time.perf_counter()
+        call()
+        times[i] = time.perf_counter() - t0
+    return backend.max_over_ranks(times)
+
+
+class PycollectiveBackend:
+    def __init__(self, job: dict) -> None:
+        import pycollective as pc
+
+        self.pc = pc
+        self.group = pc.init(transport=job["transport"])
+        self.rank, self.size = pc.rank(), pc.world_size()
+
+    def barrier(self) -> None:
+        self.pc.barrier()
+
+    def max_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        return self.pc.allreduce(values, op="max", algo="ring")
+
+    def sum_over_ranks(self, value: int) -> int:
+        return int(self.pc.allreduce(np.array([value], np.int64), algo="ring")[0])
+
+    def call(self, collective: str, x: np.ndarray, out: np.ndarray | None, algo: str, op: str):
+        pc = self.pc
+        if collective == "allreduce":
+            return lambda: pc.allreduce(x, op=op, algo=algo, out=out)
+        if collective == "reduce_scatter":
+            return lambda: pc.reduce_scatter(x, op=op, algo=algo, out=out)
+        if collective == "allgather":
+            return lambda: pc.allgather(x, algo=algo, out=out)
+        if collective == "broadcast":
+            return lambda: pc.broadcast(x, root=0, algo=algo, out=out)
+        return lambda: pc.reduce(x, root=0, op=op, algo=algo, out=out if self.rank == 0 else None)
+
+    def close(self) -> None:
+        self.pc.shutdown()
+
+
+class GlooBackend:
+    """torch.distributed with the gloo backend, the CPU default of PyTorch."""
+
+    def __init__(self, job: dict) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.rank = int(os.environ["PYCOLLECTIVE_RANK"])
+        self.size = int(os.environ["PYCOLLECTIVE_WORLD_SIZE"])
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['peer_port']}",
+                                rank=self.rank, world_size=self.size)
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def max_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        t = self.torch.from_numpy(values.copy())
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return t.numpy()
+
+    def sum_over_ranks(self, value: int) -> int:
+        t = self.torch.tensor([value], dtype=self.torch.int64)
+        self.dist.all_reduce(t)
+        return int(t[0])
+
+    def call(self, collective: str, x: np.ndarray, out, algo: str, op: str):
+        dist, torch = self.dist, self.torch
+        t = torch.from_numpy(x)
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+               "prod": dist.ReduceOp.PRODUCT}
+        if collective != "allreduce" or op not in ops:
+            raise ValueError("the gloo peer runs allreduce with sum/min/max/prod only")
+        # gloo reduces in place; copy the input first, as our out= calls leave it untouched.
+        work = t.clone()
+
+        def run():
+            work.copy_(t)
+            dist.all_reduce(work, op=ops[op])
+            return work.numpy()
+        return run
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class MpiBackend:
+    """mpi4py over the system MPI (started with mpirun)."""
+
+    def __init__(self, job: dict) -> None:
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def max_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        out = np.empty_like(values)
+        self.comm.Allreduce(values, out, op=self.MPI.MAX)
+        return out
+
+    def sum_over_ranks(self, value: int) -> int:
+        return int(self.comm.allreduce(value))
+
+    def call(self, collective: str, x: np.ndarray, out, algo: str, op: str):
+        ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN,
+               "prod": self.MPI.PROD}
+        if collective != "allreduce" or op not in ops:
+            raise ValueError("the MPI peer runs allreduce with sum/min/max/prod only")
+
+        def run():
+            self.comm.Allreduce(x, out, op=ops[op])
+            return out
+        return run
+
+    def close(self) -> None:
+        pass
+
+
+BACKENDS = {"pycollective": PycollectiveBackend, "gloo": GlooBackend, "mpi": MpiBackend}
+
+
+def _out_buffer(collective: str, n: int, rank: int, count: int, dtype: str) -> np.ndarray:
+    dt = np_dtype(dtype)
+    if collective == "allgather":
+        return np.empty((n, count), dt)
+    if collective == "reduce_scatter":
+        base, extra = divmod(count, n)
+        return np.empty(base + (1 if rank < extra else 0), dt)
+    return np.empty(count, dt)
+
+
+def main(job_path: str) -> int:
+    with open(job_path) as f:
+        job = json.load(f)
+    backend = BACKENDS[job["backend"]](job)
+    rank, n = backend.rank, backend.size
+    itemsize = np_dtype(job["dtype"]).itemsize
+    rows = []
+    for nbytes in job["sizes"]:
+        count = max(1, nbytes // itemsize)
+        if job["collective"] == "allgather":
+            count = max(1, count // n)
+        x = rank_input(rank, count, job["dtype"])
+        out = _out_buffer(job["collective"], n, rank, count, job["dtype"])
+        want = expected(job["collective"], job["op"], n, count, job["dtype"], rank)
+        for algo in job["algos"]:
+            try:
+                call = backend.call(job["collective"], x, out, algo, job["op"])
+                result = call()
+            except ValueError as exc:  # the same on every rank: this algorithm cannot run it
+                if rank == 0:
+                    print(f"skip {algo}: {exc}", flush=True)
+                continue
+            wrong = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
+            s = np.sort(_timed(call, backend, job["iters"], job["warmup"], job["budget"]))
+            if rank == 0:
+                rows.append({"nbytes": count * itemsize * (n if job["collective"] == "allgather"
+                                                           else 1),
+                             "count": count, "algo": algo, "median_s": float(np.median(s)),
+                             "p10_s": float(s[int(0.1 * (len(s) - 1))]),
+                             "p90_s": float(s[int(0.9 * (len(s) - 1))]), "wrong": wrong})
+                print(f"done {job['backend']} {algo} {nbytes}", flush=True)
+    backend.close()
+    if rank == 0:
+        with open(job["result"], "w") as f:
+            json.dump(rows, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

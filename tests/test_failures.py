@@ -1,0 +1,169 @@
+"""Never hang, never corrupt: timeouts, dead and frozen ranks, mismatched calls, bad tokens.
+Each failure's message is checked for what a user needs: which rank, which collective, what
+differed, what to do."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from multiproc import run_ranks
+
+
+def _expect_error(fn):
+    """Runs fn; returns (exception class name, message, seconds it took)."""
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return [type(exc).__name__, str(exc), time.monotonic() - start]
+    return ["no error", "", time.monotonic() - start]
+
+
+def _timeout(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    if rank == 0:
+        res = _expect_error(lambda: pc.allreduce(np.ones(10), algo="ring", timeout=1.0))
+    else:
+        time.sleep(3)  # never calls the collective
+        res = None
+    return res
+
+
+@pytest.mark.timeout(60)
+def test_timeout_names_rank_collective_seq_and_peer():
+    res = run_ranks(_timeout, 2, timeout=40)[0]
+    assert res[0] == "CollectiveTimeout", res
+    assert "[rank 0/2] allreduce#0 (ring, float64, 10 elems" in res[1]
+    assert "timed out after 1 s waiting for rank 1" in res[1] and "PYCOLLECTIVE_TIMEOUT" in res[1]
+    assert res[2] < 5
+
+
+def _dies_mid_collective(rank, n, how):
+    import pycollective as pc
+
+    pc.init(timeout=30)
+    pc.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _expect_error(lambda: pc.allreduce(np.ones(1 << 20, np.float32), algo="ring"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_dead_rank_is_reported_fast(how, transport):
+    res = run_ranks(_dies_mid_collective, 3, how, timeout=40,
+                    env={"PYCOLLECTIVE_TRANSPORT": transport}, expect_exit={1: None})
+    for r in (0, 2):
+        name, msg, seconds = res[r]
+        assert name in ("RemoteError", "Aborted"), res[r]
+        assert "rank 1" in msg, msg
+        assert seconds < 0.5 + 2.0, f"rank {r} took {seconds:.1f} s to notice"
+
+
+def _frozen_rank(rank, n):
+    import pycollective as pc
+
+    pc.init(timeout=30)
+    pc.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(30)
+        return None
+    return _expect_error(lambda: pc.allreduce(np.ones(100), algo="ring"))
+
+
+@pytest.mark.timeout(60)
+def test_frozen_rank_is_reported_within_heartbeat_window():
+    res = run_ranks(_frozen_rank, 2, timeout=30, expect_exit={1: None},
+                    env={"PYCOLLECTIVE_HEARTBEAT_TIMEOUT": "2"})
+    name, msg, seconds = res[0]
+    assert name in ("Aborted", "RemoteError"), res[0]
+    assert "rank 1" in msg and "heartbeat" in msg.lower(), msg
+    assert seconds < 2 + 3, seconds
+
+
+def _mismatch(rank, n, what):
+    import pycollective as pc
+
+    pc.init(timeout=10)
+    x = np.arange(12, dtype=np.float32)
+    if what == "collective":
+        call = (lambda: pc.allreduce(x)) if rank == 0 else (lambda: pc.broadcast(x))
+    elif what == "shape":
+        y = x.reshape(3, 4) if rank == 0 else x.reshape(4, 3)
+        call = lambda: pc.allreduce(y, algo="ring")  # noqa: E731
+    elif what == "dtype":
+        y = x if rank == 0 else x.astype(np.float64)
+        call = lambda: pc.allreduce(y, algo="ring")  # noqa: E731
+    elif what == "op":
+        call = lambda: pc.allreduce(x, op="sum" if rank == 0 else "max", algo="ring")  # noqa
+    elif what == "algo":
+        call = lambda: pc.allreduce(x, algo="ring" if rank == 0 else "reduce_to_one")  # noqa
+    elif what == "count":
+        call = lambda: pc.allreduce(x if rank == 0 else x[:5], algo="ring")  # noqa: E731
+    return _expect_error(call)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what,text", [
+    ("collective", "collective: here"),
+    ("shape", "same element count in a different shape"),
+    ("dtype", "dtype: here"),
+    ("op", "op: here"),
+    ("algo", "algorithm: here"),
+    ("count", "element count: here"),
+])
+def test_mismatched_calls_fail_on_every_rank(what, text):
+    res = run_ranks(_mismatch, 2, what, timeout=40)
+    for r, (name, msg, seconds) in enumerate(res):
+        assert name in ("ProtocolError", "RemoteError", "Aborted"), (r, res[r])
+        assert text in msg, (r, msg)
+        assert seconds < 5
+
+
+def _wrong_token(rank, n):
+    import pycollective as pc
+
+    try:
+        pc.init(connect_timeout=4)
+    except Exception as exc:  # noqa: BLE001
+        return [type(exc).__name__, str(exc)]
+    return ["joined", ""]
+
+
+@pytest.mark.timeout(60)
+def test_wrong_token_is_refused():
+    res = run_ranks(_wrong_token, 2, timeout=40,
+                    per_rank_env=[{}, {"PYCOLLECTIVE_TOKEN": "not-the-cluster-token"}])
+    assert res[1][0] != "joined" and "token" in res[1][1].lower(), res[1]
+    assert res[0][0] != "joined", res[0]
+
+
+def _group_is_unusable_after_failure(rank, n):
+    import pycollective as pc
+
+    pc.init(timeout=1)
+    if rank == 0:
+        first = _expect_error(lambda: pc.allreduce(np.ones(3)))
+        second = _expect_error(lambda: pc.allreduce(np.ones(3)))
+        return [first[0], second[0], second[1]]
+    time.sleep(2.5)
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_failed_group_says_so():
+    first, second, msg = run_ranks(_group_is_unusable_after_failure, 2, timeout=30)[0]
+    assert first == "CollectiveTimeout" and second == "Aborted"
+    assert "create a new group" in msg

@@ -1,0 +1,167 @@
+"""Process groups: every collective x algorithm x dtype x world size x transport against numpy,
+in separate processes under a hard deadline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from multiproc import run_ranks
+from reference import ALL_DTYPES, FLOATS, assert_close, make_inputs, reduce_ref
+
+ALGOS = ["ring", "halving_doubling", "hierarchical", "reduce_to_one", "auto"]
+SIZES = [0, 1, 5, 61, 3001]
+TRANSPORTS = ["tcp", "shm"]
+
+
+def _all_collectives(rank, n, transport, dtypes):
+    import pycollective as pc
+
+    pc.init(transport=transport)
+    checks = 0
+    for dtype in dtypes:
+        for count in SIZES:
+            for op in ("sum", "max", "avg", "prod"):
+                if op == "avg" and dtype not in FLOATS:
+                    continue
+                xs = make_inputs(dtype, op, n, count, seed=count + 3)
+                want = reduce_ref(xs, op)
+                for algo in ALGOS:
+                    y = pc.allreduce(xs[rank], op=op, algo=algo)
+                    assert_close(y, want, op, n, f"rank {rank} {algo} {dtype} {op} {count}")
+                    checks += 1
+            xs = make_inputs(dtype, "sum", n, count, seed=count)
+            for algo in ("ring", "halving_doubling", "reduce_to_one"):
+                g = pc.allgather(xs[rank], algo=algo)
+                assert np.asarray(g).tobytes() == np.stack(xs).tobytes(), (algo, dtype, count)
+                root = count % n
+                b = pc.broadcast(xs[rank], root=root, algo=algo)
+                assert np.asarray(b).tobytes() == xs[root].tobytes(), (algo, dtype, count)
+                red = pc.reduce(xs[rank], root=root, algo=algo)
+                if rank == root:
+                    assert_close(red, reduce_ref(xs, "sum"), "sum", n, f"reduce {algo}")
+                else:
+                    assert red is None
+                if algo != "halving_doubling" or n & (n - 1) == 0:
+                    part = pc.reduce_scatter(xs[rank], algo=algo)
+                    full = reduce_ref(xs, "sum").reshape(-1)
+                    base, extra = divmod(count, n)
+                    start = rank * base + min(rank, extra)
+                    assert_close(np.asarray(part).reshape(-1),
+                                 full[start:start + base + (rank < extra)], "sum", n, "rs")
+                checks += 4
+    pc.barrier()
+    # Results are bitwise identical on every rank: gather a digest of one float sum.
+    x = make_inputs("float32", "sum", n, 1000, seed=9)[rank]
+    digest = np.frombuffer(pc.allreduce(x, algo="ring").tobytes(), np.uint8).astype(np.int64)
+    gathered = pc.allgather(digest)
+    assert all((gathered[i] == gathered[0]).all() for i in range(n))
+    pc.shutdown()
+    return checks
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_collectives_across_processes(n, transport):
+    dtypes = ALL_DTYPES if n in (2, 3) else ["float32", "int64", "bfloat16"]
+    results = run_ranks(_all_collectives, n, transport, dtypes, timeout=150)
+    assert len(set(results)) == 1 and results[0] > 0
+
+
+def _hierarchical_fake_hosts(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    assert pc.local_size() == 2 and pc.local_rank() == rank % 2
+    checks = 0
+    for count in SIZES + [100_003]:
+        xs = make_inputs("float64", "sum", n, count, seed=count)
+        for algo in ("hierarchical", "ring", "auto"):
+            y = pc.allreduce(xs[rank], algo=algo)
+            assert_close(y, reduce_ref(xs, "sum"), "sum", n, f"{algo} {count}")
+            checks += 1
+    pc.shutdown()
+    return checks
+
+
+@pytest.mark.timeout(120)
+def test_hierarchical_with_two_fake_hosts():
+    """Two "hosts" x two ranks on one machine: shm inside a host, tcp across."""
+    hosts = [{"PYCOLLECTIVE_HOST_ID": f"host{r // 2}"} for r in range(4)]
+    assert run_ranks(_hierarchical_fake_hosts, 4, per_rank_env=hosts, timeout=100)[0] > 0
+
+
+def _subgroups(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    evens = pc.new_group([0, 2])
+    odds = pc.new_group([1, 3])
+    mine = evens if rank % 2 == 0 else odds
+    other = odds if rank % 2 == 0 else evens
+    assert other is None and mine.size == 2 and mine.rank == rank // 2
+    y = pc.allreduce(np.array([rank], np.int64), group=mine)
+    pc.barrier(group=mine)
+    z = pc.allreduce(np.array([1], np.int64))  # the default group still works in between
+    b = pc.broadcast(np.array([rank], np.int64), root=1, group=mine)
+    pc.shutdown()
+    return [int(y[0]), int(z[0]), int(b[0])]
+
+
+@pytest.mark.timeout(90)
+def test_new_group():
+    res = run_ranks(_subgroups, 4, timeout=60)
+    assert res == [[2, 4, 2], [4, 4, 3], [2, 4, 2], [4, 4, 3]]
+
+
+def _async_and_inplace(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    x = np.full(1000, rank + 1.0, np.float32)
+    h = pc.allreduce_async(x)
+    y = h.wait(timeout=30)
+    assert h.is_completed()
+    pc.allreduce(x, inplace=True)
+    out = np.empty(1000, np.float32)
+    got = pc.allreduce(np.ones(1000, np.float32), out=out)
+    assert got is out
+    pc.shutdown()
+    return [float(y[0]), float(x[0]), float(out[0])]
+
+
+@pytest.mark.timeout(60)
+def test_async_inplace_out():
+    assert run_ranks(_async_and_inplace, 2, timeout=45) == [[3.0, 3.0, 2.0]] * 2
+
+
+def _single_rank(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    y = pc.allreduce(np.arange(4.0))
+    pc.shutdown()
+    return y.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_world_of_one():
+    assert run_ranks(_single_rank, 1, timeout=45) == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def _torch_tensors(rank, n):
+    import torch
+
+    import pycollective as pc
+
+    pc.init()
+    y = pc.allreduce(torch.full((3,), float(rank + 1)))
+    pc.shutdown()
+    return [isinstance(y, torch.Tensor), y.tolist()]
+
+
+@pytest.mark.timeout(60)
+def test_torch_tensors_across_processes():
+    pytest.importorskip("torch")
+    assert run_ranks(_torch_tensors, 2, timeout=45) == [[True, [3.0, 3.0, 3.0]]] * 2
