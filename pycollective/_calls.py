@@ -32,14 +32,6 @@ class Prepared:
     out: np.ndarray | None  # None: this rank gets no result (reduce at a non-root)
     buf: Buffer
 
-    @property
-    def in_ptr(self) -> int:
-        return self.inp.__array_interface__["data"][0]
-
-    @property
-    def out_ptr(self) -> int:
-        return 0 if self.out is None else self.out.__array_interface__["data"][0]
-
     def result(self) -> Any:
         """The output in the caller's tensor type (the caller's own object when in place)."""
         if self.out is None:

@@ -129,7 +129,7 @@ class LocalCommunicator:
             for i, b in enumerate(bufs)
         ]
         self._group.run(
-            KINDS[kind], [c.in_ptr for c in calls], [c.out_ptr for c in calls],
+            KINDS[kind], [c.inp for c in calls], [c.out for c in calls],
             first.count, first.code, int(reduce_op), root, algo, shape_hash(first.array.shape),
             0, self._timeout if timeout is None else float(timeout),
         )

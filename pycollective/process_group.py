@@ -79,6 +79,7 @@ class ProcessGroup:
         me = world.comm.rank
         self.rank = members.index(me)
         self.size = len(members)
+        self._where = f"rank {me}"  # names this rank in argument errors
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self.rank}, size={self.size}, members={self.members})"
@@ -88,38 +89,38 @@ class ProcessGroup:
     def allreduce(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
                   inplace: bool = False, out: Any = None, timeout: float | None = None) -> Any:
         """Every rank gets the reduction of all ranks' tensors."""
-        return self.allreduce_async(x, op, algo, inplace, out, timeout).wait()
+        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout)
 
     def allreduce_async(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
                         inplace: bool = False, out: Any = None,
                         timeout: float | None = None) -> Work:
-        return self._submit("allreduce", x, op, algo, 0, inplace, out, timeout)
+        """Starts an allreduce on the group's worker thread; ``.wait()`` gives the result."""
+        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True)
 
     def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
                        out: Any = None, timeout: float | None = None) -> Any:
         """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly)."""
-        return self._submit("reduce_scatter", x, op, algo, 0, False, out, timeout).wait()
+        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout)
 
     def allgather(self, x: Any, algo: str = "auto", out: Any = None,
                   timeout: float | None = None) -> Any:
         """Every rank gets all ranks' tensors stacked: shape (size, *x.shape)."""
-        return self._submit("allgather", x, "sum", algo, 0, False, out, timeout).wait()
+        return self._run("allgather", x, "sum", algo, 0, False, out, timeout)
 
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", inplace: bool = False,
                   out: Any = None, timeout: float | None = None) -> Any:
         """Every rank gets rank ``root``'s tensor (others pass a tensor of the same shape)."""
-        return self._submit("broadcast", x, "sum", algo, root, inplace, out, timeout).wait()
+        return self._run("broadcast", x, "sum", algo, root, inplace, out, timeout)
 
     def reduce(self, x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
                inplace: bool = False, out: Any = None, timeout: float | None = None) -> Any:
         """Rank ``root`` gets the reduction; other ranks get None."""
-        return self._submit("reduce", x, op, algo, root, inplace, out, timeout).wait()
+        return self._run("reduce", x, op, algo, root, inplace, out, timeout)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank of the group called barrier()."""
-        native = self._world.comm.submit(KINDS["barrier"], 0, 0, 0, 2, 0, 0, "auto", 0, 0,
-                                         self._timeout(timeout), self.members, self.group_id)
-        Work(native, [], self, "barrier").wait()
+        self._native_run((KINDS["barrier"], None, None, 0, 2, 0, 0, "auto", 0, 0,
+                          self._timeout(timeout), self.members, self.group_id))
 
     def explain(self, collective: str, nbytes: int) -> str:
         """The algorithm algo="auto" picks for a float32 call of this size, with the model."""
@@ -128,25 +129,36 @@ class ProcessGroup:
     def _timeout(self, timeout: float | None) -> float:
         return self._world.timeout if timeout is None else float(timeout)
 
-    def _submit(self, kind: str, x: Any, op: str | ReduceOp, algo: str, root: int,
-                inplace: bool, out: Any, timeout: float | None) -> Work:
+    def _native_run(self, native_args: tuple) -> None:
+        """Runs a collective on this thread (GIL released), explaining a failure."""
+        try:
+            self._world.comm.run(*native_args)
+        except CollectiveError as exc:
+            raise self._world.explain_failure(exc) from None
+
+    def _run(self, kind: str, x: Any, op: str | ReduceOp, algo: str, root: int,
+             inplace: bool, out: Any, timeout: float | None, asynchronous: bool = False) -> Any:
         if not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")
         if not isinstance(algo, str):
             raise TypeError(f"algo must be a string, got {type(algo).__name__}")
         reduce_op = parse_op(op)
-        where = f"rank {self._world.comm.rank}"
+        where = self._where
         buf = adapt(x, where)
         if kind in REDUCING and reduce_op == ReduceOp.AVG and buf.code >= 4:
             raise TypeError(f"{where}: avg is not defined for {buf.dtype_name}: use op='sum' "
                             "and divide, or convert to a floating dtype")
         call = prepare(kind, buf, self.rank, self.size, root, inplace, where,
                        None if out is None else adapt(out, f"{where} out="))
-        native = self._world.comm.submit(
-            KINDS[kind], call.in_ptr, call.out_ptr, buf.count, buf.code, int(reduce_op), root,
-            algo, shape_hash(buf.array.shape), 0, self._timeout(timeout), self.members,
-            self.group_id)
-        return Work(native, [call], self, f"{kind} of {buf.count} {buf.dtype_name}")
+        native_args = (KINDS[kind], call.inp, call.out, buf.count, buf.code,
+                       int(reduce_op), root, algo, shape_hash(buf.array.shape), 0,
+                       self._world.timeout if timeout is None else float(timeout), self.members,
+                       self.group_id)
+        if asynchronous:
+            return Work(self._world.comm.submit(*native_args), [call], self,
+                        f"{kind} of {buf.count} {buf.dtype_name}")
+        self._native_run(native_args)
+        return call.result()
 
 
 class _World:

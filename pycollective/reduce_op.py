@@ -29,6 +29,9 @@ _ALIASES = {
 
 def parse_op(op: str | ReduceOp) -> ReduceOp:
     """Returns the ReduceOp for a name ("sum", "prod", "min", "max", "avg"/"mean") or member."""
+    found = _ALIASES.get(op) if isinstance(op, str) else None
+    if found is not None:
+        return found
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str) and op.lower() in _ALIASES:

@@ -7,6 +7,7 @@ numpy out; torch in, torch out.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -39,7 +40,11 @@ DTYPE_NAMES = {0: "float16", 1: "bfloat16", 2: "float32", 3: "float64", 4: "int8
 SUPPORTED = "float16, bfloat16, float32, float64, int8, uint8, int32, int64"
 
 
-@dataclass
+def _same(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+@dataclass(slots=True)
 class Buffer:
     """A user tensor seen as a numpy array that shares its memory.
 
@@ -51,10 +56,6 @@ class Buffer:
     code: int
     wrap: Callable[[np.ndarray], Any]
     source: Any
-
-    @property
-    def ptr(self) -> int:
-        return self.array.__array_interface__["data"][0]
 
     @property
     def count(self) -> int:
@@ -103,13 +104,17 @@ def _code_of(dtype: np.dtype, where: str) -> int:
 
 def adapt(x: Any, where: str) -> Buffer:
     """Returns a Buffer sharing memory with x. ``where`` names x in error messages."""
+    if type(x) is np.ndarray:  # the common case first: this runs on every call
+        code = _CODES.get(x.dtype)
+        if code is not None:
+            return Buffer(x, code, _same, x)
     if isinstance(x, np.ndarray):
-        return Buffer(x, _code_of(x.dtype, where), lambda a: a, x)
+        return Buffer(x, _code_of(x.dtype, where), _same, x)
     if _is_torch(x):
         return _from_torch(x, where)
     if hasattr(x, "__dlpack__") and not hasattr(x, "__array_interface__"):
         arr = np.from_dlpack(x)
-        return Buffer(arr, _code_of(arr.dtype, where), lambda a: a, x)
+        return Buffer(arr, _code_of(arr.dtype, where), _same, x)
     try:
         arr = np.asarray(memoryview(x)) if not hasattr(x, "__array_interface__") else np.asarray(x)
     except TypeError as exc:
@@ -117,7 +122,7 @@ def adapt(x: Any, where: str) -> Buffer:
             f"{where}: expected a numpy array, a torch CPU tensor, or an object with the buffer "
             f"protocol or __dlpack__, got {type(x).__name__}"
         ) from exc
-    return Buffer(arr, _code_of(arr.dtype, where), lambda a: a, x)
+    return Buffer(arr, _code_of(arr.dtype, where), _same, x)
 
 
 def contiguous_input(buf: Buffer) -> np.ndarray:
@@ -136,6 +141,7 @@ def check_writable(buf: Buffer, where: str) -> None:
         )
 
 
+@functools.lru_cache(maxsize=1024)
 def shape_hash(shape: tuple[int, ...]) -> int:
     """A 32-bit digest of a shape, carried in frame headers so that ranks passing the same
     element count in different shapes are told apart."""

@@ -27,7 +27,6 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
   s.segmentBytes = args.segmentBytes ? args.segmentBytes : params::segmentBytes();
   double timeout = args.timeoutSeconds > 0 ? args.timeoutSeconds : comm.timeoutSeconds();
   s.deadline = Deadline::after(timeout);
-  s.what = describeCall(s.header);
   s.sendSteps.assign(comm.size(), 0);
   s.recvSteps.assign(comm.size(), 0);
 }
@@ -104,13 +103,13 @@ void Exchange::wait(const RequestPtr& request) {
     if (p.request == request) mine = &p;
   PC_ASSERT(mine != nullptr, "waiting for a request this call did not post");
   Pending copy = *mine;
-  state_->comm->waitAll({copy}, state_->activeLinks, state_->deadline, state_->what);
+  state_->comm->waitAll({copy}, state_->activeLinks, state_->deadline, state_->header);
   prune();
 }
 
 void Exchange::waitAll() {
   prune();
-  state_->comm->waitAll(state_->inFlight, state_->activeLinks, state_->deadline, state_->what);
+  state_->comm->waitAll(state_->inFlight, state_->activeLinks, state_->deadline, state_->header);
   state_->inFlight.clear();
 }
 

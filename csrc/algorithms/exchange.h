@@ -38,8 +38,6 @@ class Exchange {
   void wait(const RequestPtr& request);
   void waitAll();
 
-  // "allreduce#3 (ring, float32, 100 elems)" for messages.
-  const std::string& what() const { return state_->what; }
 
  private:
   struct CallState {
@@ -49,7 +47,6 @@ class Exchange {
     size_t elemSize;
     size_t segmentBytes;
     Deadline deadline;
-    std::string what;
     std::vector<uint32_t> sendSteps, recvSteps;  // per global peer
     std::vector<Pending> inFlight;
     std::vector<Link*> activeLinks;

@@ -76,6 +76,29 @@ void doubling(Exchange& ex, const Fold& f, int v, char* buf, size_t count) {
   }
 }
 
+// Below this size the whole vector is exchanged log2(p) times (recursive doubling): half the
+// messages of halving + doubling, which is what small buffers pay for.
+constexpr size_t kWholeVectorBytes = 16 * 1024;
+
+// Recursive doubling of the whole vector: partners swap everything and both reduce. The lower
+// rank's data always comes first (a OP b on both sides), so both get the same bits even for
+// min/max of -0.0 and +0.0. The partner's data lands in scratch and is reduced only after our
+// own send completed: the send may still be reading `out`.
+void wholeVectorDoubling(Exchange& ex, const Fold& f, int v, const char* src, char* out,
+                         size_t count) {
+  const size_t bytes = count * ex.elemSize();
+  char* theirs = static_cast<char*>(ex.group().comm().scratch(0, bytes));
+  for (int mask = 1; mask < f.p; mask *= 2) {
+    int partnerV = v ^ mask;
+    ex.send(f.real(partnerV), src, bytes);
+    ex.recv(f.real(partnerV), theirs, bytes);
+    ex.waitAll();
+    if (v < partnerV) ex.reduceLocal(out, src, theirs, bytes);
+    else ex.reduceLocal(out, theirs, src, bytes);
+    src = out;
+  }
+}
+
 void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
   const int n = ex.size(), r = ex.rank();
   const size_t bytes = count * ex.elemSize();
@@ -97,9 +120,13 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
     ex.waitAll();
     src = out;
   }
-  Chunks blocks(count, f.p);
-  halving(ex, f, v, src, out, out + blocks.offset(v) * ex.elemSize(), count);
-  doubling(ex, f, v, out, count);
+  if (bytes <= kWholeVectorBytes) {
+    wholeVectorDoubling(ex, f, v, src, out, count);
+  } else {
+    Chunks blocks(count, f.p);
+    halving(ex, f, v, src, out, out + blocks.offset(v) * ex.elemSize(), count);
+    doubling(ex, f, v, out, count);
+  }
   if (r < 2 * f.rem) {
     ex.send(r - 1, out, bytes);
     ex.waitAll();
@@ -190,6 +217,7 @@ class HalvingDoubling : public Algorithm {
     const double fold = n != p ? 2 * (c.alpha + S * c.beta) + S * c.gamma : 0;
     switch (a.kind) {
       case CollectiveKind::kAllreduce:
+        if (S <= kWholeVectorBytes) return L * (c.alpha + S * (c.beta + c.gamma)) + fold;
         return 2 * L * c.alpha + 2 * (p - 1) / p * S * c.beta + (p - 1) / p * S * c.gamma + fold;
       case CollectiveKind::kReduceScatter:
         return L * c.alpha + (p - 1) / p * S * (c.beta + c.gamma);

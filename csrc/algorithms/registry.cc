@@ -41,24 +41,24 @@ struct Choice {
   std::string table;  // the cost table, for the log
 };
 
-Choice chooseAuto(const Group& group, const CollectiveArgs& args) {
+// The table (for the log) is only written when asked: this runs on every auto call.
+Choice chooseAuto(const Group& group, const CollectiveArgs& args, bool withTable) {
   Choice c;
   double best = std::numeric_limits<double>::infinity();
   std::ostringstream table;
   for (const Algorithm* a : registry()) {
-    std::string why = a->unsupported(group, args);
-    if (!why.empty()) {
-      table << " " << a->name() << "=n/a";
+    if (!a->unsupported(group, args).empty()) {
+      if (withTable) table << " " << a->name() << "=n/a";
       continue;
     }
     double t = a->cost(group, args);
-    table << " " << a->name() << "=" << t * 1e6 << "us";
+    if (withTable) table << " " << a->name() << "=" << t * 1e6 << "us";
     if (t < best) {
       best = t;
       c.algo = a;
     }
   }
-  c.table = table.str();
+  if (withTable) c.table = table.str();
   return c;
 }
 
@@ -86,7 +86,7 @@ const LinkCost& costOf(const Group& group) {
 }
 
 std::string explainChoice(const Group& group, const CollectiveArgs& args) {
-  Choice c = chooseAuto(group, args);
+  Choice c = chooseAuto(group, args, true);
   return std::string(c.algo ? c.algo->name() : "none") + " (model:" + c.table + ")";
 }
 
@@ -121,7 +121,7 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
 
   const Algorithm* algo = nullptr;
   if (algoName == "auto") {
-    Choice c = chooseAuto(group, args);
+    Choice c = chooseAuto(group, args, logLevel() >= LogLevel::kInfo);
     PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
     algo = c.algo;
     PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",

@@ -107,21 +107,36 @@ void bindGroup(py::module_& m) {
           "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links")
       .def(
           "submit",
-          [](Communicator& c, int kind, uintptr_t in, uintptr_t out, size_t count, int dtype,
+          [](Communicator& c, int kind, py::handle in, py::handle out, size_t count, int dtype,
              int op, int root, const std::string& algo, uint32_t shapeHash, size_t segmentBytes,
              double timeout, std::vector<int> members, int groupId) {
-            CollectiveArgs a = makeArgs(kind, in, out, count, dtype, op, root, shapeHash,
-                                        segmentBytes, timeout);
+            CollectiveArgs a = makeArgs(kind, dataPointer(in), dataPointer(out), count, dtype, op,
+                                        root, shapeHash, segmentBytes, timeout);
             Communicator* comm = &c;
             return c.executor().submit([comm, a, algo, members, groupId] {
               runCollective(*comm, members, groupId, a, algo);
             });
           },
-          py::arg("kind"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
+          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algo"),
           py::arg("shape_hash"), py::arg("segment_bytes"), py::arg("timeout"),
           py::arg("members"), py::arg("group_id"),
           "Queues a collective on the group's executor (issue order is run order); returns Work.")
+      .def(
+          "run",
+          [](Communicator& c, int kind, py::handle in, py::handle out, size_t count, int dtype,
+             int op, int root, const std::string& algo, uint32_t shapeHash, size_t segmentBytes,
+             double timeout, std::vector<int> members, int groupId) {
+            CollectiveArgs a = makeArgs(kind, dataPointer(in), dataPointer(out), count, dtype, op,
+                                        root, shapeHash, segmentBytes, timeout);
+            py::gil_scoped_release release;
+            c.executor().run([&] { runCollective(c, members, groupId, a, algo); });
+          },
+          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"),
+          py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algo"),
+          py::arg("shape_hash"), py::arg("segment_bytes"), py::arg("timeout"),
+          py::arg("members"), py::arg("group_id"),
+          "Runs a collective now on this thread (after any queued async work); GIL released.")
       .def(
           "explain",
           [](Communicator& c, int kind, size_t count, int dtype, int op) {

@@ -1,4 +1,5 @@
 // build_info(), algorithms(), and the small helpers Python needs from the core.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -32,6 +33,11 @@ CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int
   a.segmentBytes = segmentBytes;
   a.timeoutSeconds = timeout;
   return a;
+}
+
+uintptr_t dataPointer(const py::handle& array) {
+  if (array.is_none()) return 0;
+  return reinterpret_cast<uintptr_t>(py::reinterpret_borrow<py::array>(array).data());
 }
 
 void bindInfo(py::module_& m) {

@@ -18,16 +18,16 @@ void bindLocal(py::module_& m) {
       .def_property_readonly("size", &LocalGroup::size)
       .def(
           "run",
-          [](LocalGroup& g, int kind, const std::vector<uintptr_t>& ins,
-             const std::vector<uintptr_t>& outs, size_t count, int dtype, int op, int root,
+          [](LocalGroup& g, int kind, const py::list& ins, const py::list& outs, size_t count,
+             int dtype, int op, int root,
              const std::string& algo, uint32_t shapeHash, size_t segmentBytes, double timeout) {
             PC_CHECK(static_cast<int>(ins.size()) == g.size() &&
                          static_cast<int>(outs.size()) == g.size(),
                      "expected ", g.size(), " buffers per side");
             std::vector<CollectiveArgs> args;
             for (int r = 0; r < g.size(); ++r)
-              args.push_back(makeArgs(kind, ins[r], outs[r], count, dtype, op, root, shapeHash,
-                                      segmentBytes, timeout));
+              args.push_back(makeArgs(kind, dataPointer(ins[r]), dataPointer(outs[r]), count,
+                                      dtype, op, root, shapeHash, segmentBytes, timeout));
             py::gil_scoped_release release;
             g.run(args, algo);
           },

@@ -77,7 +77,7 @@ void* Communicator::scratch(int slot, size_t bytes) {
 }
 
 void Communicator::waitAll(const std::vector<Pending>& pending, const std::vector<Link*>& advance,
-                           const Deadline& deadline, const std::string& what) {
+                           const Deadline& deadline, const FrameHeader& call) {
   std::vector<Link*> links = advance;
   for (const auto& p : pending)
     if (std::find(links.begin(), links.end(), p.link) == links.end()) links.push_back(p.link);
@@ -91,6 +91,7 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
   std::vector<pollfd> fds;
 
   int idleRounds = 0;
+  std::chrono::steady_clock::time_point idleSince;
   for (;;) {
     uint64_t seen = bell != nullptr ? bell->generation() : 0;
     bool moved = false;
@@ -99,7 +100,8 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
       return p.request->done.load(std::memory_order_acquire);
     });
     if (done) return;
-    if (aborted_.load()) throw Aborted(who() + " " + what + " aborted: " + abortReason());
+    if (aborted_.load())
+      throw Aborted(who() + " " + describeCall(call) + " aborted: " + abortReason());
     if (moved) {
       idleRounds = 0;
       continue;
@@ -112,18 +114,21 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
           break;
         }
       throw CollectiveTimeout(makeMessage(
-          who(), " ", what, " timed out after ", deadline.totalSeconds(), " s waiting for rank ",
+          who(), " ", describeCall(call), " timed out after ", deadline.totalSeconds(), " s waiting for rank ",
           stuck->peer, stuck->isSend ? " to receive" : " to send", " over ",
           stuck->link->describe(),
           ". Every rank must call the same collectives in the same order; raise "
           "PYCOLLECTIVE_TIMEOUT (or timeout=) if ranks are legitimately slow."));
     }
-    // Spin briefly (small messages arrive within microseconds), then sleep on the doorbell, or
-    // poll with a growing pause for links that cannot ring it.
-    ++idleRounds;
-    if (idleRounds < 64) {
+    // Spin briefly (small messages arrive within microseconds), then yield for a while (the
+    // peer may need this core), then sleep: on the doorbell, in poll() for sockets, or with a
+    // growing pause for links that can do neither (shared memory).
+    if (idleRounds++ == 0) idleSince = std::chrono::steady_clock::now();
+    const double idle =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - idleSince).count();
+    if (idle < 5e-6) {
       PC_CPU_RELAX();
-    } else if (idleRounds < 128) {
+    } else if (idle < 100e-6) {
       std::this_thread::yield();
     } else if (allNotify) {
       bell->waitPast(seen, std::chrono::milliseconds(5));
@@ -134,9 +139,9 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
         if (l->pollEvents() != 0) fds.push_back(pollfd{l->pollFd(), l->pollEvents(), 0});
       ::poll(fds.data(), fds.size(), 5);
     } else {
-      int us = std::min(1000, 1 << std::min(10, (idleRounds - 128) / 16));
-      if (bell != nullptr) bell->waitPast(seen, std::chrono::microseconds(us));
-      else std::this_thread::sleep_for(std::chrono::microseconds(us));
+      auto pause = std::chrono::microseconds(std::min<long>(1000, static_cast<long>(idle * 1e5)));
+      if (bell != nullptr) bell->waitPast(seen, pause);
+      else std::this_thread::sleep_for(pause);
     }
   }
 }

@@ -56,9 +56,10 @@ class Communicator {
 
   // Waits until every request in `waitFor` completed, advancing every link in `advance` (a
   // sender may need its outgoing links pushed while it waits for a receive). Throws
-  // CollectiveTimeout (naming `what`, the peer and the link), Aborted, RemoteError, ProtocolError.
+  // CollectiveTimeout (naming the call, the peer and the link), Aborted, RemoteError,
+  // ProtocolError. `call` is the header of the collective waited for (for messages only).
   void waitAll(const std::vector<Pending>& waitFor, const std::vector<Link*>& advance,
-               const Deadline& deadline, const std::string& what);
+               const Deadline& deadline, const FrameHeader& call);
 
   // Marks the communicator failed and fails every link, so peers stop waiting for this rank.
   void abort(const std::string& reason) noexcept;

@@ -25,15 +25,39 @@ WorkPtr Executor::submit(std::function<void()> fn) {
   return work;
 }
 
+void Executor::run(const std::function<void()>& fn) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!queue_.empty() || running_) {
+      lock.unlock();
+      submit(fn)->wait(-1);  // bounded: every collective has a deadline
+      return;
+    }
+    running_ = true;
+  }
+  struct Done {
+    Executor* self;
+    ~Done() {
+      {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->running_ = false;
+      }
+      self->cv_.notify_all();
+    }
+  } done{this};
+  fn();
+}
+
 void Executor::loop() {
   for (;;) {
     std::pair<std::function<void()>, WorkPtr> item;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     auto start = std::chrono::steady_clock::now();
     std::exception_ptr error;
@@ -44,6 +68,11 @@ void Executor::loop() {
     }
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+    }
+    cv_.notify_all();
     item.second->markDone(error, seconds);
   }
 }

@@ -27,12 +27,22 @@ LocalGroup::~LocalGroup() = default;
 
 void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string& algo) {
   PC_ASSERT(static_cast<int>(args.size()) == size(), "one call per replica");
+  // Replicas 1..n-1 run on their executor threads, replica 0 on the caller's thread.
   std::vector<WorkPtr> works;
-  for (int r = 0; r < size(); ++r) {
+  for (int r = 1; r < size(); ++r) {
     Communicator* comm = comms_[r].get();
     CollectiveArgs a = args[r];
     works.push_back(comm->executor().submit([comm, a, algo] { runCollective(*comm, a, algo); }));
   }
+  auto first = std::make_shared<Work>();
+  try {
+    Communicator* comm = comms_[0].get();
+    comm->executor().run([&] { runCollective(*comm, args[0], algo); });
+    first->markDone(nullptr, 0);
+  } catch (...) {
+    first->markDone(std::current_exception(), 0);
+  }
+  works.insert(works.begin(), first);
   // Each replica's call is bounded by its own deadline, so these waits end.
   // When one replica fails, the others fail as a consequence (RemoteError/Aborted naming it):
   // report the cause.
