@@ -34,10 +34,12 @@ def _subcommands() -> list[Subcommand]:
     # Imported here so that `pycollective --help` stays fast as tools are added.
     from . import launcher
     from .bench import cli as bench
+    from .bench import tune
 
     return [
         Subcommand("run", launcher.HELP, launcher.add_arguments, launcher.main),
         Subcommand("bench", bench.HELP, bench.add_arguments, bench.run),
+        Subcommand("tune", tune.HELP, tune.add_arguments, tune.main),
     ]
 
 

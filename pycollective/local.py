@@ -13,6 +13,7 @@ from pycollective._ext import _C
 from pycollective.config import default_timeout, env_int
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.tensors import adapt, shape_hash
+from pycollective import tuning
 
 
 class LocalCommunicator:
@@ -37,6 +38,11 @@ class LocalCommunicator:
             group_size = env_int("PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE", 0)
         self._timeout = default_timeout() if timeout is None else float(timeout)
         self._group = _C.LocalGroup(num_replicas, self._timeout, group_size)
+        tuned = tuning.load()
+        if tuned is not None:
+            if "inproc" in tuned.costs:
+                self._group.set_costs(tuned.costs["inproc"])
+            self._group.set_tuned(tuned.table("inproc", num_replicas))
         self.num_replicas = num_replicas
         self.group_size = group_size or num_replicas
 

@@ -26,6 +26,7 @@ from pycollective.errors import Aborted, CollectiveError, CollectiveTimeout, Rem
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.rendezvous import ClusterSpec, rendezvous
 from pycollective.tensors import adapt, shape_hash
+from pycollective import tuning
 from pycollective.transports import TcpListener, open_links
 
 # Cost-model defaults per transport: (alpha s/message, beta s/byte, gamma s/byte reduced).
@@ -208,10 +209,15 @@ class _World:
         return self.client.get("pycollective/session", timeout=timeout).decode()
 
     def _set_costs(self) -> None:
-        others = [t for r, t in enumerate(self.transports) if r != self.spec.rank]
-        local = next((t for r, t in enumerate(self.transports)
-                      if r != self.spec.rank and t == "shm"), others[0] if others else "shm")
-        self.comm.set_costs(DEFAULT_COSTS[local], DEFAULT_COSTS["tcp"])
+        """The cost model per transport (defaults, or measured by `pycollective tune`), and the
+        tuned table of measured winners when every peer uses one transport."""
+        tuned = tuning.load()
+        costs = dict(DEFAULT_COSTS, **(tuned.costs if tuned else {}))
+        others = {t for r, t in enumerate(self.transports) if r != self.spec.rank}
+        local = "shm" if "shm" in others else (next(iter(others)) if others else "shm")
+        self.comm.set_costs(costs[local], costs["tcp"])
+        if tuned is not None and len(others) == 1:
+            self.comm.set_tuned(tuned.table(others.pop(), self.spec.world_size))
 
     def _on_abort(self, rank: int, reason: str) -> None:
         self.abort_notice = (rank, reason)

@@ -41,6 +41,24 @@ struct Choice {
   std::string table;  // the cost table, for the log
 };
 
+// The tuned table's entry for this call, if the call spans the whole communicator (the table was
+// measured at that size) and the entry's algorithm can run it.
+const Algorithm* tunedChoice(const Group& group, const CollectiveArgs& args) {
+  const Communicator& comm = group.comm();
+  if (comm.tuned.empty() || group.size() != comm.size()) return nullptr;
+  const size_t bytes = args.count * elementSize(args.dtype);
+  const TunedChoice* pick = nullptr;
+  for (const TunedChoice& t : comm.tuned) {
+    if (t.kind != static_cast<int>(args.kind)) continue;
+    pick = &t;  // the largest entry serves anything bigger than the table covers
+    if (bytes <= t.maxBytes) break;
+  }
+  if (pick == nullptr) return nullptr;
+  for (const Algorithm* a : registry())
+    if (pick->algo == a->name() && a->unsupported(group, args).empty()) return a;
+  return nullptr;
+}
+
 // The table (for the log) is only written when asked: this runs on every auto call.
 Choice chooseAuto(const Group& group, const CollectiveArgs& args, bool withTable) {
   Choice c;
@@ -86,6 +104,8 @@ const LinkCost& costOf(const Group& group) {
 }
 
 std::string explainChoice(const Group& group, const CollectiveArgs& args) {
+  if (const Algorithm* t = tunedChoice(group, args))
+    return std::string(t->name()) + " (tuned table, PYCOLLECTIVE_TUNING)";
   Choice c = chooseAuto(group, args, true);
   return std::string(c.algo ? c.algo->name() : "none") + " (model:" + c.table + ")";
 }
@@ -120,7 +140,10 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
     lookupReduce(args.dtype, args.op);
 
   const Algorithm* algo = nullptr;
-  if (algoName == "auto") {
+  if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
+    PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",
+            args.count * elementSize(args.dtype), " bytes from the tuned table");
+  } else if (algoName == "auto") {
     Choice c = chooseAuto(group, args, logLevel() >= LogLevel::kInfo);
     PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
     algo = c.algo;

@@ -26,10 +26,6 @@ struct LinkHandle {
   std::string describe() const { return link ? link->describe() : "<moved into a group>"; }
 };
 
-LinkCost toCost(const std::tuple<double, double, double>& t) {
-  return LinkCost{std::get<0>(t), std::get<1>(t), std::get<2>(t)};
-}
-
 }  // namespace
 
 void bindGroup(py::module_& m) {
@@ -98,10 +94,9 @@ void bindGroup(py::module_& m) {
       .def_property_readonly("size", &Communicator::size)
       .def(
           "set_costs",
-          [](Communicator& c, std::tuple<double, double, double> local,
-             std::tuple<double, double, double> remote) {
-            c.localCost = toCost(local);
-            c.remoteCost = toCost(remote);
+          [](Communicator& c, const CostTuple& local, const CostTuple& remote) {
+            c.localCost = linkCost(local);
+            c.remoteCost = linkCost(remote);
           },
           py::arg("local"), py::arg("remote"),
           "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links")
@@ -147,6 +142,10 @@ void bindGroup(py::module_& m) {
       .def(
           "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
           py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")
+      .def(
+          "set_tuned",
+          [](Communicator& c, const TunedRows& table) { c.tuned = tunedTable(table); },
+          py::arg("table"), "[(collective kind, max bytes, algorithm)] sorted by max bytes")
       .def_property_readonly("aborted", &Communicator::aborted)
       .def_property_readonly("abort_reason", &Communicator::abortReason);
 }

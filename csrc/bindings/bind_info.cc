@@ -40,6 +40,16 @@ uintptr_t dataPointer(const py::handle& array) {
   return reinterpret_cast<uintptr_t>(py::reinterpret_borrow<py::array>(array).data());
 }
 
+LinkCost linkCost(const CostTuple& t) {
+  return LinkCost{std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+}
+
+std::vector<TunedChoice> tunedTable(const TunedRows& rows) {
+  std::vector<TunedChoice> out;
+  for (const auto& [kind, maxBytes, algo] : rows) out.push_back({kind, maxBytes, algo});
+  return out;
+}
+
 void bindInfo(py::module_& m) {
   m.def("build_info", [] {
     py::dict info;

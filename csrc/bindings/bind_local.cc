@@ -35,6 +35,19 @@ void bindLocal(py::module_& m) {
           py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
           py::arg("segment_bytes"), py::arg("timeout"))
       .def(
+          "set_costs",
+          [](LocalGroup& g, const CostTuple& cost) {
+            for (int r = 0; r < g.size(); ++r)
+              g.communicator(r).localCost = g.communicator(r).remoteCost = linkCost(cost);
+          },
+          py::arg("cost"))
+      .def(
+          "set_tuned",
+          [](LocalGroup& g, const TunedRows& table) {
+            for (int r = 0; r < g.size(); ++r) g.communicator(r).tuned = tunedTable(table);
+          },
+          py::arg("table"))
+      .def(
           "explain",
           [](LocalGroup& g, int kind, size_t count, int dtype, int op) {
             return g.explain(makeArgs(kind, 0, 0, count, dtype, op, 0, 0, 0, 0));

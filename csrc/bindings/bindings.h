@@ -1,7 +1,12 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "algorithms/algorithm.h"
+#include "comm/communicator.h"
 
 namespace pycollective {
 namespace bindings {
@@ -18,6 +23,12 @@ CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int
 // The data pointer of a numpy array (pycollective/_calls.py made it contiguous), or 0 for None.
 // Read with the C API: much cheaper than __array_interface__ on every call.
 uintptr_t dataPointer(const pybind11::handle& array);
+
+// The cost model and the tuned table as Python passes them (pycollective/tuning.py).
+using CostTuple = std::tuple<double, double, double>;
+using TunedRows = std::vector<std::tuple<int, size_t, std::string>>;
+LinkCost linkCost(const CostTuple& t);
+std::vector<TunedChoice> tunedTable(const TunedRows& rows);
 
 }  // namespace bindings
 }  // namespace pycollective

@@ -23,6 +23,14 @@ struct LinkCost {
   double gamma = 1.0 / 8e9;// seconds per byte reduced
 };
 
+// A measured winner written by `pycollective tune`: for calls of `kind` on the whole group of up
+// to maxBytes per rank (and above the previous entry's maxBytes), run `algo`.
+struct TunedChoice {
+  int kind;
+  size_t maxBytes;
+  std::string algo;
+};
+
 // A message waited for: used to name the peer and link in timeout messages.
 struct Pending {
   Link* link;
@@ -50,6 +58,9 @@ class Communicator {
   // Ranks per hierarchical group when the host layout does not say (in-process replicas);
   // 0 = derive from hostOf.
   int hierarchicalGroupSize = 0;
+  // Measured choices for algo="auto" on this group (sorted by maxBytes); the cost model decides
+  // where the table says nothing.
+  std::vector<TunedChoice> tuned;
 
   // Sequence number of the next collective of group `groupId` (0 = all ranks).
   uint64_t nextSeq(int groupId = 0);

@@ -56,6 +56,27 @@ class InternalError : public Error {
   using Error::Error;
 };
 
+// A CUDA runtime call failed (code name and cudaGetErrorString in the message), or CUDA was
+// asked for in a build or on a machine that has none.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An NCCL call failed: the message carries the code name, ncclGetErrorString and, when the
+// library has it, ncclGetLastError.
+class NcclError : public Error {
+ public:
+  using Error::Error;
+};
+
+// NCCL could not be loaded (library or symbol missing, version too old): the message lists
+// every path tried with the loader's error text.
+class NcclUnavailable : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 inline void appendAll(std::ostringstream&) {}
 template <typename T, typename... Rest>

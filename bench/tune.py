@@ -1,0 +1,135 @@
+"""``pycollective tune``: measure this cluster, write the table algo="auto" follows.
+
+For each transport (and for in-process replicas) it runs every algorithm over a size sweep,
+keeps the winner at each size (the "choices"), and fits the alpha-beta-gamma cost model to the
+ring's times so that group sizes it did not measure still get a calibrated model. The file goes
+to --output, else $PYCOLLECTIVE_TUNING; groups created afterwards with PYCOLLECTIVE_TUNING
+pointing at it use it automatically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+from .metrics import human_bytes, parse_size
+from .rows import Row
+
+HELP = "measure transports and algorithms here; write the table algo='auto' uses"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", default=None,
+                   help="file to write (default: $PYCOLLECTIVE_TUNING, else "
+                        "./pycollective-tuning.json)")
+    p.add_argument("--world", type=int, default=None,
+                   help="processes per measurement (default: cores, 2..4)")
+    p.add_argument("--replicas", type=int, default=4, help="in-process replicas to tune for")
+    p.add_argument("--transports", default="shm,tcp")
+    p.add_argument("--collectives", default="allreduce",
+                   help="comma-separated collectives to tune (allreduce, broadcast, ...)")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
+    p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument("--budget", type=float, default=0.3, help="seconds of timing per row")
+
+
+def winners(rows: list[Row], transport: str, world: int, collective: str) -> list[dict]:
+    """The fastest algorithm at each measured size; each entry covers sizes up to the geometric
+    midpoint with the next measured size (the last entry covers everything above)."""
+    by_size: dict[int, Row] = {}
+    for r in rows:
+        if r.peer or r.algo == "auto" or r.collective != collective or r.wrong:
+            continue
+        if r.nbytes not in by_size or r.median_s < by_size[r.nbytes].median_s:
+            by_size[r.nbytes] = r
+    sizes = sorted(by_size)
+    out = []
+    for i, s in enumerate(sizes):
+        upto = int(math.sqrt(s * sizes[i + 1])) if i + 1 < len(sizes) else s
+        out.append({"transport": transport, "world": world, "collective": collective,
+                    "max_bytes": upto, "algo": by_size[s].algo})
+    return out
+
+
+def fit_costs(rows: list[Row], world: int, gamma: float) -> tuple[float, float, float] | None:
+    """alpha and beta from the ring allreduce at the smallest and largest size:
+    t(S) = 2(n-1) alpha + 2(n-1)/n S (beta + gamma/2)."""
+    ring = sorted((r for r in rows if r.algo == "ring" and r.collective == "allreduce"
+                   and not r.peer), key=lambda r: r.nbytes)
+    if len(ring) < 2 or world < 2:
+        return None
+    small, large = ring[0], ring[-1]
+    steps = 2 * (world - 1)
+    alpha = max(1e-7, small.median_s / steps)
+    per_byte = (large.median_s - small.median_s) / (steps / world * (large.nbytes - small.nbytes))
+    beta = max(1e-12, per_byte - gamma / 2)
+    return (alpha, beta, gamma)
+
+
+def measure_gamma() -> float:
+    """Seconds per byte of a float32 sum of two 64 MiB buffers into a third."""
+    import numpy as np
+
+    import pycollective as pc
+
+    n = 16 << 20
+    a, b, c = (np.ones(n, np.float32) for _ in range(3))
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        pc._C.reduce_into(c.ctypes.data, a.ctypes.data, b.ctypes.data, n, 2, 0)
+        best = min(best, time.perf_counter() - t0)
+    return best / (n * 4)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pycollective import tuning
+
+    from . import inproc, procs
+    from .cli import Progress, sizes
+
+    out_path = args.output or os.environ.get("PYCOLLECTIVE_TUNING") or "pycollective-tuning.json"
+    world = args.world or max(2, min(4, os.cpu_count() or 2))
+    sweep = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    collectives = [c for c in args.collectives.split(",") if c]
+    transports = [t for t in args.transports.split(",") if t]
+    gamma = measure_gamma()
+    result = tuning.Tuning()
+    import pycollective as pc
+
+    for collective in collectives:
+        for transport in transports:
+            algos = [a for a in pc.algorithms() if a not in ("auto", "direct")]
+            progress = Progress(len(sweep) * len(algos))
+            rows = procs.run(collective, sweep, "float32", "sum", world, algos, [transport], [],
+                             10, 2, args.budget, progress, [])
+            progress.close()
+            result.choices += winners(rows, transport, world, collective)
+            fitted = fit_costs(rows, world, gamma) if collective == "allreduce" else None
+            if fitted:
+                result.costs[transport] = fitted
+            print(f"{transport}, {world} processes, {collective}: " + ", ".join(
+                f"<={human_bytes(c['max_bytes'])} {c['algo']}"
+                for c in winners(rows, transport, world, collective)))
+        algos = [a for a in pc.algorithms() if a != "auto"]
+        progress = Progress(len(sweep) * len(algos))
+        copy_bw = pc._C.memory_bandwidth(min(args.maxbytes, 64 << 20), args.replicas, 3)
+        rows = inproc.run(collective, sweep, "float32", "sum", args.replicas, algos, 10, 2,
+                          False, copy_bw, progress, args.budget)
+        progress.close()
+        result.choices += winners(rows, "inproc", args.replicas, collective)
+        fitted = fit_costs(rows, args.replicas, gamma) if collective == "allreduce" else None
+        if fitted:
+            result.costs["inproc"] = fitted
+        print(f"inproc, {args.replicas} replicas, {collective}: " + ", ".join(
+            f"<={human_bytes(c['max_bytes'])} {c['algo']}"
+            for c in winners(rows, "inproc", args.replicas, collective)))
+    tuning.save(result, out_path)
+    for name, (a, b, g) in sorted(result.costs.items()):
+        print(f"cost model {name}: alpha {a * 1e6:.1f} us, beta {1 / b / 1e9:.2f} GB/s, "
+              f"gamma {1 / g / 1e9:.2f} GB/s")
+    print(f"wrote {out_path}; groups use it when PYCOLLECTIVE_TUNING={os.path.abspath(out_path)}")
+    return 0
