@@ -27,13 +27,14 @@ from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.rendezvous import ClusterSpec, rendezvous
 from pycollective.tensors import adapt, shape_hash
 from pycollective import tuning
-from pycollective.transports import TcpListener, open_links
+from pycollective.transports import TcpListener, bind_address, open_links
 
 # Cost-model defaults per transport: (alpha s/message, beta s/byte, gamma s/byte reduced).
 # `pycollective tune` measures them on a cluster (PYCOLLECTIVE_TUNING).
 DEFAULT_COSTS = {
     "shm": (3e-6, 1 / 8e9, 1 / 10e9),
     "tcp": (40e-6, 1 / 2.5e9, 1 / 10e9),
+    "grpc": (300e-6, 1 / 0.5e9, 1 / 10e9),
 }
 
 
@@ -175,18 +176,28 @@ class _World:
         self._notice = threading.Event()
         self._reported = False
         listener = TcpListener.open(ifname, spec.master_addr)
+        forced = transport or os.environ.get("PYCOLLECTIVE_TRANSPORT") or None
+        token = spec.token or secrets.token_hex(16)
+        endpoints = {"tcp": listener.endpoint}
+        self.grpc_plane = None
+        if forced == "grpc":
+            from pycollective.grpc_transport import GrpcDataPlane
+
+            host = listener.endpoint.rsplit(":", 1)[0]
+            self.grpc_plane = GrpcDataPlane(spec.rank, token, bind_address(ifname), host,
+                                            connect_timeout)
+            endpoints["grpc"] = self.grpc_plane.endpoint
         try:
             self.client, peers, self.service = rendezvous(
-                spec, {"tcp": listener.endpoint}, connect_timeout,
+                spec, endpoints, connect_timeout,
                 heartbeat_timeout=env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0))
             try:
                 session = self._session(spec.rank, connect_timeout)
                 hosts = [p.host_id for p in peers]
-                token = spec.token or secrets.token_hex(16)
                 links, self.transports = open_links(
                     spec.rank, spec.world_size, hosts, [p.endpoints for p in peers], listener,
-                    token, session, transport or os.environ.get("PYCOLLECTIVE_TRANSPORT") or None,
-                    connect_timeout, env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20))
+                    token, session, forced, connect_timeout,
+                    env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20), self.grpc_plane)
                 host_index = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
                 self.comm = _C.Communicator(spec.rank, spec.world_size, links,
                                             [host_index[h] for h in hosts], timeout)
@@ -197,6 +208,10 @@ class _World:
                 if self.service is not None:
                     self.service.stop(grace=0)
                 raise
+        except BaseException:
+            if self.grpc_plane is not None:
+                self.grpc_plane.close()
+            raise
         finally:
             listener.close()
         self.client.start_heartbeat(self._on_abort)
@@ -215,7 +230,7 @@ class _World:
         costs = dict(DEFAULT_COSTS, **(tuned.costs if tuned else {}))
         others = {t for r, t in enumerate(self.transports) if r != self.spec.rank}
         local = "shm" if "shm" in others else (next(iter(others)) if others else "shm")
-        self.comm.set_costs(costs[local], costs["tcp"])
+        self.comm.set_costs(costs[local], costs["grpc" if "grpc" in others else "tcp"])
         if tuned is not None and len(others) == 1:
             self.comm.set_tuned(tuned.table(others.pop(), self.spec.world_size))
 
@@ -251,6 +266,8 @@ class _World:
             self.service.wait_until_left(timeout)
             self.service.stop(grace=0.5)
         self.comm.abort("the group was shut down")
+        if self.grpc_plane is not None:
+            self.grpc_plane.close()
 
 
 _world: _World | None = None

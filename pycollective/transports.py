@@ -3,7 +3,8 @@ authenticated with the cluster token, and shared-memory segment names. The nativ
 (``_C.tcp_link`` / ``_C.shm_link``) then owns the socket or segment.
 
 Transport per peer: ``shm`` between ranks on the same host, ``tcp`` otherwise;
-``PYCOLLECTIVE_TRANSPORT`` (or ``transport=``) forces one for every peer.
+``PYCOLLECTIVE_TRANSPORT`` (or ``transport=``) forces one for every peer, including the
+portable ``grpc`` (pycollective/grpc_transport.py), which is never chosen automatically.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pycollective._ext import _C
 from pycollective.errors import CollectiveError
 
-TRANSPORTS = ("shm", "tcp")
+TRANSPORTS = ("shm", "tcp", "grpc")
 _MAGIC = b"PCOLLINK"
 _HELLO = struct.Struct("!8sI16s")  # magic, connecting rank, nonce
 
@@ -180,7 +181,7 @@ def _accept(listener: TcpListener, rank: int, expected: set[int], token: str, se
 
 def open_links(rank: int, size: int, hosts: list[str], endpoints: list[dict[str, str]],
                listener: TcpListener, token: str, session: str, forced: str | None,
-               timeout: float, shm_ring_bytes: int) -> tuple[list, list[str]]:
+               timeout: float, shm_ring_bytes: int, grpc_plane=None) -> tuple[list, list[str]]:
     """Opens one link per peer. Lower ranks accept TCP connections from higher ranks (in a
     thread) while this rank dials the lower ones; shared-memory pairs are set up in (lo, hi)
     order on every rank, so no two ranks wait for each other in opposite order.
@@ -202,7 +203,9 @@ def open_links(rank: int, size: int, hosts: list[str], endpoints: list[dict[str,
         for p in range(size):
             if p == rank:
                 continue
-            if kinds[p] == "tcp" and p < rank:
+            if kinds[p] == "grpc":
+                links[p] = grpc_plane.link(p, endpoints[p]["grpc"])
+            elif kinds[p] == "tcp" and p < rank:
                 sock = _connect(rank, p, endpoints[p]["tcp"], token, sess, deadline)
                 links[p] = _C.tcp_link(sock.detach(), rank, p, endpoints[p]["tcp"])
             elif kinds[p] == "shm":

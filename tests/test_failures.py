@@ -59,7 +59,7 @@ def _dies_mid_collective(rank, n, how):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", ["tcp", "shm", "grpc"])
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_dead_rank_is_reported_fast(how, transport):
     res = run_ranks(_dies_mid_collective, 3, how, timeout=40,

@@ -10,6 +10,7 @@
 #include "bindings/bindings.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "transport/bridge.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 
@@ -62,6 +63,40 @@ void bindGroup(py::module_& m) {
       py::arg("name"), py::arg("create"), py::arg("rank"), py::arg("peer"), py::arg("digest"),
       py::arg("ring_bytes"), py::arg("timeout"),
       "Creates (lower rank) or opens a shared-memory segment; blocks until both sides attached.");
+
+  py::class_<BridgeEnd, std::shared_ptr<BridgeEnd>>(m, "BridgeEnd",
+                                                     "The pump side of a bridged (grpc) link.")
+      .def(
+          "take_outgoing",
+          [](BridgeEnd& e, double timeout) -> py::object {
+            std::string header, payload;
+            bool got;
+            {
+              py::gil_scoped_release release;
+              got = e.takeOutgoing(timeout, header, payload);
+            }
+            if (!got) return py::none();
+            return py::make_tuple(py::bytes(header), py::bytes(payload));
+          },
+          py::arg("timeout"),
+          "Next outgoing (header, payload), or None after `timeout` s or once the end failed.")
+      .def(
+          "deliver",
+          [](BridgeEnd& e, const std::string& header, std::string payload) {
+            e.deliver(header, std::move(payload));
+          },
+          py::arg("header"), py::arg("payload"))
+      .def("fail", &BridgeEnd::fail, py::arg("reason"))
+      .def_property_readonly("failed", &BridgeEnd::failed);
+
+  m.def(
+      "bridge_link",
+      [](int rank, int peer, const std::string& via) {
+        auto end = std::make_shared<BridgeEnd>(rank, peer, via);
+        return py::make_tuple(LinkHandle{makeBridgeLink(end)}, end);
+      },
+      py::arg("rank"), py::arg("peer"), py::arg("via"),
+      "A link whose frames a pump carries: returns (link, end).");
 
   py::class_<Work, WorkPtr>(m, "Work")
       .def(

@@ -12,6 +12,9 @@ namespace pycollective {
 // dst[i] = a[i] OP b[i] for i < count. dst may alias a or b exactly (never a partial overlap).
 using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count);
 
+// dst = src over `bytes`: std::memcpy for host buffers; device buffers use DeviceOps::copyFn().
+using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+
 // Looked up once per collective, never per element. kAvg returns the kSum kernel (the caller
 // scales once at the end). Integer dtype with kAvg -> throws InvalidType ("avg is not defined for
 // int32: use sum and divide, or convert to a floating type").
