@@ -58,6 +58,19 @@ def summary(rows: Iterable[Row]) -> list[str]:
     for (coll, transport), texts in groups.items():
         lines.append(f"{coll} over {transport}:")
         lines.extend("  " + t for t in texts)
+    transports = sorted({r.transport for r in rows if not r.peer})
+    if len(transports) > 1:
+        for nbytes in sorted({r.nbytes for r in rows if not r.peer}):
+            best = {}
+            for t in transports:
+                ours = [r for r in rows if not r.peer and r.transport == t and r.nbytes == nbytes]
+                if ours:
+                    best[t] = min(ours, key=lambda r: r.median_s)
+            if len(best) > 1:
+                base = best.get("tcp") or next(iter(best.values()))
+                lines.append(f"transports at {human_bytes(nbytes)}: " + ", ".join(
+                    f"{t} {b.busbw / 1e9:.2f} GB/s ({base.median_s / b.median_s:.2f}x "
+                    f"{base.transport})" for t, b in best.items()))
     peers = [r for r in rows if r.peer]
     for p in peers:
         ours = [r for r in rows if not r.peer and r.collective == p.collective
