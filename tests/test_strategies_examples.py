@@ -7,15 +7,15 @@ import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from test_strategies_support import ROOT
 
 import pycollective as pc
 
-EXAMPLES = ROOT / "examples"
-
 pytest.importorskip("sklearn", reason="the examples need scikit-learn (pip install scikit-learn)")
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def load(name: str) -> dict:
@@ -50,18 +50,11 @@ def test_train_digits_torch(capsys):
 def test_train_digits_multi_worker():
     if not hasattr(pc, "init"):
         pytest.skip("pycollective has no process groups (pycollective.init) in this build")
-    # The support module maps pycollective.strategies when the editable install predates it.
-    code = ("import sys, runpy; sys.path[:0] = [{tests!r}, {examples!r}]; "
-            "import test_strategies_support; "
-            "sys.argv = ['train_digits.py', '--multi-worker', '--epochs', '2']; "
-            "runpy.run_path({script!r}, run_name='__main__')").format(
-                tests=str(ROOT / "tests"), examples=str(EXAMPLES),
-                script=str(EXAMPLES / "train_digits.py"))
+    cmd = [sys.executable, "-m", "pycollective.cli", "run", "-n", "2", "--timeout", "90",
+           sys.executable, str(EXAMPLES / "train_digits.py"), "--multi-worker", "--epochs", "2"]
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(PYCOLLECTIVE_TIMEOUT="30", PYCOLLECTIVE_CPU_REPLICAS="2")
-    proc = subprocess.run([sys.executable, "-m", "pycollective.cli", "run", "-n", "2",
-                           "--timeout", "90", sys.executable, "-c", code],
-                          env=env, capture_output=True, text=True, timeout=110,
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110,
                           check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

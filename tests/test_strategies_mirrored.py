@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 import pytest
-from test_strategies_support import strategies as ds
 
 import pycollective as pc
+from pycollective import strategies as ds
 
 ReduceOp = ds.ReduceOp
 
@@ -674,3 +674,19 @@ def test_reduce_non_distributed_with_axis():
         lambda ctx: np.full((2, 2), float(ctx.replica_id_in_sync_group)))}, axis=0)
     np.testing.assert_array_equal(mixed["a"], x.mean(0))
     np.testing.assert_array_equal(mixed["b"], [1.0, 1.0])
+
+
+@pytest.mark.timeout(20)
+def test_make_packs():
+    from pycollective.strategies.backend import make_packs
+
+    a = [np.zeros(10, np.float32)] * 4 + [np.zeros(10, np.int32)] * 4  # 40 bytes each
+    assert make_packs(a, 0, 1) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # one pack per dtype
+    assert make_packs(a, 0, 0) == [[i] for i in range(8)]  # no packing
+    assert make_packs(a, 0, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert make_packs(a, 80, 1) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert make_packs([np.zeros(100)] * 2, 16, 1) == [[0], [1]]  # too big: a pack each
+    s = ds.MirroredStrategy(cpus(2), cross_device_ops=ds.NcclAllReduce(num_packs=2))
+    before = s.extended.backend.call_counts["allreduce"]
+    s.run(lambda: ds.get_replica_context().all_reduce("SUM", [np.ones(8)] * 4))
+    assert s.extended.backend.call_counts["allreduce"] - before == 2

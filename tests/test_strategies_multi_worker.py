@@ -11,13 +11,13 @@ import textwrap
 
 import numpy as np
 import pytest
-from test_strategies_support import ROOT
-from test_strategies_support import strategies as ds
 
 import pycollective as pc
+from pycollective import strategies as ds
 
 TWO_WORKERS = {"cluster": {"worker": ["127.0.0.1:20000", "127.0.0.1:20001"]},
                "task": {"type": "worker", "index": 1}}
+
 
 
 @pytest.fixture
@@ -154,11 +154,10 @@ def test_single_task_cluster_and_non_collective_tasks(tf_config):
 # Two worker processes -------------------------------------------------------------------------------
 
 WORKER_SCRIPT = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, {tests!r})
+    import os
     import numpy as np
     import pycollective as pc
-    from test_strategies_support import strategies as ds
+    from pycollective import strategies as ds
 
     strategy = ds.MultiWorkerMirroredStrategy(
         communication_options=ds.CommunicationOptions(timeout_seconds=30))
@@ -234,7 +233,7 @@ def test_two_workers_with_pycollective_run(tmp_path):
     if not hasattr(pc, "init"):
         pytest.skip("pycollective has no process groups (pycollective.init) in this build")
     script = tmp_path / "worker.py"
-    script.write_text(WORKER_SCRIPT.format(tests=str(ROOT / "tests"), tmp=str(tmp_path)))
+    script.write_text(WORKER_SCRIPT.format(tmp=str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(PYCOLLECTIVE_CPU_REPLICAS="2", PYCOLLECTIVE_TIMEOUT="30")
     cmd = [sys.executable, "-m", "pycollective.cli", "run", "-n", "2", "--timeout", "100",
@@ -249,12 +248,11 @@ def test_two_workers_with_pycollective_run(tmp_path):
 
 
 ADOPT_SCRIPT = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, {tests!r})
+    import os
     os.environ.pop("TF_CONFIG")  # only the process group says there are two workers
     import numpy as np
     import pycollective as pc
-    from test_strategies_support import strategies as ds
+    from pycollective import strategies as ds
 
     pc.init()
     strategy = ds.MultiWorkerMirroredStrategy()
@@ -271,7 +269,7 @@ def test_process_group_without_tf_config_supplies_the_workers(tmp_path):
     if not hasattr(pc, "init"):
         pytest.skip("pycollective has no process groups (pycollective.init) in this build")
     script = tmp_path / "adopt.py"
-    script.write_text(ADOPT_SCRIPT.format(tests=str(ROOT / "tests")))
+    script.write_text(ADOPT_SCRIPT.format())
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG",
                                                             "PYCOLLECTIVE_CPU_REPLICAS")}
     env.update(PYCOLLECTIVE_TIMEOUT="30")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_strategies_support import strategies as ds
+
+from pycollective import strategies as ds
 
 D, K = 12, 4  # features, classes
 

@@ -7,7 +7,8 @@ import os
 
 import numpy as np
 import pytest
-from test_strategies_support import strategies as ds
+
+from pycollective import strategies as ds
 
 Agg = ds.VariableAggregation
 Sync = ds.VariableSynchronization

@@ -1,0 +1,403 @@
+"""Collective backends: the cross-replica reduction as an object.
+
+A backend runs collectives over *one numpy array per local replica* (a list in replica order)
+and returns one result per local replica. Strategies never call ``LocalCommunicator`` or the
+process group directly; they call a backend:
+
+- :class:`LocalBackend`: every replica is a thread of this process (MirroredStrategy). One
+  ``LocalCommunicator`` call per collective.
+- :class:`MultiWorkerBackend`: replicas in several worker processes
+  (MultiWorkerMirroredStrategy). Hierarchical: reduce the local replicas with the
+  LocalCommunicator, all-reduce that one already-reduced buffer across workers with the
+  process group (``pycollective.allreduce``), then broadcast it back to the local replicas.
+
+On top of the three primitives (``allreduce``, ``allgather``, ``broadcast``) the base class
+builds what strategies need: fused batches (many tensors, one collective per pack),
+ragged gathers, MEAN for integer dtypes. ``call_counts`` counts primitive collectives by kind
+(tests use it to check fusion).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import pycollective as pc
+from pycollective import config as _config
+
+from . import _tensors
+from .reduce_util import ReduceOp
+
+logger = logging.getLogger("pycollective.strategies")
+
+
+def default_timeout() -> float:
+    """Seconds a collective (and a rendezvous) may wait: PYCOLLECTIVE_TIMEOUT or 300."""
+    return _config.default_timeout()
+
+
+class CollectiveBackend:
+    """Collectives over one array per local replica. Subclasses implement ``_allreduce``,
+    ``_allgather`` and ``_broadcast``; the public methods count and serialize them."""
+
+    #: local replicas (threads of this process)
+    num_local_replicas: int = 1
+    #: worker processes, and this one's index among them
+    num_workers: int = 1
+    worker_index: int = 0
+
+    def __init__(self, algorithm: str, timeout: float | None) -> None:
+        self.algorithm = algorithm
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.call_counts: Counter[str] = Counter()
+        self._lock = threading.RLock()
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self.num_local_replicas * self.num_workers
+
+    @property
+    def first_replica_id(self) -> int:
+        """Global id of this worker's local replica 0."""
+        return self.worker_index * self.num_local_replicas
+
+    # Primitives ---------------------------------------------------------------------------------
+
+    def allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+        """Every local replica gets the SUM/MEAN over all replicas in sync."""
+        self._check(arrays, "allreduce")
+        with self._lock:
+            self.call_counts["allreduce"] += 1
+            if np.issubdtype(arrays[0].dtype, np.integer) and op == ReduceOp.MEAN:
+                sums = self._allreduce(arrays, ReduceOp.SUM)
+                n = self.num_replicas_in_sync
+                return [(s / n).astype(s.dtype) for s in sums]
+            return self._allreduce(arrays, op)
+
+    def allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Every local replica gets all replicas' arrays stacked: ``(num_replicas_in_sync,
+        *shape)``, in global replica order."""
+        self._check(arrays, "allgather")
+        with self._lock:
+            self.call_counts["allgather"] += 1
+            return self._allgather(arrays)
+
+    def broadcast(self, arrays: Sequence[np.ndarray], root: int = 0) -> list[np.ndarray]:
+        """Every local replica gets global replica ``root``'s array."""
+        self._check(arrays, "broadcast")
+        if not 0 <= root < self.num_replicas_in_sync:
+            raise ValueError(f"root must be a replica id in [0, {self.num_replicas_in_sync}), "
+                             f"got {root}")
+        with self._lock:
+            self.call_counts["broadcast"] += 1
+            return self._broadcast(arrays, root)
+
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def _broadcast(self, arrays: Sequence[np.ndarray], root: int) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def _check(self, arrays: Sequence[np.ndarray], kind: str) -> None:
+        if len(arrays) != self.num_local_replicas:
+            raise ValueError(f"{kind}: {len(arrays)} values for {self.num_local_replicas} local "
+                             "replicas")
+        first = arrays[0]
+        for r, a in enumerate(arrays[1:], start=1):
+            if a.dtype != first.dtype or a.shape != first.shape:
+                raise ValueError(
+                    f"{kind}: replica {self.first_replica_id + r} passed "
+                    f"{_tensors.describe(a)} but replica {self.first_replica_id} passed "
+                    f"{_tensors.describe(first)}; every replica must pass the same shape and "
+                    "dtype")
+
+    # Built on the primitives ---------------------------------------------------------------------
+
+    def batch_allreduce(self, per_replica: Sequence[Sequence[Any]], op: ReduceOp,
+                        bytes_per_pack: int = 0, num_packs: int = 1) -> list[list[Any]]:
+        """All-reduces many tensors with few collectives.
+
+        ``per_replica[r]`` is replica r's list of tensors (the same shapes and dtypes in every
+        replica). Tensors are grouped by dtype and packed, in order, into packs of at most
+        ``bytes_per_pack`` bytes (a larger tensor gets a pack of its own), or, when
+        ``bytes_per_pack`` is 0, into ``num_packs`` packs of similar size (``num_packs=0``:
+        one collective per tensor). Each pack is concatenated into one flat buffer per
+        replica, all-reduced with ONE collective, and split back. Results come back in each
+        tensor's own framework (numpy or torch).
+        """
+        n_local = self.num_local_replicas
+        if len(per_replica) != n_local:
+            raise ValueError(f"batch_allreduce: {len(per_replica)} replicas' values for "
+                             f"{n_local} local replicas")
+        count = len(per_replica[0])
+        arrays = [[_tensors.to_numpy(t, f"tensor {i}") for i, t in enumerate(ts)]
+                  for ts in per_replica]
+        for r, ts in enumerate(arrays):
+            if len(ts) != count:
+                raise ValueError(f"replica {self.first_replica_id + r} passed {len(ts)} tensors "
+                                 f"but replica {self.first_replica_id} passed {count}")
+            for i, a in enumerate(ts):
+                ref = arrays[0][i]
+                if a.shape != ref.shape or a.dtype != ref.dtype:
+                    raise ValueError(
+                        f"tensor {i}: replica {self.first_replica_id + r} passed "
+                        f"{_tensors.describe(a)} but replica {self.first_replica_id} passed "
+                        f"{_tensors.describe(ref)}; every replica must pass the same shapes "
+                        "and dtypes")
+        results: list[list[Any]] = [[None] * count for _ in range(n_local)]
+        for pack in make_packs(arrays[0], bytes_per_pack, num_packs):
+            if len(pack) == 1:
+                i = pack[0]
+                outs = self.allreduce([_tensors.contiguous(ts[i]) for ts in arrays], op)
+                for r in range(n_local):
+                    results[r][i] = outs[r].reshape(arrays[0][i].shape)
+                continue
+            flats = [np.concatenate([ts[i].reshape(-1) for i in pack]) for ts in arrays]
+            outs = self.allreduce(flats, op)
+            for r in range(n_local):
+                offset = 0
+                for i in pack:
+                    size = arrays[0][i].size
+                    results[r][i] = outs[r][offset:offset + size].reshape(arrays[0][i].shape)
+                    offset += size
+        return [[_tensors.like(res, per_replica[r][i]) for i, res in enumerate(results[r])]
+                for r in range(n_local)]
+
+    def gather(self, values: Sequence[Any], axis: int) -> list[Any]:
+        """Concatenates every replica's value along ``axis`` (sizes along ``axis`` may differ
+        between replicas); every local replica gets the result."""
+        arrays = [_tensors.to_numpy(v, f"replica {self.first_replica_id + r}")
+                  for r, v in enumerate(values)]
+        ref = arrays[0]
+        if ref.ndim == 0:
+            raise ValueError("gather needs tensors of rank >= 1 (a scalar has no axis to "
+                             "concatenate along)")
+        ax = axis if axis >= 0 else axis + ref.ndim
+        if not 0 <= ax < ref.ndim:
+            raise ValueError(f"axis {axis} is out of range for tensors of rank {ref.ndim}")
+        for r, a in enumerate(arrays):
+            other = tuple(d for k, d in enumerate(a.shape) if k != ax)
+            if (a.ndim != ref.ndim or a.dtype != ref.dtype
+                    or other != tuple(d for k, d in enumerate(ref.shape) if k != ax)):
+                raise ValueError(
+                    f"gather: replica {self.first_replica_id + r} passed {_tensors.describe(a)}"
+                    f" but replica {self.first_replica_id} passed {_tensors.describe(ref)}; "
+                    f"shapes may differ only along axis {axis}")
+        sizes = self.gather_sizes([a.shape[ax] for a in arrays])
+        longest = max(sizes) if sizes else 0
+        padded = []
+        for a in arrays:
+            if a.shape[ax] < longest:
+                pad = [(0, 0)] * a.ndim
+                pad[ax] = (0, longest - a.shape[ax])
+                a = np.pad(a, pad)
+            padded.append(_tensors.contiguous(a))
+        stacked = self.allgather(padded)[0]  # (N, ..., longest, ...)
+        parts = [np.take(stacked[r], np.arange(sizes[r]), axis=ax) for r in range(len(sizes))]
+        out = np.concatenate(parts, axis=ax)
+        return [_tensors.like(out if r == 0 else out.copy(), values[r])
+                for r in range(len(values))]
+
+    def gather_sizes(self, local_sizes: Sequence[int]) -> list[int]:
+        """Every replica's size (global replica order) from this worker's local sizes."""
+        if self.num_workers == 1:
+            return [int(s) for s in local_sizes]
+        stacked = self.allgather([np.asarray([s], dtype=np.int64) for s in local_sizes])[0]
+        return [int(s) for s in stacked.reshape(-1)]
+
+    def all_equal(self, arrays: Sequence[np.ndarray]) -> tuple[int, int] | None:
+        """None when every replica's array is equal, else a pair of global replica ids that
+        differ."""
+        if self.num_workers == 1:
+            for r, a in enumerate(arrays[1:], start=1):
+                if not np.array_equal(a, arrays[0]):
+                    return (0, r)
+            return None
+        stacked = self.allgather([_tensors.contiguous(a) for a in arrays])[0]
+        for r in range(1, stacked.shape[0]):
+            if not np.array_equal(stacked[r], stacked[0]):
+                return (0, r)
+        return None
+
+
+def make_packs(arrays: Sequence[np.ndarray], bytes_per_pack: int = 0,
+               num_packs: int = 1) -> list[list[int]]:
+    """Indices of ``arrays`` grouped into packs (see ``batch_allreduce``); every pack holds one
+    dtype and keeps the original order."""
+    if bytes_per_pack < 0 or num_packs < 0:
+        raise ValueError("bytes_per_pack and num_packs must be non-negative")
+    by_dtype: dict[np.dtype, list[int]] = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype, []).append(i)
+    packs: list[list[int]] = []
+    for indices in by_dtype.values():
+        if bytes_per_pack > 0:
+            current: list[int] = []
+            size = 0
+            for i in indices:
+                nbytes = arrays[i].nbytes
+                if current and size + nbytes > bytes_per_pack:
+                    packs.append(current)
+                    current, size = [], 0
+                current.append(i)
+                size += nbytes
+            if current:
+                packs.append(current)
+        elif num_packs == 0:
+            packs.extend([i] for i in indices)
+        elif num_packs == 1 or len(indices) == 1:
+            packs.append(list(indices))
+        else:
+            # Split into num_packs contiguous groups of about equal bytes.
+            target = sum(arrays[i].nbytes for i in indices) / num_packs
+            groups: list[list[int]] = []
+            current, size = [], 0
+            for i in indices:
+                current.append(i)
+                size += arrays[i].nbytes
+                if size >= target * (len(groups) + 1) and len(groups) < num_packs - 1:
+                    groups.append(current)
+                    current = []
+            if current:
+                groups.append(current)
+            packs.extend(groups)
+    return packs
+
+
+class LocalBackend(CollectiveBackend):
+    """All replicas are threads of this process: one ``pycollective.LocalCommunicator``.
+
+    Args:
+        num_replicas: local replicas.
+        algorithm: any name from ``pycollective.algorithms()``.
+        timeout: seconds per collective (default ``PYCOLLECTIVE_TIMEOUT``).
+
+    After a failed collective the communicator is aborted; the next call builds a new one.
+    """
+
+    def __init__(self, num_replicas: int, algorithm: str = "auto",
+                 timeout: float | None = None) -> None:
+        super().__init__(algorithm, timeout)
+        self.num_local_replicas = num_replicas
+        self._comm: pc.LocalCommunicator | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalBackend({self.num_local_replicas}, algorithm={self.algorithm!r})"
+
+    @property
+    def communicator(self) -> pc.LocalCommunicator:
+        if self._comm is None:
+            self._comm = pc.LocalCommunicator(self.num_local_replicas, timeout=self.timeout)
+        return self._comm
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        try:
+            return getattr(self.communicator, method)(*args, **kwargs)
+        except pc.CollectiveError:
+            self._comm = None  # aborted: rebuild on the next call
+            raise
+
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+        if self.num_local_replicas == 1:
+            return [np.array(arrays[0], copy=True)]
+        native = "avg" if op == ReduceOp.MEAN else "sum"
+        return self._call("allreduce", list(arrays), op=native, algo=self.algorithm)
+
+    def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self.num_local_replicas == 1:
+            return [np.array(arrays[0], copy=True)[None]]
+        return self._call("allgather", list(arrays), algo=self.algorithm)
+
+    def _broadcast(self, arrays: Sequence[np.ndarray], root: int) -> list[np.ndarray]:
+        if self.num_local_replicas == 1:
+            return [np.array(arrays[0], copy=True)]
+        return self._call("broadcast", list(arrays), root=root, algo=self.algorithm)
+
+
+class MultiWorkerBackend(CollectiveBackend):
+    """Replicas in several worker processes: hierarchical.
+
+    1. reduce the local replicas' arrays to local replica 0 (LocalCommunicator);
+    2. all-reduce that one buffer across workers with the process group
+       (``pycollective.allreduce``);
+    3. broadcast the result back to the local replicas (LocalCommunicator).
+
+    Gathers and broadcasts go the same way (local, then across workers, then local). Global
+    replica id = ``worker_index * num_local_replicas + local id``.
+    """
+
+    def __init__(self, num_local_replicas: int, algorithm: str = "auto",
+                 timeout: float | None = None, worker_index: int | None = None,
+                 num_workers: int | None = None) -> None:
+        super().__init__(algorithm, timeout)
+        self.num_local_replicas = num_local_replicas
+        self.worker_index = pc.rank() if worker_index is None else worker_index
+        self.num_workers = pc.world_size() if num_workers is None else num_workers
+        self._local = LocalBackend(num_local_replicas, algorithm, timeout)
+        names = set(pc.algorithms())
+        self._cross_algo = algorithm if algorithm in names else "auto"
+        self._timeout_kw = _accepts_timeout()
+
+    def __repr__(self) -> str:
+        return (f"MultiWorkerBackend(worker {self.worker_index}/{self.num_workers}, "
+                f"{self.num_local_replicas} local replicas, algorithm={self.algorithm!r})")
+
+    def _kw(self) -> dict[str, Any]:
+        return {"timeout": self.timeout} if self._timeout_kw else {}
+
+    def _local_sum(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        if self.num_local_replicas == 1:
+            return np.array(arrays[0], copy=True)
+        return self._local._call("reduce", list(arrays), root=0, op="sum",
+                                 algo=self.algorithm)[0]
+
+    def _local_broadcast(self, buf: np.ndarray) -> list[np.ndarray]:
+        if self.num_local_replicas == 1:
+            return [buf]
+        others = [np.empty_like(buf) for _ in range(self.num_local_replicas - 1)]
+        return self._local._call("broadcast", [buf] + others, root=0, algo=self.algorithm)
+
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+        buf = _tensors.contiguous(self._local_sum(arrays))
+        out = pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
+        buf = _tensors.to_numpy(out) if out is not None else buf
+        if op == ReduceOp.MEAN:
+            buf = (buf / self.num_replicas_in_sync).astype(buf.dtype, copy=False)
+        return self._local_broadcast(_tensors.contiguous(buf))
+
+    def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        shape = arrays[0].shape
+        local = self._local._allgather(arrays)[0]  # (L, *shape)
+        gathered = _tensors.to_numpy(pc.allgather(_tensors.contiguous(local), **self._kw()))
+        total = (self.num_replicas_in_sync,) + tuple(shape)
+        if gathered.size != int(np.prod(total)):
+            raise pc.InternalError(f"pycollective.allgather returned {gathered.shape} for "
+                                   f"{self.num_workers} workers of {local.shape}")
+        return self._local_broadcast(_tensors.contiguous(gathered.reshape(total)))
+
+    def _broadcast(self, arrays: Sequence[np.ndarray], root: int) -> list[np.ndarray]:
+        root_worker, root_local = divmod(root, self.num_local_replicas)
+        buf = np.array(arrays[root_local] if self.worker_index == root_worker else arrays[0],
+                       copy=True)
+        out = pc.broadcast(buf, root=root_worker, **self._kw())
+        buf = _tensors.to_numpy(out) if out is not None else buf
+        return self._local_broadcast(_tensors.contiguous(buf))
+
+
+def _accepts_timeout() -> bool:
+    fn = getattr(pc, "allreduce", None)
+    if fn is None:
+        return False
+    try:
+        return "timeout" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,89 @@
+"""Options for cross-replica communication (tf.distribute.experimental.CommunicationOptions)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class CommunicationImplementation(enum.Enum):
+    """Cross device communication implementation.
+
+    ``AUTO``: pycollective picks the algorithm by size (``algo="auto"``). ``RING``: the ring
+    all-reduce/all-gather. ``NCCL``: NVIDIA's NCCL; CPU replicas have no NCCL, so it falls back
+    to the ring (logged once).
+    """
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+#: The older name, kept as tf.distribute.experimental.CollectiveCommunication.
+CollectiveCommunication = CommunicationImplementation
+
+
+class CommunicationOptions:
+    """Options for cross device communications like all-reduce.
+
+    Args:
+        bytes_per_pack: a non-negative integer. All-reduces of many tensors are fused into
+            packs of at most this many bytes, one collective per pack; 0 means no splitting
+            by size (the cross-device ops' ``num_packs`` decides, by default one pack).
+        timeout_seconds: a float or None: seconds a collective (and the wait for the other
+            replicas) may take before it fails; None uses ``PYCOLLECTIVE_TIMEOUT``.
+        implementation: a CommunicationImplementation (or its name).
+    """
+
+    def __init__(self, bytes_per_pack: int = 0, timeout_seconds: float | None = None,
+                 implementation: CommunicationImplementation | str =
+                 CommunicationImplementation.AUTO) -> None:
+        if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int) \
+                or bytes_per_pack < 0:
+            raise ValueError(f"bytes_per_pack must be a non-negative integer, got "
+                             f"{bytes_per_pack!r}")
+        if timeout_seconds is not None:
+            if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds,
+                                                                   (int, float)) \
+                    or timeout_seconds <= 0:
+                raise ValueError(f"timeout_seconds must be a positive number or None, got "
+                                 f"{timeout_seconds!r}")
+            timeout_seconds = float(timeout_seconds)
+        self.bytes_per_pack = bytes_per_pack
+        self.timeout_seconds = timeout_seconds
+        self.implementation = _parse_implementation(implementation)
+
+    def merge(self, options: CommunicationOptions | None) -> CommunicationOptions:
+        """These options with the non-default fields of ``options`` taking precedence."""
+        if options is None:
+            return self
+        if not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be a CommunicationOptions, got "
+                            f"{type(options).__name__}")
+        return CommunicationOptions(
+            bytes_per_pack=options.bytes_per_pack or self.bytes_per_pack,
+            timeout_seconds=(options.timeout_seconds if options.timeout_seconds is not None
+                             else self.timeout_seconds),
+            implementation=(options.implementation
+                            if options.implementation != CommunicationImplementation.AUTO
+                            else self.implementation),
+        )
+
+    def __repr__(self) -> str:
+        return (f"CommunicationOptions(bytes_per_pack={self.bytes_per_pack}, "
+                f"timeout_seconds={self.timeout_seconds}, "
+                f"implementation={self.implementation})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CommunicationOptions) and (
+            (self.bytes_per_pack, self.timeout_seconds, self.implementation)
+            == (other.bytes_per_pack, other.timeout_seconds, other.implementation))
+
+
+def _parse_implementation(value: Any) -> CommunicationImplementation:
+    if isinstance(value, CommunicationImplementation):
+        return value
+    if isinstance(value, str) and value.upper() in CommunicationImplementation.__members__:
+        return CommunicationImplementation[value.upper()]
+    raise ValueError(f"implementation must be CommunicationImplementation.AUTO, RING or NCCL, "
+                     f"got {value!r}")

@@ -1,0 +1,161 @@
+"""MultiWorkerMirroredStrategy: synchronous training across worker processes.
+
+Each worker process runs the same program. Within a worker, replicas are threads (like
+MirroredStrategy); across workers, a pycollective process group carries the reduction. The
+cross-replica reduction is hierarchical (:class:`.backend.MultiWorkerBackend`): the local
+replicas are reduced with the LocalCommunicator, the one reduced buffer is all-reduced across
+workers (``pycollective.allreduce``), and the result is broadcast back to the local replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pycollective as pc
+from pycollective import config as _config
+
+from .backend import LocalBackend, MultiWorkerBackend
+from .cluster_resolver import (
+    ClusterResolver,
+    TFConfigClusterResolver,
+    collective_members,
+)
+from .communication import CommunicationImplementation, CommunicationOptions
+from .cross_device_ops import AlgorithmAllReduce, log_once
+from .mirrored import canonical_cpu_device
+from .strategy import Strategy, StrategyExtended
+
+logger = logging.getLogger("pycollective.strategies")
+
+
+def _algorithm_for(implementation: CommunicationImplementation) -> str:
+    if implementation == CommunicationImplementation.RING:
+        return "ring"
+    if implementation == CommunicationImplementation.NCCL:
+        log_once("nccl-cpu-mw", "CommunicationImplementation.NCCL: CPU replicas have no NCCL; "
+                                "using pycollective's ring all-reduce instead")
+        return "ring"
+    return "auto"
+
+
+def _process_group_ready() -> bool:
+    is_initialized = getattr(pc, "is_initialized", None)
+    if callable(is_initialized):
+        return bool(is_initialized())
+    try:
+        pc.world_size()
+    except Exception:  # noqa: BLE001 - not initialized yet
+        return False
+    return True
+
+
+class CollectiveAllReduceExtended(StrategyExtended):
+    """Implementation of MultiWorkerMirroredStrategy (its ``extended``)."""
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """A distribution strategy for synchronous training on multiple workers.
+
+    Args:
+        cluster_resolver: optional ClusterResolver; default TFConfigClusterResolver (reads
+            TF_CONFIG). Without TF_CONFIG, or with a cluster of one task, there is a single
+            worker and no process group is needed.
+        communication_options: optional CommunicationOptions: the implementation (RING, NCCL
+            -- which falls back to the ring on CPU replicas -- or AUTO), ``timeout_seconds``,
+            and ``bytes_per_pack`` for fused all-reduces.
+
+    With several workers, this process joins pycollective's process group (``pycollective.init``
+    from the environment that ``pycollective run`` or TF_CONFIG describes) unless it is
+    already initialized; the chief (or worker 0) is rank 0. Without TF_CONFIG, a process
+    group this process already joined (``pycollective.init()`` under any launcher) supplies
+    the workers. Each worker has
+    ``PYCOLLECTIVE_CPU_REPLICAS`` local replicas (default 1, as tf runs one CPU replica per
+    worker).
+    """
+
+    def __init__(self, cluster_resolver: ClusterResolver | None = None,
+                 communication_options: CommunicationOptions | None = None) -> None:
+        resolver = cluster_resolver if cluster_resolver is not None \
+            else TFConfigClusterResolver()
+        options = communication_options if communication_options is not None \
+            else CommunicationOptions()
+        if not isinstance(options, CommunicationOptions):
+            raise TypeError(f"communication_options must be a CommunicationOptions, got "
+                            f"{type(options).__name__}")
+        if isinstance(resolver, TFConfigClusterResolver):
+            resolver.validate()
+        self._cluster_resolver = resolver
+        spec = resolver.cluster_spec()
+        members = collective_members(spec)
+        task_type, task_id = resolver.task_type, resolver.task_id
+        num_workers = max(len(members), 1)
+        adopt_group = (num_workers == 1 and cluster_resolver is None and _process_group_ready()
+                       and pc.world_size() > 1)
+        if adopt_group:
+            # No TF_CONFIG, but this process already joined a process group (e.g. under
+            # torchrun): its workers are the group's ranks.
+            num_workers, rank = pc.world_size(), pc.rank()
+            task_type, task_id = "worker", rank
+        elif num_workers > 1:
+            if (task_type, task_id) not in members:
+                raise ValueError(
+                    f"MultiWorkerMirroredStrategy runs on the chief and worker tasks, but this "
+                    f"process is task {task_type!r} #{task_id}; the collective group is "
+                    f"{members}")
+            rank = members.index((task_type, task_id))
+        else:
+            rank = 0
+        local = _config.env_int("PYCOLLECTIVE_CPU_REPLICAS", 0) or 1
+        algorithm = _algorithm_for(options.implementation)
+        if num_workers > 1:
+            if not adopt_group:
+                self._join_process_group(resolver, spec, members, rank, num_workers, options)
+            backend = MultiWorkerBackend(local, algorithm, options.timeout_seconds,
+                                         worker_index=rank, num_workers=num_workers)
+        else:
+            backend = LocalBackend(local, algorithm, options.timeout_seconds)
+        job = task_type or "worker"
+        devices = tuple(canonical_cpu_device(i, job=job, task=task_id or 0)
+                        for i in range(local))
+        super().__init__(CollectiveAllReduceExtended(self, backend, AlgorithmAllReduce(algorithm),
+                                                     devices, options))
+        logger.info("MultiWorkerMirroredStrategy: worker %d of %d, %d local replicas, "
+                    "algorithm %s", rank, num_workers, local, algorithm)
+
+    @staticmethod
+    def _join_process_group(resolver: ClusterResolver, spec: Any, members: list, rank: int,
+                            num_workers: int, options: CommunicationOptions) -> None:
+        if not hasattr(pc, "init"):
+            raise RuntimeError(
+                "MultiWorkerMirroredStrategy with several workers needs pycollective process "
+                "groups (pycollective.init), which this build of pycollective does not have yet")
+        if not _process_group_ready():
+            if isinstance(resolver, TFConfigClusterResolver) and resolver._task_type is None \
+                    and resolver._task_id is None:
+                pc.init()  # from the environment: pycollective run, TF_CONFIG, ...
+            else:
+                job, index = members[0]
+                pc.init(rank=rank, world_size=num_workers, master=spec.task_address(job, index))
+        if pc.world_size() != num_workers or pc.rank() != rank:
+            raise RuntimeError(
+                f"the pycollective process group has rank {pc.rank()} of {pc.world_size()}, "
+                f"but the cluster resolver says rank {rank} of {num_workers}; initialize the "
+                "process group from the same cluster description")
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver:
+        """Returns the cluster resolver associated with this strategy."""
+        return self._cluster_resolver
+
+
+class _ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
+    """tf.distribute.experimental.MultiWorkerMirroredStrategy(communication=AUTO,
+    cluster_resolver=None): the older constructor."""
+
+    def __init__(self, communication: CommunicationImplementation =
+                 CommunicationImplementation.AUTO,
+                 cluster_resolver: ClusterResolver | None = None) -> None:
+        super().__init__(cluster_resolver=cluster_resolver,
+                         communication_options=CommunicationOptions(
+                             implementation=communication))

@@ -1,0 +1,285 @@
+"""Optimizers that know the strategy: SGD and Adam over distributed variables.
+
+``apply_gradients(grads_and_vars)`` inside ``strategy.run`` all-reduces the gradients across
+replicas (MEAN by default), fused into buckets of ``bytes_per_pack`` bytes: one collective per
+bucket, not per variable. Then each replica updates its own copies (of the variables and of the
+optimizer's slots) with the same reduced gradients, so the copies stay identical. Called in a
+cross-replica context, it accepts PerReplica gradients (reduced with one fused collective) or
+plain ones (applied to every copy as they are).
+
+Gradients are numpy arrays or torch CPU tensors; the math is the Keras optimizers' (SGD with
+momentum/Nesterov, Adam with bias correction folded into the step size).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from . import _context, _tensors
+from .communication import CommunicationOptions
+from .reduce_util import ReduceOp, parse_reduce_op
+from .values import DistributedValues, Mirrored, select_replica
+from .variables import (
+    DistributedVariable,
+    VariableAggregation,
+    VariableSynchronization,
+)
+
+#: default size of a gradient bucket (one all-reduce each)
+DEFAULT_BYTES_PER_PACK = 4 << 20
+
+
+class Optimizer:
+    """Base class: slots, iterations, gradient aggregation and bucketing.
+
+    Args:
+        learning_rate: a float, or a callable ``f(step) -> float`` (step counts from 0).
+        name: used in slot names (``"<var name>/<slot>"``).
+        gradient_aggregation: ReduceOp.MEAN (default: each replica's gradient is the mean over
+            its own batch) or ReduceOp.SUM (each replica's loss is already divided by the
+            global batch size, the tf.distribute convention).
+        bytes_per_pack: bucket size of the fused gradient all-reduce (default 4 MiB).
+    """
+
+    _slot_names: tuple[str, ...] = ()
+
+    def __init__(self, learning_rate: float | Callable[[int], float] = 0.01,
+                 name: str = "Optimizer", gradient_aggregation: Any = ReduceOp.MEAN,
+                 bytes_per_pack: int = DEFAULT_BYTES_PER_PACK) -> None:
+        if not callable(learning_rate) and (not isinstance(learning_rate, (int, float))
+                                            or learning_rate < 0):
+            raise ValueError(f"learning_rate must be a non-negative number or a callable, got "
+                             f"{learning_rate!r}")
+        if not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
+            raise ValueError(f"bytes_per_pack must be a non-negative integer, got "
+                             f"{bytes_per_pack!r}")
+        self.learning_rate = learning_rate
+        self.name = name
+        self.gradient_aggregation = parse_reduce_op(gradient_aggregation)
+        self.bytes_per_pack = bytes_per_pack
+        self._strategy: Any = None
+        # Created in a strategy's scope: that strategy (tf's optimizers capture it too).
+        self._scope_strategy = _context.get_strategy() if _context.has_strategy() else None
+        self._iterations: DistributedVariable | None = None
+        self._slots: dict[int, dict[str, DistributedVariable]] = {}
+        self._slot_order: list[tuple[DistributedVariable, str, DistributedVariable]] = []
+        self._lock = threading.Lock()
+
+    # State --------------------------------------------------------------------------------------
+
+    @property
+    def iterations(self) -> DistributedVariable:
+        """The number of update steps applied so far (a mirrored int64 variable)."""
+        if self._iterations is None:
+            self._bind(self._scope_strategy or _context.get_strategy())
+        assert self._iterations is not None
+        return self._iterations
+
+    def variables(self) -> list[DistributedVariable]:
+        """The optimizer's state: iterations, then every slot in creation order."""
+        return [self.iterations] + [slot for _, _, slot in self._slot_order]
+
+    def get_slot_names(self) -> list[str]:
+        return list(self._slot_names)
+
+    def get_slot(self, var: DistributedVariable, slot_name: str) -> DistributedVariable:
+        try:
+            return self._slots[id(var)][slot_name]
+        except KeyError:
+            raise KeyError(f"no slot {slot_name!r} for variable {var.name!r} (slots are created "
+                           "by the first apply_gradients or by build())") from None
+
+    def build(self, var_list: Iterable[DistributedVariable]) -> None:
+        """Creates the slots of every variable now (apply_gradients does it on first use)."""
+        var_list = list(var_list)
+        if var_list:
+            self._bind(var_list[0].distribute_strategy)
+        self._create_slots(var_list)
+
+    def _bind(self, strategy: Any) -> None:
+        with self._lock:
+            if self._strategy is None:
+                self._strategy = strategy
+                self._iterations = strategy.extended._create_variable(
+                    np.zeros((), np.int64), name=f"{self.name}/iterations", trainable=False,
+                    aggregation=VariableAggregation.ONLY_FIRST_REPLICA,
+                    synchronization=VariableSynchronization.ON_WRITE,
+                    broadcast_initial=False)
+            elif strategy is not self._strategy:
+                raise ValueError(f"optimizer {self.name!r} was used with {self._strategy!r}; "
+                                 f"it cannot also update variables of {strategy!r}: create one "
+                                 "optimizer per strategy")
+
+    def _create_slots(self, var_list: Iterable[DistributedVariable]) -> None:
+        with self._lock:
+            for var in var_list:
+                if id(var) in self._slots:
+                    continue
+                slots = {}
+                for slot_name in self._slot_names:
+                    slot = self._strategy.extended._create_variable(
+                        np.zeros(var.shape, var.dtype), name=f"{var.name}/{slot_name}",
+                        trainable=False, aggregation=VariableAggregation.NONE,
+                        synchronization=VariableSynchronization.ON_WRITE,
+                        broadcast_initial=False)
+                    slots[slot_name] = slot
+                    self._slot_order.append((var, slot_name, slot))
+                self._slots[id(var)] = slots
+
+    def _lr(self, step: int) -> float:
+        return float(self.learning_rate(step) if callable(self.learning_rate)
+                     else self.learning_rate)
+
+    # Applying gradients ------------------------------------------------------------------------
+
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, DistributedVariable]],
+                        name: str | None = None,
+                        skip_gradients_aggregation: bool = False) -> DistributedVariable:
+        """Applies gradients to variables; returns ``iterations``.
+
+        Inside ``strategy.run`` every replica must call it (with its own gradients); they are
+        all-reduced (``gradient_aggregation``) in fused buckets unless
+        ``skip_gradients_aggregation``, then every replica updates its copies identically.
+        ``None`` gradients are skipped.
+        """
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        if not pairs:
+            return self.iterations
+        for _, v in pairs:
+            if not isinstance(v, DistributedVariable):
+                raise TypeError(f"apply_gradients expects (gradient, variable) pairs with "
+                                f"variables created by Variable(), got {type(v).__name__}")
+        strategy = pairs[0][1].distribute_strategy
+        for _, v in pairs[1:]:
+            if v.distribute_strategy is not strategy:
+                raise ValueError("apply_gradients got variables of different strategies")
+        self._bind(strategy)
+        variables = [v for _, v in pairs]
+        grads = [g for g, _ in pairs]
+        ctx = _context.get_replica_context()
+        in_replica = ctx is not None and ctx.strategy is strategy
+        if in_replica:
+            if not skip_gradients_aggregation and strategy.num_replicas_in_sync > 1:
+                grads = ctx.all_reduce(self.gradient_aggregation, grads,
+                                       options=CommunicationOptions(
+                                           bytes_per_pack=self.bytes_per_pack))
+            self._create_slots(variables)
+            self._apply_on_replica(ctx._local_id, grads, variables)
+            return self.iterations
+        # Cross-replica context.
+        self._create_slots(variables)
+        distributed = [isinstance(g, DistributedValues) for g in grads]
+        if any(distributed) and not skip_gradients_aggregation:
+            pairs_to_reduce = [(g, v) for g, v, d in zip(grads, variables, distributed) if d]
+            reduced = iter(strategy.extended.batch_reduce_to(
+                self.gradient_aggregation, pairs_to_reduce,
+                options=CommunicationOptions(bytes_per_pack=self.bytes_per_pack)))
+            grads = [next(reduced) if d else g for g, d in zip(grads, distributed)]
+        for i in range(strategy.extended._num_local_replicas):
+            local = [select_replica(i, g) if isinstance(g, (Mirrored, DistributedValues)) else g
+                     for g in grads]
+            self._apply_on_replica(i, local, variables)
+        return self.iterations
+
+    def _apply_on_replica(self, index: int, grads: list[Any],
+                          variables: list[DistributedVariable]) -> None:
+        iterations = self.iterations
+        step = int(iterations._arrays[index])
+        lr = self._lr(step)
+        for g, var in zip(grads, variables):
+            grad = _tensors.to_numpy(g, f"gradient of {var.name!r}")
+            if grad.shape != var.shape:
+                raise ValueError(f"gradient of {var.name!r} has shape {grad.shape}, the "
+                                 f"variable has shape {var.shape}")
+            slots = {name: slot._arrays[index] for name, slot in self._slots[id(var)].items()}
+            self._update_step(var._arrays[index], grad.astype(var.dtype, copy=False), slots,
+                              lr, step)
+        iterations._arrays[index][...] = step + 1
+
+    def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
+                     lr: float, step: int) -> None:
+        """Updates ``var`` (one replica's copy) in place."""
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "learning_rate": self.learning_rate,
+                "gradient_aggregation": self.gradient_aggregation.name,
+                "bytes_per_pack": self.bytes_per_pack}
+
+
+class SGD(Optimizer):
+    """Gradient descent (with momentum, optionally Nesterov), as Keras defines it.
+
+    ``momentum == 0``: ``w -= lr * g``. Otherwise ``m = momentum * m - lr * g`` and
+    ``w += m`` (Nesterov: ``w += momentum * m - lr * g``).
+    """
+
+    def __init__(self, learning_rate: float | Callable[[int], float] = 0.01,
+                 momentum: float = 0.0, nesterov: bool = False, name: str = "SGD",
+                 **kwargs: Any) -> None:
+        if not isinstance(momentum, (int, float)) or not 0 <= momentum <= 1:
+            raise ValueError(f"momentum must be a number in [0, 1], got {momentum!r}")
+        super().__init__(learning_rate, name, **kwargs)
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+        self._slot_names = ("momentum",) if self.momentum > 0 else ()
+
+    def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
+                     lr: float, step: int) -> None:
+        lr_t = var.dtype.type(lr)
+        if self.momentum == 0:
+            var -= lr_t * grad
+            return
+        m = slots["momentum"]
+        mom = var.dtype.type(self.momentum)
+        m *= mom
+        m -= lr_t * grad
+        if self.nesterov:
+            var += mom * m - lr_t * grad
+        else:
+            var += m
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
+
+
+class Adam(Optimizer):
+    """Adam, as Keras defines it::
+
+        alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)      (t = step + 1)
+        m += (g - m) * (1 - beta_1)
+        v += (g * g - v) * (1 - beta_2)
+        w -= alpha * m / (sqrt(v) + epsilon)
+    """
+
+    _slot_names = ("m", "v")
+
+    def __init__(self, learning_rate: float | Callable[[int], float] = 0.001,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 name: str = "Adam", **kwargs: Any) -> None:
+        for label, value in (("beta_1", beta_1), ("beta_2", beta_2)):
+            if not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"{label} must be a number in [0, 1), got {value!r}")
+        if not isinstance(epsilon, (int, float)) or epsilon < 0:
+            raise ValueError(f"epsilon must be a non-negative number, got {epsilon!r}")
+        super().__init__(learning_rate, name, **kwargs)
+        self.beta_1 = float(beta_1)
+        self.beta_2 = float(beta_2)
+        self.epsilon = float(epsilon)
+
+    def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
+                     lr: float, step: int) -> None:
+        t = step + 1
+        alpha = var.dtype.type(lr * np.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t))
+        m, v = slots["m"], slots["v"]
+        m += (grad - m) * var.dtype.type(1 - self.beta_1)
+        v += (grad * grad - v) * var.dtype.type(1 - self.beta_2)
+        var -= alpha * m / (np.sqrt(v) + var.dtype.type(self.epsilon))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
+                "epsilon": self.epsilon}
