@@ -10,20 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from .patterns import count_wrong, expected, np_dtype, rank_input
+from .patterns import count_wrong, expected, np_dtype, out_buffer, rank_input
 from .rows import Row
 from .timing import time_calls
-
-
-def _result_buffers(collective: str, n: int, count: int, dtype: str) -> list:
-    """Preallocated outputs (out=), as a training loop keeps them."""
-    dt = np_dtype(dtype)
-    if collective == "allgather":
-        return [np.empty((n, count), dt) for _ in range(n)]
-    if collective == "reduce_scatter":
-        base, extra = divmod(count, n)
-        return [np.empty(base + (1 if r < extra else 0), dt) for r in range(n)]
-    return [np.empty(count, dt) for _ in range(n)]
 
 
 def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
@@ -47,7 +36,7 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
         if collective == "allgather":
             count = max(1, count // world)
         inputs = [rank_input(r, count, dtype) for r in range(world)]
-        outs = _result_buffers(collective, world, count, dtype)
+        outs = [out_buffer(collective, world, r, count, dtype) for r in range(world)]
         want = [expected(collective, op, world, count, dtype, r) for r in range(world)]
         row_bytes = count * itemsize * (world if collective == "allgather" else 1)
         for algo in algos:

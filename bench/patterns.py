@@ -55,6 +55,15 @@ def expected(collective: str, op: str, n: int, count: int, dtype: str, rank: int
     return red
 
 
+def out_buffer(collective: str, n: int, rank: int, count: int, dtype: str) -> np.ndarray:
+    """A preallocated result buffer (out=), shaped as pycollective shapes the result of
+    rank_input() (a reduce's non-root ranks get one they will not use)."""
+    from pycollective._calls import result_shape
+
+    shape = result_shape(collective, (count,), count, rank, n, 0) or (count,)
+    return np.empty(shape, np_dtype(dtype))
+
+
 def count_wrong(got, want: np.ndarray | None, op: str) -> int:
     """Elements that differ; avg is allowed one rounding of the final division."""
     if want is None:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .patterns import count_wrong, expected, np_dtype, rank_input
+from .patterns import count_wrong, expected, np_dtype, out_buffer, rank_input
 
 
 def _timed(call, backend, iters: int, warmup: int, budget_s: float) -> np.ndarray:
@@ -153,16 +153,6 @@ class MpiBackend:
 BACKENDS = {"pycollective": PycollectiveBackend, "gloo": GlooBackend, "mpi": MpiBackend}
 
 
-def _out_buffer(collective: str, n: int, rank: int, count: int, dtype: str) -> np.ndarray:
-    dt = np_dtype(dtype)
-    if collective == "allgather":
-        return np.empty((n, count), dt)
-    if collective == "reduce_scatter":
-        base, extra = divmod(count, n)
-        return np.empty(base + (1 if rank < extra else 0), dt)
-    return np.empty(count, dt)
-
-
 def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
@@ -175,7 +165,7 @@ def main(job_path: str) -> int:
         if job["collective"] == "allgather":
             count = max(1, count // n)
         x = rank_input(rank, count, job["dtype"])
-        out = _out_buffer(job["collective"], n, rank, count, job["dtype"])
+        out = out_buffer(job["collective"], n, rank, count, job["dtype"])
         want = expected(job["collective"], job["op"], n, count, job["dtype"], rank)
         for algo in job["algos"]:
             try:
