@@ -4,6 +4,10 @@ Each rank gets the PYCOLLECTIVE_* variables that ``ClusterSpec.from_env``
 reads first, a fresh cluster token, and a TF_CONFIG for TensorFlow-style
 code. When one rank fails, the others are stopped (SIGTERM, then SIGKILL
 after a grace period) and the launcher exits with the failed rank's code.
+
+``pycollective run --ps N --workers M CMD`` starts a parameter-server cluster
+instead: N ps and M worker tasks (ParameterServerStrategy's servers) and CMD as
+the chief, one TF_CONFIG cluster and token for all; the chief's exit ends it.
 """
 
 from __future__ import annotations
@@ -35,7 +39,22 @@ _PR_SET_PDEATHSIG = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declares the ``run`` subcommand's options."""
     parser.add_argument(
-        "-n", "--nprocs", type=_positive_int, required=True, help="number of ranks to start"
+        "-n", "--nprocs", type=_positive_int, default=None, help="number of ranks to start"
+    )
+    parser.add_argument(
+        "--ps",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="parameter-server cluster: start N ps tasks (with --workers; instead of -n); the "
+        "command runs as the chief",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="M",
+        help="parameter-server cluster: start M worker tasks (with --ps)",
     )
     parser.add_argument(
         "--host-ids",
@@ -79,6 +98,27 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         _say("no program given; e.g. pycollective run -n 4 python train.py")
+        return 2
+    if args.ps is not None or args.workers is not None:
+        if args.ps is None or args.workers is None or args.nprocs is not None:
+            _say(
+                "a parameter-server cluster takes both --ps N and --workers M (and no -n); "
+                "e.g. pycollective run --ps 2 --workers 2 python coordinator.py"
+            )
+            return 2
+        return launch_ps_cluster(
+            command,
+            args.ps,
+            args.workers,
+            timeout=args.timeout,
+            tag_output=args.tag_output,
+            grace=args.grace,
+        )
+    if args.nprocs is None:
+        _say(
+            "give the number of ranks, e.g. pycollective run -n 4 python train.py "
+            "(or --ps N --workers M for a parameter-server cluster)"
+        )
         return 2
     if args.host_ids is not None and len(args.host_ids) != args.nprocs:
         _say(
@@ -242,7 +282,9 @@ class _RankGroup:
         self._exit_order: list[_Rank] = []
         self._locks = {"stdout": threading.Lock(), "stderr": threading.Lock()}
 
-    def start(self, rank: int, command: Sequence[str], env: dict[str, str]) -> None:
+    def start(
+        self, rank: int, command: Sequence[str], env: dict[str, str], label: str | None = None
+    ) -> None:
         pipe = subprocess.PIPE if self.tag_output else None
         process = subprocess.Popen(
             list(command),
@@ -257,7 +299,7 @@ class _RankGroup:
         entry = _Rank(rank, process)
         self.ranks.append(entry)
         if self.tag_output:
-            prefix = f"[rank {rank}] ".encode()
+            prefix = f"[{label or f'rank {rank}'}] ".encode()
             for name, stream in (("stdout", process.stdout), ("stderr", process.stderr)):
                 pump = threading.Thread(
                     target=_pump,
@@ -321,6 +363,103 @@ class _RankGroup:
                 os.killpg(entry.process.pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+# Parameter-server clusters (``--ps N --workers M``) -------------------------------------------
+
+# What ps and worker tasks run: Server(TFConfigClusterResolver()).join().
+PS_TASK_MODULE = "pycollective.strategies.parameter_server"
+
+
+def ps_cluster_environments(
+    num_ps: int, num_workers: int, base: Mapping[str, str] | None = None
+) -> list[tuple[str, int, dict[str, str]]]:
+    """Each task's ``(job, index, environment)`` for a local parameter-server cluster: the
+    chief first, then the ps tasks, then the workers; one TF_CONFIG cluster, one token."""
+    base_env = dict(os.environ if base is None else base)
+    token = base_env.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
+    ports = iter(_free_ports(1 + num_ps + num_workers))
+    cluster = {
+        "chief": [f"127.0.0.1:{next(ports)}"],
+        "ps": [f"127.0.0.1:{next(ports)}" for _ in range(num_ps)],
+        "worker": [f"127.0.0.1:{next(ports)}" for _ in range(num_workers)],
+    }
+    tasks = [("chief", 0)] + [("ps", i) for i in range(num_ps)]
+    tasks += [("worker", i) for i in range(num_workers)]
+    environments = []
+    for job, index in tasks:
+        env = dict(base_env)
+        env["PYCOLLECTIVE_TOKEN"] = token
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+        environments.append((job, index, env))
+    return environments
+
+
+def launch_ps_cluster(
+    command: Sequence[str],
+    num_ps: int,
+    num_workers: int,
+    *,
+    timeout: float | None = None,
+    tag_output: bool = True,
+    grace: float = 5.0,
+) -> int:
+    """Starts ``num_ps`` ps and ``num_workers`` worker tasks (``python -m
+    pycollective.strategies.parameter_server``) and ``command`` as the chief; stops every task
+    when the chief exits and returns the chief's exit code. A ps or worker task that exits is
+    reported, not fatal: the chief decides (a worker may be restarted by hand)."""
+    group = _RankGroup(tag_output=tag_output, grace=grace)
+    received: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        tasks = ps_cluster_environments(num_ps, num_workers)
+        labels = [f"{job} {index}" if job != "chief" else "chief" for job, index, _ in tasks]
+        try:
+            # The ps and worker tasks first: the chief connects to them.
+            for n in list(range(1, len(tasks))) + [0]:
+                job, _, env = tasks[n]
+                if tag_output:
+                    env.setdefault("PYTHONUNBUFFERED", "1")
+                argv = list(command) if job == "chief" else [sys.executable, "-m", PS_TASK_MODULE]
+                group.start(n, argv, env, label=labels[n])
+        except OSError as exc:
+            _say(f"cannot start {command[0]!r}: {exc}")
+            group.stop_all()
+            return 127
+        chief = group.ranks[-1]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        reported: set[int] = set()
+        while True:
+            if received:
+                signum = received[0]
+                _say(f"received {signal.Signals(signum).name}; stopping the cluster")
+                group.stop_all(first_signal=signum, interrupts=received)
+                return 128 + signum
+            for entry in group.poll():
+                if entry is not chief and entry.rank not in reported:
+                    reported.add(entry.rank)
+                    _say(
+                        f"{labels[entry.rank]} exited with code {entry.returncode}; the "
+                        "chief continues"
+                    )
+            if chief.returncode is not None:
+                group.stop_all(interrupts=received)
+                code = chief.returncode
+                return 128 - code if code < 0 else code
+            if deadline is not None and time.monotonic() >= deadline:
+                group.stop_all(interrupts=received)
+                _say(f"timed out after {timeout:g} s; stopped the cluster")
+                return TIMEOUT_EXIT_CODE
+            time.sleep(_POLL_S)
+    finally:
+        if not group.all_exited():
+            group.stop_all()
+        group.join_output()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _pump(stream: BinaryIO, sink: BinaryIO, prefix: bytes, lock: threading.Lock) -> None:

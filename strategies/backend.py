@@ -69,16 +69,19 @@ class CollectiveBackend:
 
     # Primitives ---------------------------------------------------------------------------------
 
-    def allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
-        """Every local replica gets the SUM/MEAN over all replicas in sync."""
+    def allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
+                  owned: bool = False) -> list[np.ndarray]:
+        """Every local replica gets the SUM/MEAN over all replicas in sync. ``owned``: the
+        arrays are temporaries of the caller, so the result may be written into them (no fresh
+        result memory, whose page faults cost as much as the collective itself)."""
         self._check(arrays, "allreduce")
         with self._lock:
             self.call_counts["allreduce"] += 1
             if np.issubdtype(arrays[0].dtype, np.integer) and op == ReduceOp.MEAN:
-                sums = self._allreduce(arrays, ReduceOp.SUM)
+                sums = self._allreduce(arrays, ReduceOp.SUM, owned)
                 n = self.num_replicas_in_sync
                 return [(s / n).astype(s.dtype) for s in sums]
-            return self._allreduce(arrays, op)
+            return self._allreduce(arrays, op, owned)
 
     def allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Every local replica gets all replicas' arrays stacked: ``(num_replicas_in_sync,
@@ -98,7 +101,8 @@ class CollectiveBackend:
             self.call_counts["broadcast"] += 1
             return self._broadcast(arrays, root)
 
-    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
+                   owned: bool = False) -> list[np.ndarray]:
         raise NotImplementedError
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -162,7 +166,7 @@ class CollectiveBackend:
                     results[r][i] = outs[r].reshape(arrays[0][i].shape)
                 continue
             flats = [np.concatenate([ts[i].reshape(-1) for i in pack]) for ts in arrays]
-            outs = self.allreduce(flats, op)
+            outs = self.allreduce(flats, op, owned=True)
             for r in range(n_local):
                 offset = 0
                 for i in pack:
@@ -306,11 +310,13 @@ class LocalBackend(CollectiveBackend):
             self._comm = None  # aborted: rebuild on the next call
             raise
 
-    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
+                   owned: bool = False) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
-            return [np.array(arrays[0], copy=True)]
+            return [arrays[0] if owned else np.array(arrays[0], copy=True)]
         native = "avg" if op == ReduceOp.MEAN else "sum"
-        return self._call("allreduce", list(arrays), op=native, algo=self.algorithm)
+        return self._call("allreduce", list(arrays), op=native, algo=self.algorithm,
+                          inplace=owned)
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
@@ -366,7 +372,8 @@ class MultiWorkerBackend(CollectiveBackend):
         others = [np.empty_like(buf) for _ in range(self.num_local_replicas - 1)]
         return self._local._call("broadcast", [buf] + others, root=0, algo=self.algorithm)
 
-    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
+                   owned: bool = False) -> list[np.ndarray]:
         buf = _tensors.contiguous(self._local_sum(arrays))
         out = pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
         buf = _tensors.to_numpy(out) if out is not None else buf

@@ -575,7 +575,8 @@ def test_batch_reduce_to_issues_one_collective(strategy):
     backend = strategy.extended.backend
     calls = []
     original = backend._allreduce
-    backend._allreduce = lambda arrays, op: calls.append(len(arrays[0])) or original(arrays, op)
+    backend._allreduce = lambda arrays, op, owned=False: (calls.append(len(arrays[0]))
+                                                         or original(arrays, op, owned))
     try:
         values = [strategy.experimental_distribute_values_from_function(
             lambda ctx, k=k: np.full((k + 1, 2), ctx.replica_id_in_sync_group + k,

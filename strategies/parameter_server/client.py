@@ -1,0 +1,269 @@
+"""Client side of the parameter servers: one channel per task, calls with deadlines, errors
+that name the task.
+
+The coordinator and every worker hold one :class:`PSClient`. Calls to several parameter servers
+(the shards of a variable, the variables of a step) are issued together and waited for
+together, so a step costs one round trip whatever the number of ps tasks. Tensors larger than
+``STREAM_BYTES`` travel as a stream of ``CHUNK_BYTES`` pieces (PullStream, PushStream,
+AssignStream): serialization, transfer and assembly overlap, messages stay small, and the
+receiver writes the pieces straight into the destination array.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+import numpy as np
+
+from . import ps_pb2 as pb
+from . import ps_pb2_grpc as pb_grpc
+from . import wire
+from .errors import UnavailableError, ps_task
+
+# gRPC codes that mean "the task is gone or did not answer in time".
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+               grpc.StatusCode.CANCELLED)
+
+#: requests and replies with more tensor bytes than this are streamed in chunks
+STREAM_BYTES = 4 << 20
+#: bytes per chunk of a stream
+CHUNK_BYTES = 2 << 20
+
+_CHUNK_TYPES = {"Push": pb.PushChunk, "Assign": pb.AssignChunk}
+_TENSOR_FIELDS = {"Push": "gradients", "Assign": "values"}
+
+
+class PSCall:
+    """One call for :meth:`PSClient.call_many`: a ps task, a method name and its request.
+
+    For "Push" and "Assign", ``arrays`` are the request's tensors (gradients, values) as numpy
+    arrays: the client sends them inline or streams them, by size.
+    """
+
+    __slots__ = ("address", "arrays", "method", "request", "task", "timeout")
+
+    def __init__(self, address: str, task: int, method: str, request: Any,
+                 timeout: float | None = None, arrays: Sequence[np.ndarray] | None = None
+                 ) -> None:
+        self.address = address
+        self.task = task
+        self.method = method
+        self.request = request
+        self.timeout = timeout
+        self.arrays = arrays
+
+
+class PullEntry:
+    """One tensor to pull: its key, shape and dtype, and optionally the (C-contiguous) array to
+    write it into."""
+
+    __slots__ = ("dtype", "key", "out", "shape")
+
+    def __init__(self, key: str, shape: tuple[int, ...], dtype: Any,
+                 out: np.ndarray | None = None) -> None:
+        self.key, self.shape, self.dtype, self.out = key, tuple(shape), np.dtype(dtype), out
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def byte_view(array: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array as a flat uint8 array (sharing memory)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+class PSClient:
+    """Calls to parameter-server tasks.
+
+    Args:
+        token: the cluster token (sent as metadata with every call).
+        rpc_timeout: default deadline of every call, in seconds.
+    """
+
+    def __init__(self, token: str, rpc_timeout: float) -> None:
+        self._metadata = wire.metadata(token)
+        self.rpc_timeout = float(rpc_timeout)
+        self._stubs: dict[str, pb_grpc.ParameterServerStub] = {}
+        self._channels: list[grpc.Channel] = []
+        self._lock = threading.Lock()
+        self._streams: futures.ThreadPoolExecutor | None = None
+
+    def stub(self, address: str) -> pb_grpc.ParameterServerStub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address, options=wire.channel_options())
+                self._channels.append(channel)
+                stub = self._stubs[address] = pb_grpc.ParameterServerStub(channel)
+            return stub
+
+    def _executor(self) -> futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._streams is None:
+                self._streams = futures.ThreadPoolExecutor(max_workers=8,
+                                                           thread_name_prefix="pc-ps-pull")
+            return self._streams
+
+    # Calls ------------------------------------------------------------------------------------------
+
+    def call(self, address: str, task: int, method: str, request: Any,
+             timeout: float | None = None) -> Any:
+        return self.call_many([PSCall(address, task, method, request, timeout)])[0]
+
+    def call_many(self, calls: Sequence[PSCall]) -> list[Any]:
+        """Issues every call at once, waits for all; raises the first failure (after all
+        finished, so no call is left running), as UnavailableError naming the task when it was
+        unreachable or slow, RuntimeError otherwise."""
+        pending = []
+        for c in calls:
+            timeout = c.timeout = self.rpc_timeout if c.timeout is None else c.timeout
+            stub = self.stub(c.address)
+            request = c.request
+            method = c.method
+            if c.arrays is not None:
+                if sum(a.nbytes for a in c.arrays) > STREAM_BYTES:
+                    pending.append(getattr(stub, method + "Stream").future(
+                        _request_chunks(c), timeout=timeout, metadata=self._metadata,
+                        wait_for_ready=True))
+                    continue
+                getattr(request, _TENSOR_FIELDS[method]).extend(
+                    wire.encode_tensor(a) for a in c.arrays)
+            # wait_for_ready: a task that is (re)starting is waited for, within the deadline.
+            pending.append(getattr(stub, method).future(
+                request, timeout=timeout, metadata=self._metadata, wait_for_ready=True))
+        return self._collect(calls, [f.result for f in pending])
+
+    def pull(self, requests: Sequence[tuple[int, str, Sequence[PullEntry]]],
+             timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Reads tensors from several ps tasks at once: ``[(task, address, entries), ...]``.
+        Returns key -> array (the entry's ``out`` when given; otherwise a read-only array)."""
+        timeout = self.rpc_timeout if timeout is None else timeout
+        calls, waits = [], []
+        for task, address, entries in requests:
+            request = pb.PullRequest(keys=[e.key for e in entries])
+            calls.append(PSCall(address, task, "Pull", request, timeout))
+            stub = self.stub(address)
+            if sum(e.nbytes for e in entries) > STREAM_BYTES:
+                waits.append(self._executor().submit(
+                    _pull_stream, stub, request, list(entries), timeout, self._metadata).result)
+            else:
+                waits.append(stub.Pull.future(request, timeout=timeout, metadata=self._metadata,
+                                              wait_for_ready=True).result)
+        out: dict[str, np.ndarray] = {}
+        for (task, address, entries), result in zip(requests, self._collect(calls, waits)):
+            if isinstance(result, pb.PullResponse):
+                for entry, tensor in zip(entries, result.values):
+                    value = wire.decode_tensor(tensor)
+                    if value.shape != entry.shape:
+                        raise RuntimeError(f"{ps_task(task)} returned shape {value.shape} for "
+                                           f"{entry.key!r}, expected {entry.shape}")
+                    if entry.out is not None:
+                        np.copyto(entry.out, value)
+                        value = entry.out
+                    out[entry.key] = value
+            else:
+                out.update(result)
+        return out
+
+    def _collect(self, calls: Sequence[PSCall], waits: Sequence[Any]) -> list[Any]:
+        results, first_error = [], None
+        for c, wait in zip(calls, waits):
+            try:
+                results.append(wait())
+            except grpc.RpcError as exc:
+                results.append(None)
+                if first_error is None:
+                    first_error = translate(exc, c)
+            except Exception as exc:  # noqa: BLE001 - a malformed reply
+                results.append(None)
+                if first_error is None:
+                    first_error = exc
+        if first_error is not None:
+            raise first_error
+        return results
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels:
+                channel.close()
+            self._channels.clear()
+            self._stubs.clear()
+            if self._streams is not None:
+                self._streams.shutdown(wait=False)
+                self._streams = None
+
+
+def _request_chunks(call: PSCall) -> Iterator[Any]:
+    """The messages of a client stream: the request with tensor headers, then the chunks."""
+    chunk_type = _CHUNK_TYPES[call.method]
+    header = type(call.request)()
+    header.CopyFrom(call.request)
+    getattr(header, _TENSOR_FIELDS[call.method]).extend(
+        pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in call.arrays)
+    yield chunk_type(header=header)
+    for index, array in enumerate(call.arrays):
+        flat = byte_view(np.ascontiguousarray(array))
+        for offset in range(0, flat.size, CHUNK_BYTES):
+            yield chunk_type(tensor=index, offset=offset,
+                             data=flat[offset:offset + CHUNK_BYTES].tobytes())
+
+
+def _pull_stream(stub: pb_grpc.ParameterServerStub, request: pb.PullRequest,
+                 entries: list[PullEntry], timeout: float,
+                 metadata: Any) -> dict[str, np.ndarray]:
+    stream = stub.PullStream(request, timeout=timeout, metadata=metadata, wait_for_ready=True)
+    first = next(stream)
+    if len(first.headers) != len(entries):
+        raise RuntimeError(f"PullStream returned {len(first.headers)} tensors for "
+                           f"{len(entries)} keys")
+    arrays, views, received = [], [], []
+    for entry, header in zip(entries, first.headers):
+        dtype = wire.check_dtype(header.dtype)
+        if tuple(header.shape) != entry.shape or dtype != entry.dtype:
+            raise RuntimeError(f"PullStream returned {dtype}{list(header.shape)} for "
+                               f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}")
+        array = entry.out if entry.out is not None else np.empty(entry.shape, entry.dtype)
+        arrays.append(array)
+        views.append(byte_view(array))
+        received.append(0)
+    for chunk in stream:
+        view = views[chunk.tensor]
+        end = chunk.offset + len(chunk.data)
+        if end > view.size:
+            raise RuntimeError(f"PullStream chunk [{chunk.offset}, {end}) outside tensor "
+                               f"{chunk.tensor} of {view.size} bytes")
+        view[chunk.offset:end] = np.frombuffer(chunk.data, np.uint8)
+        received[chunk.tensor] += len(chunk.data)
+    for entry, view, count in zip(entries, views, received):
+        if count != view.size:
+            raise RuntimeError(f"PullStream sent {count} of {view.size} bytes of {entry.key!r}")
+    return {e.key: a for e, a in zip(entries, arrays)}
+
+
+def translate(exc: grpc.RpcError, call: PSCall) -> Exception:
+    """A gRPC failure of ``call`` as the error users see."""
+    task = ps_task(call.task)
+    code = exc.code() if hasattr(exc, "code") else None
+    detail = wire.rpc_detail(exc)
+    if code in UNREACHABLE:
+        within = f" within {call.timeout:g} s" if call.timeout else ""
+        return UnavailableError(
+            f"parameter server {task} ({call.address}) did not answer {call.method}{within} "
+            f"({detail}). If it died, restart it and restore the last checkpoint "
+            "(Checkpoint.restore) before scheduling more steps: its variables are lost.",
+            task=task, address=call.address)
+    if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+        return UnavailableError(
+            f"parameter server {task} ({call.address}) no longer has the state this call needs "
+            f"({detail}); it probably restarted. Restore the last checkpoint (Checkpoint.restore) "
+            "to put the variables back.", task=task, address=call.address)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return PermissionError(f"parameter server {task} ({call.address}) refused "
+                               f"{call.method}: {detail}")
+    return RuntimeError(f"parameter server {task} ({call.address}) failed {call.method}: "
+                        f"{detail}")

@@ -1,0 +1,232 @@
+"""Fault tolerance of ParameterServerStrategy with real task processes (``python -m
+pycollective.strategies.parameter_server``, each on an OS-chosen port it reports):
+
+- a worker killed mid-training: its function runs again on the other worker, training
+  finishes; the worker restarted on its address rejoins (its per-worker iterator is made anew);
+- a ps task killed: the coordinator raises UnavailableError naming the task within the RPC
+  deadline; after the task is back, training resumes from the last checkpoint without losing a
+  checkpointed update.
+
+The functions scheduled here are module-level functions of this file: the workers import them
+(tests/ is on their PYTHONPATH), which is how a program without cloudpickle works too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from pycollective.strategies import (
+    SGD,
+    Checkpoint,
+    ClusterCoordinator,
+    FixedShardsPartitioner,
+    ParameterServerStrategy,
+    SimpleClusterResolver,
+    Variable,
+)
+from pycollective.strategies.parameter_server import UnavailableError
+
+from pycollective.launcher import _die_with_parent
+
+TOKEN = "faults-token"
+HERE = os.path.dirname(os.path.abspath(__file__))
+_STARTUP_S = 30.0
+
+
+class Task:
+    """One ps or worker process; ``address`` is where it listens."""
+
+    def __init__(self, job: str, index: int, address: str = "127.0.0.1:0") -> None:
+        env = dict(os.environ)
+        env.update({
+            "PYCOLLECTIVE_TOKEN": TOKEN,
+            "TF_CONFIG": json.dumps({"cluster": {job: ["127.0.0.1:0"] * index + [address]},
+                                     "task": {"type": job, "index": index}}),
+            "PYTHONPATH": os.pathsep.join([HERE] + [p for p in env.get("PYTHONPATH", "")
+                                                    .split(os.pathsep) if p]),
+            "PYTHONUNBUFFERED": "1",
+        })
+        self.job, self.index = job, index
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pycollective.strategies.parameter_server"], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()))
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.address = self._wait_address()
+
+    def _read(self) -> None:
+        for raw in iter(self.process.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            self.log.append(line)
+            self.lines.put(line)
+
+    def _wait_address(self) -> str:
+        deadline = time.monotonic() + _STARTUP_S
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            if " serving on " in line:
+                return line.rsplit(" ", 1)[-1]
+        self.kill()
+        raise AssertionError(f"{self.job} {self.index} did not start:\n" + "\n".join(self.log))
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def tasks():
+    started: list[Task] = []
+
+    def start(job: str, index: int, address: str = "127.0.0.1:0") -> Task:
+        task = Task(job, index, address)
+        started.append(task)
+        return task
+
+    yield start
+    for task in started:
+        task.kill()
+
+
+def make_strategy(ps, workers, **kwargs):
+    cluster = {"chief": ["127.0.0.1:1"], "ps": [t.address for t in ps],
+               "worker": [t.address for t in workers]}
+    return ParameterServerStrategy(SimpleClusterResolver(cluster, task_type="chief", task_id=0),
+                                   token=TOKEN, **kwargs)
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# Scheduled on the workers ------------------------------------------------------------------------------
+
+def ones_dataset():
+    while True:
+        yield np.ones(4, np.float32)
+
+
+def slow_step(var, optimizer, iterator):
+    time.sleep(0.04)
+    optimizer.apply_gradients([(next(iterator), var)])
+    return os.getpid()
+
+
+def ones_step(var, optimizer):
+    optimizer.apply_gradients([(np.ones(var.shape, np.float32), var)])
+    return 0
+
+
+# Tests --------------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_killed_worker_finishes_on_the_others_and_rejoins(tasks):
+    ps = [tasks("ps", 0)]
+    workers = [tasks("worker", 0), tasks("worker", 1)]
+    strategy = make_strategy(ps, workers, rpc_timeout=5, closure_timeout=20)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros(4, np.float32), name="v")
+        opt = SGD(1.0)
+    iterator = iter(coordinator.create_per_worker_dataset(ones_dataset))
+    results = [coordinator.schedule(slow_step, args=(v, opt, iterator)) for _ in range(40)]
+    wait_until(lambda: sum(r._done for r in results) >= 8, 30, "8 steps")
+    pids = {r.fetch() for r in results if r._done}
+    workers[1].kill()
+    coordinator.join()  # the killed worker's function ran again on worker 0
+    assert all(isinstance(r.fetch(), np.integer) for r in results)
+    assert workers[1].process.pid in pids  # it did work before it died
+    iterations = int(opt.iterations.read_value())
+    # A function may have pushed just before its worker died, and then ran again.
+    assert 40 <= iterations <= 41
+    np.testing.assert_array_equal(v.read_value(), np.full(4, -float(iterations)))
+
+    restarted = tasks("worker", 1, workers[1].address)
+    dispatcher = coordinator._dispatchers[1]
+    wait_until(lambda: dispatcher.state == "alive", 20, "worker 1 to rejoin")
+    more = [coordinator.schedule(slow_step, args=(v, opt, iterator)) for _ in range(20)]
+    coordinator.join()
+    assert restarted.process.pid in {r.fetch() for r in more}  # the new process took work
+    assert int(opt.iterations.read_value()) == iterations + 20
+    coordinator.close()
+
+
+@pytest.mark.timeout(60)
+def test_killed_ps_raises_within_deadline_and_resumes_from_checkpoint(tasks, tmp_path):
+    ps = [tasks("ps", 0), tasks("ps", 1)]
+    workers = [tasks("worker", 0)]
+    rpc_timeout = 2.0
+    kwargs = {"variable_partitioner": FixedShardsPartitioner(2), "rpc_timeout": rpc_timeout,
+              "closure_timeout": 20}
+    strategy = make_strategy(ps, workers, **kwargs)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros((4, 2), np.float32), name="v")
+        opt = SGD(0.1, momentum=0.9)
+    for _ in range(6):
+        coordinator.schedule(ones_step, args=(v, opt))
+    coordinator.join()
+    path = Checkpoint(v=v, optimizer=opt).write(str(tmp_path / "ckpt.npz"))
+    saved = v.read_value()
+    saved_momentum = opt.get_slot(v, "momentum").read_value()
+    for _ in range(3):
+        coordinator.schedule(ones_step, args=(v, opt))
+    coordinator.join()
+
+    ps[1].kill()
+    start = time.monotonic()
+    coordinator.schedule(ones_step, args=(v, opt))
+    with pytest.raises(UnavailableError, match=r"/job:ps/replica:0/task:1") as info:
+        coordinator.join()
+    elapsed = time.monotonic() - start
+    assert info.value.task == "/job:ps/replica:0/task:1"
+    assert elapsed < rpc_timeout + 3.0, elapsed
+    start = time.monotonic()
+    with pytest.raises(UnavailableError, match="restore the last checkpoint"):
+        v.read_value()  # the coordinator's own calls fail the same way
+    assert time.monotonic() - start < rpc_timeout + 3.0
+    coordinator.close()
+
+    # The ps task is back (empty); like a restarted coordinator program, build the model again
+    # and restore the checkpoint: every checkpointed update is there.
+    tasks("ps", 1, ps[1].address)
+    strategy = make_strategy(ps, workers, **kwargs)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros((4, 2), np.float32), name="v")
+        opt = SGD(0.1, momentum=0.9)
+    Checkpoint(v=v, optimizer=opt).restore(path).assert_consumed()
+    np.testing.assert_array_equal(v.read_value(), saved)
+    np.testing.assert_array_equal(opt.get_slot(v, "momentum").read_value(), saved_momentum)
+    assert int(opt.iterations.read_value()) == 6
+    for _ in range(3):
+        coordinator.schedule(ones_step, args=(v, opt))
+    coordinator.join()
+    expected, momentum = saved.copy(), saved_momentum.copy()
+    for _ in range(3):
+        momentum = 0.9 * momentum - 0.1
+        expected = expected + momentum
+    np.testing.assert_allclose(v.read_value(), expected, rtol=1e-6)
+    assert int(opt.iterations.read_value()) == 9
+    coordinator.close()
