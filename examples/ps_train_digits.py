@@ -36,75 +36,16 @@ from pycollective.strategies import (
 )
 
 
-def load_data(seed: int = 0, test_fraction: float = 0.2):
-    """The 1797 8x8 digits as float32 features in [0, 1], split into train and test."""
-    from sklearn.datasets import load_digits
+# The data and the models are the ones the MirroredStrategy example trains (same folder).
+import train_digits  # noqa: E402
+from train_digits import MLP, SoftmaxRegression, load_data, softmax_cross_entropy  # noqa: E402
 
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    y = y.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_test = int(len(x) * test_fraction)
-    return (x[order[n_test:]], y[order[n_test:]]), (x[order[:n_test]], y[order[:n_test]])
+try:  # workers cannot import this folder's modules: send the models by value, like __main__
+    import cloudpickle
 
-
-def softmax_cross_entropy(logits, labels):
-    """Per-example losses and d(loss)/d(logits)."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    probs = np.exp(shifted)
-    probs /= probs.sum(axis=1, keepdims=True)
-    rows = np.arange(len(labels))
-    losses = -np.log(probs[rows, labels] + 1e-12)
-    probs[rows, labels] -= 1.0
-    return losses, probs
-
-
-class SoftmaxRegression:
-    def __init__(self, n_in: int, n_out: int) -> None:
-        self.w = Variable(np.zeros((n_in, n_out), np.float32), name="w")
-        self.b = Variable(np.zeros(n_out, np.float32), name="b")
-
-    @property
-    def variables(self):
-        return [self.w, self.b]
-
-    def logits(self, x):
-        return x @ np.asarray(self.w) + np.asarray(self.b)
-
-    def loss_and_gradients(self, x, y, scale):
-        losses, dlogits = softmax_cross_entropy(self.logits(x), y)
-        d = (dlogits / scale).astype(np.float32)
-        return losses.sum(), [x.T @ d, d.sum(axis=0)]
-
-
-class MLP:
-    def __init__(self, n_in: int, n_hidden: int, n_out: int, seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.w1 = Variable((np.sqrt(2.0 / n_in) * rng.normal(size=(n_in, n_hidden)))
-                           .astype(np.float32), name="w1")
-        self.b1 = Variable(np.zeros(n_hidden, np.float32), name="b1")
-        self.w2 = Variable((rng.normal(size=(n_hidden, n_out)) / np.sqrt(n_hidden))
-                           .astype(np.float32), name="w2")
-        self.b2 = Variable(np.zeros(n_out, np.float32), name="b2")
-
-    @property
-    def variables(self):
-        return [self.w1, self.b1, self.w2, self.b2]
-
-    def _forward(self, x):
-        pre = x @ np.asarray(self.w1) + np.asarray(self.b1)
-        hidden = np.maximum(pre, 0.0)
-        return pre, hidden, hidden @ np.asarray(self.w2) + np.asarray(self.b2)
-
-    def logits(self, x):
-        return self._forward(x)[2]
-
-    def loss_and_gradients(self, x, y, scale):
-        pre, hidden, logits = self._forward(x)
-        losses, dlogits = softmax_cross_entropy(logits, y)
-        d2 = (dlogits / scale).astype(np.float32)
-        dhidden = (d2 @ np.asarray(self.w2).T) * (pre > 0)
-        return losses.sum(), [x.T @ dhidden, dhidden.sum(axis=0), hidden.T @ d2, d2.sum(axis=0)]
+    cloudpickle.register_pickle_by_value(train_digits)
+except ImportError:
+    pass
 
 
 def evaluate(model, x, y):
