@@ -19,11 +19,15 @@ from pycollective.errors import (
     Aborted,
     CollectiveError,
     CollectiveTimeout,
+    CudaError,
     InternalError,
+    NcclError,
+    NcclUnavailable,
     ProtocolError,
     RemoteError,
 )
 from pycollective.local import LocalCommunicator
+from pycollective import nccl  # pc.nccl: NCCL communicators on CUDA devices
 from pycollective.process_group import (
     ProcessGroup,
     Work,
@@ -81,10 +85,14 @@ __all__ = [
     "CollectiveError",
     "CollectiveTimeout",
     "InternalError",
+    "CudaError",
+    "NcclError",
+    "NcclUnavailable",
     "LocalCommunicator",
     "ProtocolError",
     "ReduceOp",
     "RemoteError",
     "algorithms",
+    "nccl",
     "build_info",
 ]

@@ -29,6 +29,11 @@ KNOBS = [
     Knob("PYCOLLECTIVE_TOKEN", "", "Cluster token every control and data connection must carry."),
     Knob("PYCOLLECTIVE_HOST_ID", "", "Overrides the host identity (tests fake several hosts)."),
     Knob("PYCOLLECTIVE_TUNING", "", "Cost-model table written by `pycollective tune`."),
+    Knob("PYCOLLECTIVE_DEVICE_SEGMENT_BYTES", "16777216",
+         "Pipeline segment of ring/chain algorithms on device buffers (each step is a kernel)."),
+    Knob("PYCOLLECTIVE_NCCL_LIBRARY", "",
+         "libnccl.so.2 (a file, or a folder holding it) to load instead of searching the "
+         "nvidia-nccl-cu* wheels and the system loader."),
 ]
 
 

@@ -18,6 +18,9 @@ __all__ = [
     "ProtocolError",
     "Aborted",
     "InternalError",
+    "CudaError",
+    "NcclError",
+    "NcclUnavailable",
 ]
 
 
@@ -43,3 +46,19 @@ class Aborted(CollectiveError):
 
 class InternalError(CollectiveError):
     """A pycollective bug: an internal invariant did not hold. Please report it."""
+
+
+class CudaError(CollectiveError):
+    """A CUDA runtime call failed (the message names the call and the CUDA error), or device
+    buffers were passed to a build or machine without CUDA."""
+
+
+class NcclError(CollectiveError):
+    """An NCCL call failed, or NCCL reported an asynchronous error (the message carries NCCL's
+    error code, its description and NCCL's last error). The communicator was aborted."""
+
+
+class NcclUnavailable(CollectiveError):
+    """NCCL could not be used: the library (or one of its symbols) is missing or too old, or
+    this build has no CUDA. The message lists every path tried and the loader's error for each;
+    install ``nvidia-nccl-cu12``/``-cu13`` or set ``PYCOLLECTIVE_NCCL_LIBRARY``."""

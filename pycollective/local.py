@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from pycollective._calls import KINDS, REDUCING, Prepared, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_int
+from pycollective.device import is_device_tensor
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.tensors import adapt, shape_hash
 from pycollective import tuning
@@ -115,6 +116,8 @@ class LocalCommunicator:
         if not isinstance(algo, str):
             raise TypeError(f"algo must be a string, got {type(algo).__name__}")
         reduce_op = parse_op(op)
+        if algo == "nccl" or (not _is_numpy(tensors[0]) and is_device_tensor(tensors[0])):
+            return self._run_device(kind, tensors, reduce_op, algo, root, inplace, timeout, out)
         bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
         first = bufs[0]
         for i, b in enumerate(bufs[1:], start=1):
@@ -140,3 +143,64 @@ class LocalCommunicator:
             0, self._timeout if timeout is None else float(timeout),
         )
         return [c.result() for c in calls]
+
+    def _run_device(self, kind: str, tensors: Sequence[Any], reduce_op: ReduceOp, algo: str,
+                    root: int, inplace: bool, timeout: float | None,
+                    out: Sequence[Any] | None) -> list[Any]:
+        """Device tensors (CuPy, torch CUDA): the same algorithms over device buffers (every
+        local step a kernel or a device copy, finished before the call returns), or
+        algo="nccl": one NCCL communicator per replica, replicas on distinct devices, enqueued
+        on each tensor's current stream (results ready in stream order)."""
+        from pycollective import nccl
+        from pycollective.device import adapt_device, prepare_device
+
+        n = self.num_replicas
+        for i, t in enumerate(tensors):
+            if not is_device_tensor(t):
+                need = ('algo="nccl" needs' if algo == "nccl" else
+                        "replica 0 passed a device tensor, so every replica needs")
+                raise TypeError(f"replica {i}: {need} a device tensor (a CuPy array or a "
+                                f"PyTorch CUDA tensor), got {type(t).__name__}")
+        bufs = [adapt_device(t, f"replica {i}") for i, t in enumerate(tensors)]
+        first = bufs[0]
+        for i, b in enumerate(bufs[1:], start=1):
+            if b.code != first.code:
+                raise TypeError(f"replica {i} passed {b.dtype_name} but replica 0 passed "
+                                f"{first.dtype_name}; every replica must pass the same dtype")
+            if b.shape != first.shape:
+                raise ValueError(f"replica {i} passed shape {b.shape} but replica 0 passed "
+                                 f"{first.shape}; every replica must pass the same shape")
+        if kind in REDUCING and reduce_op == ReduceOp.AVG and first.code >= 4:
+            raise TypeError(f"avg is not defined for {first.dtype_name}: use op='sum' and "
+                            "divide, or convert to a floating dtype")
+        outs = [None] * n if out is None else [adapt_device(o, f"replica {i} out=")
+                                               for i, o in enumerate(out)]
+        calls = [prepare_device(kind, b, i, n, root, inplace, f"replica {i}", outs[i])
+                 for i, b in enumerate(bufs)]
+        if algo == "nccl":
+            nccl.check_call(kind, first, reduce_op, n, "replica 0")
+            comms = self._nccl_communicators([b.device for b in bufs])
+            with nccl.group():
+                for comm, c in zip(comms, calls):
+                    nccl.enqueue(comm, kind, c.inp, c.out, reduce_op, root, c.inp.stream)
+        else:
+            self._group.run_device(
+                KINDS[kind], [c.inp.ptr for c in calls],
+                [c.out.ptr if c.out is not None else 0 for c in calls], first.count, first.code,
+                int(reduce_op), root, algo, shape_hash(first.shape), 0,
+                self._timeout if timeout is None else float(timeout),
+                [c.inp.device for c in calls], [c.inp.stream for c in calls])
+        return [c.result() for c in calls]
+
+    def _nccl_communicators(self, devices: list[int]) -> list[Any]:
+        """One NCCL communicator per replica (made on first use, for these devices)."""
+        from pycollective import nccl
+
+        cached = getattr(self, "_nccl", None)
+        if cached is None or cached[0] != devices or any(c.aborted for c in cached[1]):
+            self._nccl = (devices, nccl.NcclCommunicator.init_all(devices, self._timeout))
+        return self._nccl[1]
+
+
+def _is_numpy(x: Any) -> bool:
+    return type(x).__module__ == "numpy"

@@ -22,6 +22,7 @@ from typing import Any
 from pycollective._calls import KINDS, REDUCING, Prepared, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
+from pycollective.device import is_device_tensor
 from pycollective.errors import Aborted, CollectiveError, CollectiveTimeout, RemoteError
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.rendezvous import ClusterSpec, rendezvous
@@ -146,6 +147,8 @@ class ProcessGroup:
             raise TypeError(f"algo must be a string, got {type(algo).__name__}")
         reduce_op = parse_op(op)
         where = self._where
+        if algo == "nccl" or (type(x).__module__ != "numpy" and is_device_tensor(x)):
+            return self._run_nccl(kind, x, reduce_op, algo, root, inplace, out, asynchronous)
         buf = adapt(x, where)
         if kind in REDUCING and reduce_op == ReduceOp.AVG and buf.code >= 4:
             raise TypeError(f"{where}: avg is not defined for {buf.dtype_name}: use op='sum' "
@@ -160,6 +163,32 @@ class ProcessGroup:
             return Work(self._world.comm.submit(*native_args), [call], self,
                         f"{kind} of {buf.count} {buf.dtype_name}")
         self._native_run(native_args)
+        return call.result()
+
+    def _run_nccl(self, kind: str, x: Any, reduce_op: ReduceOp, algo: str, root: int,
+                  inplace: bool, out: Any, asynchronous: bool) -> Any:
+        """Device tensors run over NCCL (one communicator per group and device, its unique id
+        passed through the coordination service), enqueued on the tensor's current stream:
+        the result is ready in stream order when this returns."""
+        from pycollective import nccl
+        from pycollective.device import adapt_device, prepare_device
+
+        where = self._where
+        if algo not in ("nccl", "auto"):
+            raise TypeError(f"{where}: device tensors in a process group run over NCCL: use "
+                            f"algo='nccl' (or 'auto'); algo={algo!r} needs host memory (copy "
+                            "the tensor to the host first)")
+        buf = adapt_device(x, where)
+        nccl.check_call(kind, buf, reduce_op, self.size, where)
+        call = prepare_device(kind, buf, self.rank, self.size, root, inplace, where,
+                              None if out is None else adapt_device(out, f"{where} out="))
+        try:
+            comm = nccl.group_communicator(self, buf.device)
+            nccl.enqueue(comm, kind, call.inp, call.out, reduce_op, root, call.inp.stream)
+        except CollectiveError as exc:
+            raise self._world.explain_failure(exc) from None
+        if asynchronous:
+            return nccl.NcclWork(comm, call.result(), f"{kind} of {buf.count} {buf.dtype_name}")
         return call.result()
 
 
@@ -238,6 +267,8 @@ class _World:
         self.abort_notice = (rank, reason)
         self._notice.set()
         self.comm.abort(f"rank {rank} failed: {reason}" if rank >= 0 else reason)
+        for nccl_comm in list(getattr(self, "nccl_comms", {}).values()):
+            nccl_comm.abort(f"rank {rank} failed: {reason}" if rank >= 0 else reason)
 
     def explain_failure(self, exc: CollectiveError) -> CollectiveError:
         """This rank's error, with the cause the coordinator reported when another rank failed
@@ -266,6 +297,7 @@ class _World:
             self.service.wait_until_left(timeout)
             self.service.stop(grace=0.5)
         self.comm.abort("the group was shut down")
+        getattr(self, "nccl_comms", {}).clear()  # destroyed (flushed, bounded) when unreferenced
         if self.grpc_plane is not None:
             self.grpc_plane.close()
 
@@ -396,15 +428,33 @@ def barrier(group: ProcessGroup | None = None, timeout: float | None = None) -> 
     _group(group).barrier(timeout)
 
 
-@atexit.register
 def _leave_quietly() -> None:
-    """A process that exits without shutdown() still leaves the coordinator cleanly."""
+    """A process that exits without shutdown() still leaves the coordinator cleanly.
+
+    Runs when the interpreter starts shutting down threads: the coordination service's handler
+    threads (streams of the other ranks) must be stopped before Python joins them, or exit
+    would wait for them forever."""
     global _world
     if _world is not None:
         world, _world = _world, None
         try:
             world.client.close()
             if world.service is not None:
+                if not world.comm.aborted:  # a failed group's ranks may never leave
+                    world.service.wait_until_left(5.0)
                 world.service.stop(grace=0)
+            world.comm.abort("the process is exiting")
+            if world.grpc_plane is not None:
+                world.grpc_plane.close()
         except Exception:
             pass
+
+
+# threading._register_atexit runs before non-daemon threads are joined (concurrent.futures uses
+# it for the same reason); plain atexit would run only after, too late. Hooks run in reverse
+# order of registration, so concurrent.futures.thread (whose hook refuses new work to the gRPC
+# servers' thread pools) is imported first: ours must run before it.
+import concurrent.futures.thread  # noqa: E402,F401
+
+_register = getattr(threading, "_register_atexit", atexit.register)
+_register(_leave_quietly)

@@ -30,6 +30,10 @@ struct CollectiveArgs {
   uint32_t shapeHash = 0;
   size_t segmentBytes = 0;      // pipeline segment; 0 = PYCOLLECTIVE_SEGMENT_BYTES
   double timeoutSeconds = 0;    // 0 = the communicator's timeout
+  // CUDA device holding in/out, or -1 for host memory. Device buffers reach the algorithms
+  // through the same Exchange calls (copy, scratch, reduce), which then use DeviceOps.
+  int device = -1;
+  void* stream = nullptr;       // with device >= 0: the stream in/out are ordered on
 };
 
 class Algorithm {

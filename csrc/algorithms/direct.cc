@@ -56,7 +56,7 @@ void reduceAll(Exchange& ex, const std::vector<Buffers>& all, char* acc, size_t 
   const size_t es = ex.elemSize(), bytes = len * es;
   const size_t at = off * es;
   if (all.size() == 1) {
-    std::memcpy(acc, all[0].in + at, bytes);
+    ex.copy(acc, all[0].in + at, bytes);
     return;
   }
   ex.reduceLocal(acc, all[0].in + at, all[1].in + at, bytes);
@@ -104,18 +104,18 @@ class Direct : public Algorithm {
       case CollectiveKind::kReduce:
       case CollectiveKind::kReduceScatter: {
         // Accumulate a segment in a cache-sized scratch buffer, then store it everywhere.
-        char* acc = static_cast<char*>(ex.group().comm().scratch(1, segElems * es));
+        char* acc = static_cast<char*>(ex.scratch(1, segElems * es));
         for (size_t s = 0; s < mineLen; s += segElems) {
           size_t len = std::min(segElems, mineLen - s), off = mine + s;
           reduceAll(ex, all, acc, off, len);
           if (a.kind == CollectiveKind::kReduceScatter) {
-            std::memcpy(static_cast<char*>(a.out) + s * es, acc, len * es);
+            ex.copy(static_cast<char*>(a.out) + s * es, acc, len * es);
           } else if (a.kind == CollectiveKind::kReduce) {
-            std::memcpy(all[a.root].out + off * es, acc, len * es);
+            ex.copy(all[a.root].out + off * es, acc, len * es);
           } else {
             for (int k = 1; k <= n; ++k) {  // start with the next rank: spread the stores
               int p = (r + k) % n;
-              std::memcpy(all[p].out + off * es, acc, len * es);
+              ex.copy(all[p].out + off * es, acc, len * es);
             }
           }
         }
@@ -125,14 +125,14 @@ class Direct : public Algorithm {
         const size_t block = a.count * es;
         for (int p = 0; p < n; ++p)
           if (all[p].out + r * block != all[r].in)
-            std::memcpy(all[p].out + r * block, all[r].in, block);
+            ex.copy(all[p].out + r * block, all[r].in, block);
         break;
       }
       case CollectiveKind::kBroadcast: {
         const char* src = all[a.root].in + mine * es;
         for (int p = 0; p < n; ++p)
           if (all[p].out + mine * es != src)
-            std::memcpy(all[p].out + mine * es, src, mineLen * es);
+            ex.copy(all[p].out + mine * es, src, mineLen * es);
         break;
       }
       default:

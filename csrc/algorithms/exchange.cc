@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "cuda/device_ops.h"
 
 namespace pycollective {
 
@@ -22,13 +23,42 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
   s.header.root = args.root;
   bool reduces = args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduce ||
                  args.kind == CollectiveKind::kReduceScatter;
-  s.reduce = reduces ? lookupReduce(args.dtype, args.op) : nullptr;
+  s.dtype = args.dtype;
   s.elemSize = elementSize(args.dtype);
-  s.segmentBytes = args.segmentBytes ? args.segmentBytes : params::segmentBytes();
+  if (args.device < 0) {
+    s.reduce = reduces ? lookupReduce(args.dtype, args.op) : nullptr;
+    s.segmentBytes = args.segmentBytes ? args.segmentBytes : params::segmentBytes();
+  } else {
+    // Device buffers: peers must share this address space (their links copy and reduce
+    // straight between device buffers), and every local step is a device operation. A failure
+    // here (no CUDA, a CUDA error) aborts the communicator, so peers stop waiting for this rank.
+    try {
+      cuda::DeviceOps& ops = cuda::requireDeviceOps("a collective on device buffers");
+      for (int p = 0; p < group_.size(); ++p)
+        PC_CHECK(p == group_.rank() || group_.link(p).sharesMemory(), comm.who(),
+                 " device buffers need peers in this process (in-process replicas), but rank ",
+                 group_.globalRank(p), " is reached over ", group_.link(p).describe(),
+                 "; use algo=\"nccl\" for device buffers across processes");
+      s.device = args.device;
+      s.copy = ops.copyFn();
+      s.reduce = reduces ? ops.reduceFn(args.dtype, args.op) : nullptr;
+      s.segmentBytes = args.segmentBytes ? args.segmentBytes : params::deviceSegmentBytes();
+      s.previousDevice = ops.beginCall(args.device, args.stream);
+    } catch (const std::exception& e) {
+      comm.abort(e.what());
+      throw;
+    }
+  }
   double timeout = args.timeoutSeconds > 0 ? args.timeoutSeconds : comm.timeoutSeconds();
   s.deadline = Deadline::after(timeout);
   s.sendSteps.assign(comm.size(), 0);
   s.recvSteps.assign(comm.size(), 0);
+}
+
+Exchange::CallState::~CallState() {
+  if (device >= 0 && previousDevice >= 0) {
+    if (cuda::DeviceOps* ops = cuda::deviceOps()) ops->endCall(previousDevice);
+  }
 }
 
 Exchange Exchange::on(Group subgroup) const { return Exchange(std::move(subgroup), state_); }
@@ -77,6 +107,7 @@ RequestPtr Exchange::postRecv(int peer, void* dst, const void* accum, size_t byt
   spec.dst = dst;
   spec.bytes = bytes;
   spec.elemSize = state_->elemSize;
+  spec.copy = state_->copy;
   if (reduce) {
     spec.reduce = state_->reduce;
     spec.accum = accum;
@@ -87,6 +118,19 @@ RequestPtr Exchange::postRecv(int peer, void* dst, const void* accum, size_t byt
 void Exchange::reduceLocal(void* dst, const void* a, const void* b, size_t bytes) const {
   if (bytes == 0) return;
   state_->reduce(dst, a, b, bytes / state_->elemSize);
+}
+
+void* Exchange::scratch(int slot, size_t bytes) {
+  if (state_->device < 0) return state_->comm->scratch(slot, bytes);
+  return state_->comm->deviceScratch(slot, bytes, state_->device);
+}
+
+void Exchange::scale(void* data, size_t count, double factor) const {
+  if (state_->device < 0) {
+    scaleInPlace(data, count, state_->dtype, factor);
+  } else {
+    cuda::requireDeviceOps("scaling device buffers").scale(data, count, state_->dtype, factor);
+  }
 }
 
 void Exchange::prune() {

@@ -2,6 +2,7 @@
 // The per-call context an algorithm uses to talk to its peers: it stamps every message with the
 // call's header (and a per-link step counter both ends count alike), remembers what is in flight
 // and waits for it under the call's deadline. Sub-groups (hierarchical) share one call state.
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,15 +36,37 @@ class Exchange {
   // Local work that belongs to the call: dst = a OP b over `bytes`.
   void reduceLocal(void* dst, const void* a, const void* b, size_t bytes) const;
 
+  // dst = src over `bytes` in the call's memory: std::memcpy for host buffers, a device copy
+  // (finished on return) for device buffers. Algorithms copy only through this.
+  void copy(void* dst, const void* src, size_t bytes) const {
+    if (state_->copy == nullptr) {
+      std::memcpy(dst, src, bytes);
+    } else if (bytes > 0) {
+      state_->copy(dst, src, bytes);
+    }
+  }
+
+  // A scratch buffer of at least `bytes` in the call's memory (host, or the call's device),
+  // reused across calls; `slot` keeps two buffers apart.
+  void* scratch(int slot, size_t bytes);
+
+  // data[i] *= factor over `count` elements of the call's dtype (avg's final scale).
+  void scale(void* data, size_t count, double factor) const;
+
   void wait(const RequestPtr& request);
   void waitAll();
 
 
  private:
   struct CallState {
+    ~CallState();            // device calls: makes the caller's device current again
+    int previousDevice = -1;
     Communicator* comm;
     FrameHeader header;      // template: step/bytes filled per message
     ReduceFn reduce;
+    CopyFn copy = nullptr;   // nullptr: host memory (std::memcpy)
+    int device = -1;         // CUDA device of the call's buffers, -1 for host memory
+    DType dtype = DType::kFloat32;
     size_t elemSize;
     size_t segmentBytes;
     Deadline deadline;

@@ -87,7 +87,7 @@ constexpr size_t kWholeVectorBytes = 16 * 1024;
 void wholeVectorDoubling(Exchange& ex, const Fold& f, int v, const char* src, char* out,
                          size_t count) {
   const size_t bytes = count * ex.elemSize();
-  char* theirs = static_cast<char*>(ex.group().comm().scratch(0, bytes));
+  char* theirs = static_cast<char*>(ex.scratch(0, bytes));
   for (int mask = 1; mask < f.p; mask *= 2) {
     int partnerV = v ^ mask;
     ex.send(f.real(partnerV), src, bytes);
@@ -103,7 +103,7 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
   const int n = ex.size(), r = ex.rank();
   const size_t bytes = count * ex.elemSize();
   if (n == 1) {
-    if (out != in) std::memcpy(out, in, bytes);
+    if (out != in) ex.copy(out, in, bytes);
     return;
   }
   Fold f(n);
@@ -139,7 +139,7 @@ void broadcast(Exchange& ex, const char* in, char* out, size_t count, int root) 
   const int n = ex.size(), r = ex.rank();
   const size_t bytes = count * ex.elemSize();
   const int v = mod(r - root, n);
-  if (v == 0 && out != in) std::memcpy(out, in, bytes);
+  if (v == 0 && out != in) ex.copy(out, in, bytes);
   for (int mask = 1; mask < n; mask *= 2) {
     if (v < mask) {
       if (v + mask < n) ex.send(mod(v + mask + root, n), out, bytes);
@@ -155,7 +155,7 @@ void reduce(Exchange& ex, const char* in, char* out, size_t count, int root) {
   const int n = ex.size(), r = ex.rank();
   const size_t bytes = count * ex.elemSize();
   const int v = mod(r - root, n);
-  char* acc = v == 0 ? out : static_cast<char*>(ex.group().comm().scratch(0, bytes));
+  char* acc = v == 0 ? out : static_cast<char*>(ex.scratch(0, bytes));
   const char* have = in;  // where this rank's partial result lives
   for (int mask = 1; mask < n; mask *= 2) {
     if (v & mask) {
@@ -169,7 +169,7 @@ void reduce(Exchange& ex, const char* in, char* out, size_t count, int root) {
       have = acc;
     }
   }
-  if (have != out) std::memcpy(out, have, bytes);  // root of a group of one
+  if (have != out) ex.copy(out, have, bytes);  // root of a group of one
 }
 
 // Bruck's dissemination: after round k a rank holds blocks r .. r+2^k-1 (mod n) and sends them
@@ -177,7 +177,7 @@ void reduce(Exchange& ex, const char* in, char* out, size_t count, int root) {
 void allgather(Exchange& ex, const char* in, char* out, size_t count) {
   const int n = ex.size(), r = ex.rank();
   const size_t block = count * ex.elemSize();
-  if (out + static_cast<size_t>(r) * block != in) std::memcpy(out + r * block, in, block);
+  if (out + static_cast<size_t>(r) * block != in) ex.copy(out + r * block, in, block);
   auto transfer = [&](int peer, int first, int num, bool sending) {
     int tail = std::min(num, n - first);  // blocks before the wrap
     char* a = out + static_cast<size_t>(first) * block;
@@ -241,11 +241,11 @@ class HalvingDoubling : public Algorithm {
         return;
       case CollectiveKind::kReduceScatter: {
         if (ex.size() == 1) {
-          std::memcpy(out, in, a.count * ex.elemSize());
+          ex.copy(out, in, a.count * ex.elemSize());
           return;
         }
         Fold f(ex.size());
-        char* work = static_cast<char*>(ex.group().comm().scratch(0, a.count * ex.elemSize()));
+        char* work = static_cast<char*>(ex.scratch(0, a.count * ex.elemSize()));
         halving(ex, f, ex.rank(), in, work, out, a.count);
         return;
       }

@@ -23,7 +23,7 @@ void reduceToRoot(Exchange& ex, const char* in, char* dst, size_t count, int roo
     return;
   }
   if (n == 1) {
-    if (dst != in) std::memcpy(dst, in, bytes);
+    if (dst != in) ex.copy(dst, in, bytes);
     return;
   }
   // Accumulate in rank order; the root's own contribution enters at its position.
@@ -85,7 +85,7 @@ class ReduceToOne : public Algorithm {
         reduceToRoot(ex, in, out, a.count, root);
         return;
       case CollectiveKind::kBroadcast:
-        if (r == root && out != in) std::memcpy(out, in, bytes);
+        if (r == root && out != in) ex.copy(out, in, bytes);
         fromRoot(ex, out, bytes, root);
         return;
       case CollectiveKind::kAllgather: {
@@ -93,7 +93,7 @@ class ReduceToOne : public Algorithm {
           for (int p = 0; p < n; ++p) {
             char* slot = out + static_cast<size_t>(p) * bytes;
             if (p == root) {
-              if (slot != in) std::memcpy(slot, in, bytes);
+              if (slot != in) ex.copy(slot, in, bytes);
             } else {
               ex.recv(p, slot, bytes);
             }
@@ -108,11 +108,11 @@ class ReduceToOne : public Algorithm {
       case CollectiveKind::kReduceScatter: {
         Chunks chunks(a.count, n);
         if (r == root) {
-          char* full = static_cast<char*>(ex.group().comm().scratch(0, bytes));
+          char* full = static_cast<char*>(ex.scratch(0, bytes));
           reduceToRoot(ex, in, full, a.count, root);
           for (int p = 0; p < n; ++p) {
             const char* part = full + chunks.offset(p) * es;
-            if (p == root) std::memcpy(out, part, chunks.size(p) * es);
+            if (p == root) ex.copy(out, part, chunks.size(p) * es);
             else ex.send(p, part, chunks.size(p) * es);
           }
         } else {

@@ -170,14 +170,13 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
     const double scale = 1.0 / group.size();
     switch (args.kind) {
       case CollectiveKind::kAllreduce:
-        scaleInPlace(args.out, args.count, args.dtype, scale);
+        ex.scale(args.out, args.count, scale);
         break;
       case CollectiveKind::kReduce:
-        if (group.rank() == args.root) scaleInPlace(args.out, args.count, args.dtype, scale);
+        if (group.rank() == args.root) ex.scale(args.out, args.count, scale);
         break;
       case CollectiveKind::kReduceScatter:
-        scaleInPlace(args.out, Chunks(args.count, group.size()).size(group.rank()), args.dtype,
-                     scale);
+        ex.scale(args.out, Chunks(args.count, group.size()).size(group.rank()), scale);
         break;
       default:
         break;

@@ -88,7 +88,7 @@ void reduceScatter(Exchange& ex, const char* in, char* work, char* out, size_t c
   const int n = ex.size(), r = ex.rank();
   Chunks chunks(count, n);
   if (n == 1) {
-    if (out != in) std::memcpy(out, in, count * ex.elemSize());
+    if (out != in) ex.copy(out, in, count * ex.elemSize());
     return;
   }
   std::vector<Step> steps;
@@ -108,7 +108,7 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
   const int n = ex.size(), r = ex.rank();
   Chunks chunks(count, n);
   if (n == 1) {
-    if (out != in) std::memcpy(out, in, count * ex.elemSize());
+    if (out != in) ex.copy(out, in, count * ex.elemSize());
     return;
   }
   std::vector<Step> steps;
@@ -187,19 +187,19 @@ class RingAlgorithm : public Algorithm {
         allreduce(ex, in, out, a.count);
         return;
       case CollectiveKind::kReduceScatter: {
-        char* work = static_cast<char*>(ex.group().comm().scratch(0, a.count * es));
+        char* work = static_cast<char*>(ex.scratch(0, a.count * es));
         reduceScatter(ex, in, work, out, a.count);
         return;
       }
       case CollectiveKind::kAllgather: {
         char* mine = out + static_cast<size_t>(r) * a.count * es;
-        if (mine != in) std::memcpy(mine, in, a.count * es);
+        if (mine != in) ex.copy(mine, in, a.count * es);
         allgather(ex, out, a.count * n);
         return;
       }
       case CollectiveKind::kBroadcast: {
         int pos = mod(r - a.root, n);
-        if (pos == 0 && out != in) std::memcpy(out, in, a.count * es);
+        if (pos == 0 && out != in) ex.copy(out, in, a.count * es);
         chain(ex, pos, mod(r - 1, n), mod(r + 1, n), in, out, nullptr, a.count);
         return;
       }
@@ -207,10 +207,10 @@ class RingAlgorithm : public Algorithm {
         // The chain starts right after the root and ends at the root.
         int pos = mod(r - a.root - 1, n);
         if (n == 1) {
-          if (out != in) std::memcpy(out, in, a.count * es);
+          if (out != in) ex.copy(out, in, a.count * es);
           return;
         }
-        char* dst = r == a.root ? out : static_cast<char*>(ex.group().comm().scratch(0, a.count * es));
+        char* dst = r == a.root ? out : static_cast<char*>(ex.scratch(0, a.count * es));
         chain(ex, pos, mod(r - 1, n), mod(r + 1, n), in, dst, in, a.count);
         return;
       }

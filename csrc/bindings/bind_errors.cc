@@ -17,6 +17,9 @@ void bindErrors(py::module_& m) {
   static py::object* protocol = new py::object(errors.attr("ProtocolError"));
   static py::object* aborted = new py::object(errors.attr("Aborted"));
   static py::object* internal = new py::object(errors.attr("InternalError"));
+  static py::object* cudaError = new py::object(errors.attr("CudaError"));
+  static py::object* ncclError = new py::object(errors.attr("NcclError"));
+  static py::object* ncclUnavailable = new py::object(errors.attr("NcclUnavailable"));
   static py::object* base = new py::object(errors.attr("CollectiveError"));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -35,6 +38,12 @@ void bindErrors(py::module_& m) {
       PyErr_SetString(aborted->ptr(), e.what());
     } catch (const InternalError& e) {
       PyErr_SetString(internal->ptr(), e.what());
+    } catch (const CudaError& e) {
+      PyErr_SetString(cudaError->ptr(), e.what());
+    } catch (const NcclError& e) {
+      PyErr_SetString(ncclError->ptr(), e.what());
+    } catch (const NcclUnavailable& e) {
+      PyErr_SetString(ncclUnavailable->ptr(), e.what());
     } catch (const Error& e) {
       PyErr_SetString(base->ptr(), e.what());
     }

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "core/memory_bandwidth.h"
 #include "core/error.h"
+#include "cuda/device_ops.h"
 #include "reduce/reduce.h"
 
 namespace py = pybind11;
@@ -94,6 +95,83 @@ void bindInfo(py::module_& m) {
         scaleInPlace(reinterpret_cast<void*>(data), count, static_cast<DType>(dtype), factor);
       },
       py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"));
+
+  // Device helpers (DeviceOps): kernels on raw device pointers for tests and benchmarks, and
+  // the pointer query the tensor adapters use. A CPU-only build has no devices: cuda_* raise
+  // CudaError, except cuda_device_count() (0) and cuda_pointer_device() (-1).
+  m.def("cuda_describe", [] {
+    cuda::DeviceOps* ops = cuda::deviceOps();
+    return ops == nullptr ? std::string("no CUDA in this build") : ops->describe();
+  });
+  m.def("cuda_device_count", [] {
+    cuda::DeviceOps* ops = cuda::deviceOps();
+    return ops == nullptr ? 0 : ops->deviceCount();
+  });
+  m.def(
+      "cuda_pointer_device",
+      [](uintptr_t p) {
+        cuda::DeviceOps* ops = cuda::deviceOps();
+        return ops == nullptr ? -1 : ops->pointerDevice(reinterpret_cast<const void*>(p));
+      },
+      py::arg("ptr"), "CUDA device holding the memory at ptr, or -1 for host memory.");
+  m.def(
+      "cuda_reduce",
+      [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op,
+         uintptr_t stream) {
+        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+        PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
+        cuda::DeviceOps& ops = cuda::requireDeviceOps("cuda_reduce");
+        py::gil_scoped_release release;
+        ops.reduceAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a),
+                        reinterpret_cast<const void*>(b), count, static_cast<DType>(dtype),
+                        static_cast<ReduceOp>(op), reinterpret_cast<cuda::Stream>(stream));
+      },
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"),
+      py::arg("op"), py::arg("stream") = 0,
+      "Enqueues dst = a OP b on the stream (avg enqueues the sum); returns at once.");
+  m.def(
+      "cuda_scale",
+      [](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
+        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+        cuda::DeviceOps& ops = cuda::requireDeviceOps("cuda_scale");
+        py::gil_scoped_release release;
+        ops.scaleAsync(reinterpret_cast<void*>(data), count, static_cast<DType>(dtype), factor,
+                       reinterpret_cast<cuda::Stream>(stream));
+      },
+      py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"),
+      py::arg("stream") = 0);
+  m.def(
+      "cuda_copy",
+      [](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
+        cuda::DeviceOps& ops = cuda::requireDeviceOps("cuda_copy");
+        py::gil_scoped_release release;
+        ops.copyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
+                      reinterpret_cast<cuda::Stream>(stream));
+      },
+      py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("stream") = 0);
+  m.def(
+      "cuda_malloc",
+      [](size_t bytes, int device) {
+        cuda::DeviceOps& ops = cuda::requireDeviceOps("cuda_malloc");
+        py::gil_scoped_release release;
+        return reinterpret_cast<uintptr_t>(ops.alloc(bytes, device));
+      },
+      py::arg("bytes"), py::arg("device"));
+  m.def(
+      "cuda_free",
+      [](uintptr_t p, int device) {
+        cuda::DeviceOps* ops = cuda::deviceOps();
+        if (ops != nullptr) ops->free(reinterpret_cast<void*>(p), device);
+      },
+      py::arg("ptr"), py::arg("device"));
+  m.def(
+      "cuda_synchronize",
+      [](uintptr_t stream) {
+        cuda::DeviceOps& ops = cuda::requireDeviceOps("cuda_synchronize");
+        py::gil_scoped_release release;
+        ops.streamSynchronize(reinterpret_cast<cuda::Stream>(stream));
+      },
+      py::arg("stream") = 0);
 }
 
 }  // namespace bindings

@@ -35,6 +35,33 @@ void bindLocal(py::module_& m) {
           py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
           py::arg("segment_bytes"), py::arg("timeout"))
       .def(
+          "run_device",
+          [](LocalGroup& g, int kind, const std::vector<uintptr_t>& ins,
+             const std::vector<uintptr_t>& outs, size_t count, int dtype, int op, int root,
+             const std::string& algo, uint32_t shapeHash, size_t segmentBytes, double timeout,
+             const std::vector<int>& devices, const std::vector<uintptr_t>& streams) {
+            const size_t n = static_cast<size_t>(g.size());
+            PC_CHECK(ins.size() == n && outs.size() == n && devices.size() == n &&
+                         streams.size() == n,
+                     "expected ", g.size(), " pointers, devices and streams per side");
+            std::vector<CollectiveArgs> args;
+            for (size_t r = 0; r < n; ++r) {
+              PC_CHECK(devices[r] >= 0, "replica ", r, ": device buffers need a device >= 0");
+              CollectiveArgs a = makeArgs(kind, ins[r], outs[r], count, dtype, op, root,
+                                          shapeHash, segmentBytes, timeout);
+              a.device = devices[r];
+              a.stream = reinterpret_cast<void*>(streams[r]);
+              args.push_back(a);
+            }
+            py::gil_scoped_release release;
+            g.run(args, algo);
+          },
+          py::arg("kind"), py::arg("ins"), py::arg("outs"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
+          py::arg("segment_bytes"), py::arg("timeout"), py::arg("devices"), py::arg("streams"),
+          "Like run, on device pointers (0 for none): replica r's buffers live on devices[r] "
+          "and are ordered on streams[r]. Returns when every replica's result is complete.")
+      .def(
           "set_costs",
           [](LocalGroup& g, const CostTuple& cost) {
             for (int r = 0; r < g.size(); ++r)

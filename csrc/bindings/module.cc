@@ -12,4 +12,5 @@ PYBIND11_MODULE(_C, m) {
   pycollective::bindings::bindInfo(m);
   pycollective::bindings::bindLocal(m);
   pycollective::bindings::bindGroup(m);
+  pycollective::bindings::bindNccl(m);
 }

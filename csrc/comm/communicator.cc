@@ -62,6 +62,16 @@ std::string Communicator::abortReason() {
   return abortReason_;
 }
 
+void* Communicator::deviceScratch(int slot, size_t bytes, int device) {
+  if (static_cast<int>(deviceScratch_.size()) <= slot) deviceScratch_.resize(slot + 1);
+  cuda::DeviceBuffer& b = deviceScratch_[slot];
+  if (b.get() == nullptr || b.bytes() < bytes || b.device() != device) {
+    b = cuda::DeviceBuffer();  // free first: the old buffer may be most of the device
+    b = cuda::DeviceBuffer(bytes, device);
+  }
+  return b.get();
+}
+
 void* Communicator::scratch(int slot, size_t bytes) {
   if (static_cast<int>(scratch_.size()) <= slot) {
     scratch_.resize(slot + 1);

@@ -11,6 +11,7 @@
 
 #include "comm/executor.h"
 #include "core/deadline.h"
+#include "cuda/device_ops.h"
 #include "transport/link.h"
 
 namespace pycollective {
@@ -79,6 +80,8 @@ class Communicator {
 
   // A scratch buffer of at least `bytes`, reused across calls; `slot` keeps two buffers apart.
   void* scratch(int slot, size_t bytes);
+  // The same on a CUDA device (collectives on device buffers).
+  void* deviceScratch(int slot, size_t bytes, int device);
 
   Executor& executor() { return executor_; }
 
@@ -97,6 +100,7 @@ class Communicator {
   std::string abortReason_;
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratchBytes_;
+  std::vector<cuda::DeviceBuffer> deviceScratch_;
   Executor executor_;  // last member: its thread is joined before the links go away
 };
 

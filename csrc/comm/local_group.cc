@@ -1,7 +1,10 @@
 #include "comm/local_group.h"
 
+#include <algorithm>
+
 #include "algorithms/registry.h"
 #include "core/error.h"
+#include "cuda/device_ops.h"
 #include "transport/inproc.h"
 
 namespace pycollective {
@@ -27,6 +30,15 @@ LocalGroup::~LocalGroup() = default;
 
 void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string& algo) {
   PC_ASSERT(static_cast<int>(args.size()) == size(), "one call per replica");
+  if (args[0].device >= 0) {
+    // Replicas on several devices reduce straight out of each other's buffers.
+    std::vector<int> devices;
+    for (const auto& a : args)
+      if (std::find(devices.begin(), devices.end(), a.device) == devices.end())
+        devices.push_back(a.device);
+    if (devices.size() > 1)
+      cuda::requireDeviceOps("replicas on devices").enablePeerAccess(devices);
+  }
   // Replicas 1..n-1 run on their executor threads, replica 0 on the caller's thread.
   std::vector<WorkPtr> works;
   for (int r = 1; r < size(); ++r) {

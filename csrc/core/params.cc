@@ -36,6 +36,12 @@ size_t segmentBytes() {
   return static_cast<size_t>(v);
 }
 
+size_t deviceSegmentBytes() {
+  long long v = envInt("PYCOLLECTIVE_DEVICE_SEGMENT_BYTES", 16 * 1024 * 1024);
+  PC_CHECK(v > 0, "PYCOLLECTIVE_DEVICE_SEGMENT_BYTES must be positive, got ", v);
+  return static_cast<size_t>(v);
+}
+
 double timeoutSeconds() { return envDouble("PYCOLLECTIVE_TIMEOUT", 300.0); }
 
 int reduceThreads() { return static_cast<int>(envInt("PYCOLLECTIVE_REDUCE_THREADS", 0)); }

@@ -9,6 +9,9 @@ namespace params {
 
 // Bytes per pipeline segment of the ring and chain algorithms (PYCOLLECTIVE_SEGMENT_BYTES).
 size_t segmentBytes();
+// The same for collectives on device buffers (PYCOLLECTIVE_DEVICE_SEGMENT_BYTES): larger,
+// because every device step is a kernel launch plus a stream synchronization.
+size_t deviceSegmentBytes();
 // Default collective timeout in seconds (PYCOLLECTIVE_TIMEOUT).
 double timeoutSeconds();
 // Threads a single large reduction may use (PYCOLLECTIVE_REDUCE_THREADS, 0 = automatic).

@@ -96,9 +96,19 @@ class CudaDeviceOps final : public DeviceOps {
     return device;
   }
 
-  void beginCall(int device, Stream stream) override {
+  int beginCall(int device, Stream stream) override {
+    int previous = 0;
+    PC_CUDA_CHECK(cudaGetDevice(&previous));
     PC_CUDA_CHECK(cudaSetDevice(device));
     PC_CUDA_CHECK(cudaStreamSynchronize(asStream(stream)));
+    return previous;
+  }
+
+  void endCall(int previousDevice) noexcept override {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previousDevice)
+      cudaSetDevice(previousDevice);
+    cudaGetLastError();
   }
 
   void enablePeerAccess(const std::vector<int>& devices) override {

@@ -41,7 +41,10 @@ class DeviceOps {
   virtual int currentDevice() = 0;
 
   // ---- collective-call operations (synchronous, current device, per-thread stream) ----
-  virtual void beginCall(int device, Stream stream) = 0;
+  // Returns the device that was current before, which endCall() makes current again (CuPy and
+  // PyTorch keep their own idea of the current device: a call must not change it).
+  virtual int beginCall(int device, Stream stream) = 0;
+  virtual void endCall(int previousDevice) noexcept = 0;
   // Lets kernels running on each of `devices` read and write the others' memory (the in-process
   // links reduce straight out of a peer's buffer). Throws CudaError when a pair cannot.
   virtual void enablePeerAccess(const std::vector<int>& devices) = 0;

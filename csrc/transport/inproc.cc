@@ -116,7 +116,11 @@ class InprocLink : public Link {
     const RecvSpec& s = recv.spec;
     if (s.bytes > 0) {
       if (s.reduce == nullptr) {
-        std::memcpy(s.dst, send.data, s.bytes);
+        if (s.copy == nullptr) {
+          std::memcpy(s.dst, send.data, s.bytes);
+        } else {
+          s.copy(s.dst, send.data, s.bytes);
+        }
       } else {
         const void* accum = s.accum != nullptr ? s.accum : s.dst;
         s.reduce(s.dst, accum, send.data, s.bytes / s.elemSize);

@@ -33,6 +33,8 @@ struct RecvSpec {
   ReduceFn reduce = nullptr;     // nullptr: plain copy
   const void* accum = nullptr;   // with reduce: dst = accum OP incoming (nullptr means dst)
   size_t elemSize = 1;           // element size for reduce
+  CopyFn copy = nullptr;         // nullptr: std::memcpy (device buffers: a device copy). Only
+                                 // links that share memory (sharesMemory()) get device buffers.
 };
 
 class Link {
