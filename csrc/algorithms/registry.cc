@@ -80,6 +80,18 @@ Choice chooseAuto(const Group& group, const CollectiveArgs& args, bool withTable
   return c;
 }
 
+// Runs a started collective; a failure after data may have moved aborts the communicator, so
+// its peers stop waiting for this rank (their links fail at once).
+template <typename Fn>
+void abortOnFailure(Communicator& comm, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    comm.abort(e.what());
+    throw;
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> algorithmNames() {
@@ -126,12 +138,7 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
            " is out of range for a group of ", group.size(), " ranks");
   if (args.kind == CollectiveKind::kBarrier) {
     Exchange ex(group, args, 255, comm.nextSeq(groupId));
-    try {
-      runBarrier(ex);
-    } catch (const std::exception& e) {
-      comm.abort(e.what());
-      throw;
-    }
+    abortOnFailure(comm, [&] { runBarrier(ex); });
     return;
   }
   // Fails with InvalidType for an integer avg, before anything moves.
@@ -159,12 +166,7 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
   }
 
   Exchange ex(group, args, indexOf(algo), comm.nextSeq(groupId));
-  try {
-    algo->run(ex, args);
-  } catch (const std::exception& e) {
-    comm.abort(e.what());
-    throw;
-  }
+  abortOnFailure(comm, [&] { algo->run(ex, args); });
 
   if (args.op == ReduceOp::kAvg) {
     const double scale = 1.0 / group.size();

@@ -120,28 +120,14 @@ class BridgeLink : public Link {
   };
 
   void consume(const BridgeEnd::Incoming& in, const Pending& r) {
-    std::string mismatch = headerMismatch(r.expected, in.header);
-    if (mismatch.empty() && in.payload.size() != r.spec.bytes)
-      mismatch = "message of " + std::to_string(in.payload.size()) + " bytes where " +
-                 std::to_string(r.spec.bytes) + " were expected";
-    if (!mismatch.empty()) {
-      std::string msg = "rank " + std::to_string(end_->rank_) + " expected " +
-                        describeCall(r.expected) + " but rank " + std::to_string(end_->peer_) +
-                        " sent " + describeCall(in.header) + ": " + mismatch +
-                        ". Every rank must call the same collectives, in the same order, with "
-                        "the same arguments.";
+    FrameHeader got = in.header;
+    got.bytes = in.payload.size();
+    std::string msg = frameError(end_->rank_, end_->peer_, r.expected, got, r.spec.bytes);
+    if (!msg.empty()) {
       end_->fail(msg);
       throw ProtocolError(msg);
     }
-    const RecvSpec& s = r.spec;
-    if (s.bytes > 0) {
-      if (s.reduce == nullptr) {
-        std::memcpy(s.dst, in.payload.data(), s.bytes);
-      } else {
-        s.reduce(s.dst, s.accum != nullptr ? s.accum : s.dst, in.payload.data(),
-                 s.bytes / s.elemSize);
-      }
-    }
+    applyPayload(r.spec, in.payload.data());
     r.request->done.store(true, std::memory_order_release);
   }
 

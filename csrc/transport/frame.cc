@@ -64,4 +64,17 @@ std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got) 
   return fields.substr(2);
 }
 
+std::string frameError(int rank, int peer, const FrameHeader& expected, const FrameHeader& got,
+                       size_t expectedBytes) {
+  std::string mismatch = headerMismatch(expected, got);
+  if (mismatch.empty() && got.bytes != expectedBytes)
+    mismatch = "message of " + std::to_string(got.bytes) + " bytes where " +
+               std::to_string(expectedBytes) + " were expected";
+  if (mismatch.empty()) return "";
+  return "rank " + std::to_string(rank) + " expected " + describeCall(expected) + " but rank " +
+         std::to_string(peer) + " sent " + describeCall(got) + ": " + mismatch +
+         ". Every rank must call the same collectives, in the same order, with the same "
+         "arguments.";
+}
+
 }  // namespace pycollective

@@ -42,4 +42,10 @@ std::string describeCall(const FrameHeader& h);
 // Returns "" when `got` matches `expected`, else a sentence naming every field that differs.
 std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got);
 
+// What every transport checks when a frame arrives: "" if it is the one `rank` expected (header
+// and `expectedBytes`), else the whole ProtocolError message, naming both ranks, both calls and
+// what differed.
+std::string frameError(int rank, int peer, const FrameHeader& expected, const FrameHeader& got,
+                       size_t expectedBytes);
+
 }  // namespace pycollective

@@ -100,32 +100,14 @@ class InprocLink : public Link {
   };
 
   void consume(const PostedSend& send, const PendingRecv& recv) {
-    std::string mismatch = headerMismatch(recv.expected, send.header);
-    if (mismatch.empty() && send.bytes != recv.spec.bytes)
-      mismatch = "message of " + std::to_string(send.bytes) + " bytes where " +
-                 std::to_string(recv.spec.bytes) + " were expected";
-    if (!mismatch.empty()) {
-      std::string msg = "rank " + std::to_string(rank_) + " expected " +
-                        describeCall(recv.expected) + " but rank " + std::to_string(peer_) +
-                        " sent " + describeCall(send.header) + ": " + mismatch +
-                        ". Every rank must call the same collectives, in the same order, with "
-                        "the same arguments.";
+    FrameHeader got = send.header;
+    got.bytes = send.bytes;
+    std::string msg = frameError(rank_, peer_, recv.expected, got, recv.spec.bytes);
+    if (!msg.empty()) {
       abort(msg);
       throw ProtocolError(msg);
     }
-    const RecvSpec& s = recv.spec;
-    if (s.bytes > 0) {
-      if (s.reduce == nullptr) {
-        if (s.copy == nullptr) {
-          std::memcpy(s.dst, send.data, s.bytes);
-        } else {
-          s.copy(s.dst, send.data, s.bytes);
-        }
-      } else {
-        const void* accum = s.accum != nullptr ? s.accum : s.dst;
-        s.reduce(s.dst, accum, send.data, s.bytes / s.elemSize);
-      }
-    }
+    applyPayload(recv.spec, send.data);
     send.request->done.store(true, std::memory_order_release);
     recv.request->done.store(true, std::memory_order_release);
     theirs_->ring();

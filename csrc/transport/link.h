@@ -12,6 +12,7 @@
 //    which lets transports reduce straight out of the peer's memory or their own staging area.
 #include <atomic>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,19 @@ struct RecvSpec {
   CopyFn copy = nullptr;         // nullptr: std::memcpy (device buffers: a device copy). Only
                                  // links that share memory (sharesMemory()) get device buffers.
 };
+
+// Applies a whole incoming payload (spec.bytes at `src`) to a receive: copy, or reduce into
+// spec.dst. Links that have the payload in one piece use it; streaming links apply pieces.
+inline void applyPayload(const RecvSpec& s, const void* src) {
+  if (s.bytes == 0) return;
+  if (s.reduce != nullptr) {
+    s.reduce(s.dst, s.accum != nullptr ? s.accum : s.dst, src, s.bytes / s.elemSize);
+  } else if (s.copy != nullptr) {
+    s.copy(s.dst, src, s.bytes);
+  } else {
+    std::memcpy(s.dst, src, s.bytes);
+  }
+}
 
 class Link {
  public:

@@ -409,16 +409,8 @@ class ShmLink : public Link {
   }
 
   void checkHeader(const PendingRecv& r, const FrameHeader& got) {
-    std::string mismatch = headerMismatch(r.expected, got);
-    if (mismatch.empty() && got.bytes != r.spec.bytes)
-      mismatch = "message of " + std::to_string(got.bytes) + " bytes where " +
-                 std::to_string(r.spec.bytes) + " were expected";
-    if (mismatch.empty()) return;
-    std::string msg = "rank " + std::to_string(rank_) + " expected " + describeCall(r.expected) +
-                      " but rank " + std::to_string(peer_) + " sent " + describeCall(got) + ": " +
-                      mismatch +
-                      ". Every rank must call the same collectives, in the same order, with the "
-                      "same arguments.";
+    std::string msg = frameError(rank_, peer_, r.expected, got, r.spec.bytes);
+    if (msg.empty()) return;
     abort(msg);
     throw ProtocolError(msg);
   }

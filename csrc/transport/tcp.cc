@@ -194,16 +194,8 @@ class TcpLink : public Link {
   }
 
   void checkHeader(const PendingRecv& r) {
-    std::string mismatch = headerMismatch(r.expected, r.got);
-    if (mismatch.empty() && r.got.bytes != r.spec.bytes)
-      mismatch = "message of " + std::to_string(r.got.bytes) + " bytes where " +
-                 std::to_string(r.spec.bytes) + " were expected";
-    if (mismatch.empty()) return;
-    std::string msg = "rank " + std::to_string(rank_) + " expected " + describeCall(r.expected) +
-                      " but rank " + std::to_string(peer_) + " sent " + describeCall(r.got) +
-                      ": " + mismatch +
-                      ". Every rank must call the same collectives, in the same order, with the "
-                      "same arguments.";
+    std::string msg = frameError(rank_, peer_, r.expected, r.got, r.spec.bytes);
+    if (msg.empty()) return;
     markBroken(msg);
     ::shutdown(fd_, SHUT_RDWR);
     throw ProtocolError(msg);
