@@ -22,6 +22,17 @@ except ImportError:  # pragma: no cover
     pass
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _neutral_working_directory(tmp_path_factory):
+    """Run the session outside the repository. `python -m pycollective...` puts the current
+    directory first on sys.path, where the source folder (no compiled _C) would shadow the
+    installed package in every subprocess a test starts."""
+    previous = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(previous)
+
+
 @pytest.fixture
 def small_segments(monkeypatch):
     """Forces many pipeline segments per chunk, so segment arithmetic is exercised on small

@@ -19,7 +19,7 @@ EXAMPLE = os.path.join(ROOT, "examples", "ps_train_digits.py")
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYCOLLECTIVE_TOKEN")}
     return subprocess.run([sys.executable, "-m", "pycollective.cli", "run", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_cluster_environments():
