@@ -197,3 +197,16 @@ def test_buffer_protocol_and_dlpack():
 
     outs = c.allreduce([OnlyDLPack(np.ones(3, np.int64)), OnlyDLPack(np.ones(3, np.int64))])
     np.testing.assert_array_equal(outs[0], [2, 2, 2])
+
+
+def test_reductions_split_over_threads(monkeypatch):
+    """Large reductions split over the reduction thread pool give the same bits."""
+    xs = make_inputs("float32", "sum", 3, 1_500_007, seed=4)
+    want = [o.copy() for o in comm(3).allreduce(xs, algo="reduce_to_one")]
+    monkeypatch.setenv("PYCOLLECTIVE_REDUCE_THREADS", "3")
+    threaded = pc.LocalCommunicator(3)
+    for algo in ("reduce_to_one", "halving_doubling", "ring"):
+        outs = threaded.allreduce(xs, algo=algo)
+        assert_close(outs[0], reduce_ref(xs, "sum"), "sum", 3, algo)
+        check_identical(outs, algo)
+    assert threaded.allreduce(xs, algo="reduce_to_one")[0].tobytes() == want[0].tobytes()

@@ -28,6 +28,7 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
   if (args.device < 0) {
     s.reduce = reduces ? lookupReduce(args.dtype, args.op) : nullptr;
     s.segmentBytes = args.segmentBytes ? args.segmentBytes : params::segmentBytes();
+    s.reduceThreads = comm.reduceThreads();
   } else {
     // Device buffers: peers must share this address space (their links copy and reduce
     // straight between device buffers), and every local step is a device operation. A failure
@@ -107,6 +108,7 @@ RequestPtr Exchange::postRecv(int peer, void* dst, const void* accum, size_t byt
   spec.dst = dst;
   spec.bytes = bytes;
   spec.elemSize = state_->elemSize;
+  spec.threads = state_->reduceThreads;
   spec.copy = state_->copy;
   if (reduce) {
     spec.reduce = state_->reduce;
@@ -117,7 +119,8 @@ RequestPtr Exchange::postRecv(int peer, void* dst, const void* accum, size_t byt
 
 void Exchange::reduceLocal(void* dst, const void* a, const void* b, size_t bytes) const {
   if (bytes == 0) return;
-  state_->reduce(dst, a, b, bytes / state_->elemSize);
+  reduceParallel(state_->reduce, dst, a, b, bytes / state_->elemSize, state_->elemSize,
+                 state_->reduceThreads);
 }
 
 void* Exchange::scratch(int slot, size_t bytes) {

@@ -66,6 +66,7 @@ class Exchange {
     ReduceFn reduce;
     CopyFn copy = nullptr;   // nullptr: host memory (std::memcpy)
     int device = -1;         // CUDA device of the call's buffers, -1 for host memory
+    int reduceThreads = 1;   // host reductions may split over this many threads
     DType dtype = DType::kFloat32;
     size_t elemSize;
     size_t segmentBytes;

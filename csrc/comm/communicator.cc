@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/params.h"
 #include "transport/notifier.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,6 +30,10 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
   if (hostOf_.empty()) hostOf_.assign(size, 0);
   PC_CHECK(static_cast<int>(hostOf_.size()) == size, "host table has ", hostOf_.size(),
            " entries for ", size, " ranks");
+  const int onMyHost = static_cast<int>(std::count(hostOf_.begin(), hostOf_.end(), hostOf_[rank]));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  reduceThreads_ = params::reduceThreads() > 0 ? params::reduceThreads()
+                                               : std::max(1, cores / onMyHost);
 }
 
 Communicator::~Communicator() = default;

@@ -52,6 +52,9 @@ class Communicator {
   Link& link(int peer);
   const std::vector<int>& hostOf() const { return hostOf_; }
   double timeoutSeconds() const { return timeoutSeconds_; }
+  // Threads one large host reduction of this rank may use: the cores left to it by the other
+  // ranks on its host (PYCOLLECTIVE_REDUCE_THREADS overrides).
+  int reduceThreads() const { return reduceThreads_; }
   void setTimeoutSeconds(double s) { timeoutSeconds_ = s; }
 
   // Costs of links between ranks on the same host / different hosts.
@@ -93,6 +96,7 @@ class Communicator {
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<int> hostOf_;
   double timeoutSeconds_;
+  int reduceThreads_ = 1;
   std::mutex seqMu_;
   std::map<int, uint64_t> seq_;
   std::atomic<bool> aborted_{false};

@@ -327,8 +327,11 @@ class ShmLink : public Link {
     }
     const char* accum = (s.accum != nullptr ? static_cast<const char*>(s.accum)
                                             : static_cast<const char*>(s.dst)) + r.consumed;
-    s.reduce(dst, accum, recvRing_ + off, first / s.elemSize);
-    if (first < n) s.reduce(dst + first, accum + first, recvRing_, (n - first) / s.elemSize);
+    reduceParallel(s.reduce, dst, accum, recvRing_ + off, first / s.elemSize, s.elemSize,
+                   s.threads);
+    if (first < n)
+      reduceParallel(s.reduce, dst + first, accum + first, recvRing_, (n - first) / s.elemSize,
+                     s.elemSize, s.threads);
   }
 
   // Moves queued sends into the ring, at most one ring's worth per call so that the caller's

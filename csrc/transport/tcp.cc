@@ -225,7 +225,8 @@ class TcpLink : public Link {
       staged_ += got;
       size_t whole = staged_ / es * es;
       if (whole > 0) {
-        s.reduce(dst + r.payloadDone, accum + r.payloadDone, staging_.data(), whole / es);
+        reduceParallel(s.reduce, dst + r.payloadDone, accum + r.payloadDone, staging_.data(),
+                       whole / es, es, s.threads);
         r.payloadDone += whole;
         std::memmove(staging_.data(), staging_.data() + whole, staged_ - whole);
         staged_ -= whole;
