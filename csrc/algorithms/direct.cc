@@ -115,7 +115,7 @@ class Direct : public Algorithm {
           } else {
             for (int k = 1; k <= n; ++k) {  // start with the next rank: spread the stores
               int p = (r + k) % n;
-              ex.copy(all[p].out + off * es, acc, len * es);
+              ex.store(all[p].out + off * es, acc, len * es);
             }
           }
         }

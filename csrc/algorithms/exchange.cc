@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "core/stream_copy.h"
 #include "cuda/device_ops.h"
 
 namespace pycollective {
@@ -121,6 +122,11 @@ void Exchange::reduceLocal(void* dst, const void* a, const void* b, size_t bytes
   if (bytes == 0) return;
   reduceParallel(state_->reduce, dst, a, b, bytes / state_->elemSize, state_->elemSize,
                  state_->reduceThreads);
+}
+
+void Exchange::store(void* dst, const void* src, size_t bytes) const {
+  if (state_->copy == nullptr) streamCopy(dst, src, bytes);
+  else copy(dst, src, bytes);
 }
 
 void* Exchange::scratch(int slot, size_t bytes) {

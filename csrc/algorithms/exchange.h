@@ -36,6 +36,10 @@ class Exchange {
   // Local work that belongs to the call: dst = a OP b over `bytes`.
   void reduceLocal(void* dst, const void* a, const void* b, size_t bytes) const;
 
+  // Like copy(), for results written to memory this rank will not read again (another rank's
+  // output): streaming stores for host buffers, which skip reading the destination first.
+  void store(void* dst, const void* src, size_t bytes) const;
+
   // dst = src over `bytes` in the call's memory: std::memcpy for host buffers, a device copy
   // (finished on return) for device buffers. Algorithms copy only through this.
   void copy(void* dst, const void* src, size_t bytes) const {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/stream_copy.h"
 
 namespace pycollective {
 
@@ -22,7 +23,8 @@ double measureCopyBandwidth(size_t bytesPerThread, int threads, int reps) {
     std::memset(dst[t].get(), 0, bytesPerThread);
   }
   double best = 0;
-  for (int rep = 0; rep < reps; ++rep) {
+  for (int rep = 0; rep < 2 * reps; ++rep) {
+    const bool streaming = rep % 2 == 1;
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
     std::vector<std::thread> pool;
@@ -30,7 +32,8 @@ double measureCopyBandwidth(size_t bytesPerThread, int threads, int reps) {
       pool.emplace_back([&, t] {
         ready.fetch_add(1);
         while (!go.load()) std::this_thread::yield();
-        std::memcpy(dst[t].get(), src[t].get(), bytesPerThread);
+        if (streaming) streamCopy(dst[t].get(), src[t].get(), bytesPerThread);
+        else std::memcpy(dst[t].get(), src[t].get(), bytesPerThread);
       });
     while (ready.load() < threads) std::this_thread::yield();
     auto start = std::chrono::steady_clock::now();

@@ -1,0 +1,46 @@
+#include "core/stream_copy.h"
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace pycollective {
+
+void streamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  constexpr size_t kMinBytes = 4096;  // below this, memcpy into the cache is as good
+  if (bytes < kMinBytes) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  auto* d = static_cast<char*>(dst);
+  auto* s = static_cast<const char*>(src);
+  // Align the destination to 16 bytes (SSE2 streaming stores need it; SSE2 is baseline x86-64).
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  size_t vectors = bytes / 64;
+  for (size_t i = 0; i < vectors; ++i, d += 64, s += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+  }
+  std::memcpy(d, s, bytes % 64);
+  // Streaming stores are weakly ordered: make them visible before anyone is told we are done.
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+}  // namespace pycollective
