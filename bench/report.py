@@ -103,31 +103,45 @@ def write_csv(rows: list[Row], path: str) -> None:
 
 
 def plot(rows: list[Row], ceilings: dict, path: str) -> None:
-    """busbw vs size, one line per algorithm/transport/peer, log-scaled size axis."""
+    """busbw vs size, one line per algorithm/transport/peer, log-scaled size axis: colour says
+    the algorithm, line style the transport; peers are grey with crosses; the machine's
+    ceilings measured in the same run are dotted horizontal lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    lines: dict[str, list[Row]] = defaultdict(list)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    lines: dict[tuple[str, str, str, bool], list[Row]] = defaultdict(list)
     for r in rows:
-        lines[f"{r.collective} {r.label}"].append(r)
-    for label, rs in sorted(lines.items()):
+        lines[(r.collective, r.algo, r.transport, r.peer)].append(r)
+    palette = plt.get_cmap("tab10").colors
+    algos = sorted({k[1] for k in lines if not k[3]})
+    color = {a: palette[i % len(palette)] for i, a in enumerate(algos)}
+    style = {"shm": "-", "inproc": "-", "tcp": "--", "grpc": ":"}
+    peers = sorted({k[1] for k in lines if k[3]})
+    for key, rs in sorted(lines.items()):
+        collective, algo, transport, peer = key
         rs.sort(key=lambda r: r.nbytes)
-        ax.plot([r.nbytes for r in rs], [r.busbw / 1e9 for r in rs], marker="o",
-                linestyle="--" if rs[0].peer else "-", label=label)
+        kw = (dict(color=str(0.2 + 0.5 * peers.index(algo) / max(1, len(peers))), marker="x",
+                   linestyle="-.") if peer else
+              dict(color=color[algo], marker="o", markersize=3,
+                   linestyle=style.get(transport, "-")))
+        ax.plot([r.nbytes for r in rs], [r.busbw / 1e9 for r in rs],
+                label=f"{algo} ({transport})" + (" [peer]" if peer else ""), **kw)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # peers and small sizes sit orders of magnitude below the best
     for name, value in ceilings.items():
         if name.endswith("_Bps"):
             ax.axhline(value / 1e9, color="grey", linewidth=0.8, linestyle=":")
-            ax.annotate(name.removesuffix("_Bps"), (ax.get_xlim()[0], value / 1e9),
-                        fontsize=7, color="grey")
-    ax.set_xscale("log", base=2)
+            ax.text(ax.get_xlim()[1], value / 1e9, " " + name.removesuffix("_Bps"), fontsize=7,
+                    color="grey", va="center", ha="left")
     ax.set_xlabel("message size (bytes per rank)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title("pycollective: busbw by size (nccl-tests definition)")
+    ax.set_title(f"pycollective {rows[0].collective if rows else ''}: busbw by size "
+                 "(nccl-tests definition)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
