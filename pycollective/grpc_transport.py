@@ -6,7 +6,6 @@ Streams are authenticated with the cluster token like every other connection."""
 
 from __future__ import annotations
 
-import hmac
 import threading
 from concurrent import futures
 from typing import Iterator
@@ -16,6 +15,7 @@ import grpc
 from pycollective._ext import _C
 from pycollective.rendezvous import dataplane_pb2 as pb
 from pycollective.rendezvous import dataplane_pb2_grpc as pb_grpc
+from pycollective.rendezvous.auth import TokenInterceptor
 from pycollective.rendezvous.client import TOKEN_METADATA_KEY
 
 RANK_METADATA_KEY = "x-pycollective-rank"
@@ -35,7 +35,9 @@ class GrpcDataPlane:
         self._ends_ready = threading.Condition()
         self._closed = threading.Event()
         self._channels: list[grpc.Channel] = []
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_UNLIMITED)
+        self._threads: list[threading.Thread] = []
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_UNLIMITED,
+                                   interceptors=[TokenInterceptor(token, f"rank {rank}'s data plane")])
         pb_grpc.add_DataPlaneServicer_to_server(_Servicer(self), self._server)
         port = self._server.add_insecure_port(f"{bind_host}:0")
         self._server.start()
@@ -54,9 +56,14 @@ class GrpcDataPlane:
             responses = pb_grpc.DataPlaneStub(channel).Stream(
                 self.outgoing(end), metadata=((TOKEN_METADATA_KEY, self._token),
                                               (RANK_METADATA_KEY, str(self.rank))))
-            threading.Thread(target=self.incoming, args=(responses, end, peer), daemon=True,
-                             name=f"grpc-recv-{peer}").start()
+            self.start_receiver(responses, end, peer)
         return handle
+
+    def start_receiver(self, frames: Iterator[pb.Frame], end, peer: int) -> None:
+        thread = threading.Thread(target=self.incoming, args=(frames, end, peer), daemon=True,
+                                  name=f"grpc-recv-{peer}")
+        self._threads.append(thread)
+        thread.start()
 
     def end_for(self, peer: int):
         """The end a stream from `peer` belongs to (waits briefly: the peer may dial first)."""
@@ -101,6 +108,10 @@ class GrpcDataPlane:
         for channel in self._channels:
             channel.close()
         self._server.stop(grace=0.5).wait(2.0)
+        # The receivers end with their streams; wait for them so none still touches a link
+        # while the interpreter shuts down.
+        for thread in self._threads:
+            thread.join(timeout=2.0)
 
 
 class _Servicer(pb_grpc.DataPlaneServicer):
@@ -108,11 +119,7 @@ class _Servicer(pb_grpc.DataPlaneServicer):
         self._plane = plane
 
     def Stream(self, request_iterator, context):  # noqa: N802 (gRPC's name)
-        meta = dict(context.invocation_metadata())
-        token = meta.get(TOKEN_METADATA_KEY, "")
-        if not hmac.compare_digest(token.encode(), self._plane._token.encode()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong cluster token on a grpc data stream")
+        meta = dict(context.invocation_metadata())  # the token was checked by the interceptor
         try:
             peer = int(meta.get(RANK_METADATA_KEY, ""))
         except ValueError:
@@ -121,6 +128,5 @@ class _Servicer(pb_grpc.DataPlaneServicer):
         if end is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"rank {self._plane.rank} has no grpc link to rank {peer}")
-        threading.Thread(target=self._plane.incoming, args=(request_iterator, end, peer),
-                         daemon=True, name=f"grpc-recv-{peer}").start()
+        self._plane.start_receiver(request_iterator, end, peer)
         yield from self._plane.outgoing(end)

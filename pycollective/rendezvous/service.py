@@ -20,6 +20,7 @@ import grpc
 
 from . import coordination_pb2 as pb
 from . import coordination_pb2_grpc as pb_grpc
+from .auth import TokenInterceptor
 from .client import (
     COORDINATOR_RANK,
     TOKEN_METADATA_KEY,
@@ -110,7 +111,7 @@ class CoordinationService:
             futures.ThreadPoolExecutor(
                 max_workers=4 * self.world_size + 8, thread_name_prefix="pc-coord"
             ),
-            interceptors=[_TokenCheck(self._token)],
+            interceptors=[TokenInterceptor(self._token, "the coordinator")],
             # gRPC enables SO_REUSEPORT by default: two coordinators could then
             # share a port and split the ranks between them without any error.
             options=[("grpc.so_reuseport", 0)],
@@ -477,52 +478,3 @@ class _Servicer(pb_grpc.CoordinationServicer):
             yield notice
 
 
-class _TokenCheck(grpc.ServerInterceptor):
-    """Refuses any call without the cluster token, before it reaches a handler."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode("utf-8")
-
-    def intercept_service(self, continuation, handler_call_details):
-        problem = "it carried no token"
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == TOKEN_METADATA_KEY:
-                given = value.encode("utf-8") if isinstance(value, str) else value
-                # Constant-time: the comparison must not leak the token's prefix.
-                if hmac.compare_digest(given, self._token):
-                    return continuation(handler_call_details)
-                problem = "its token is wrong"
-                break
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return _refusal(handler, handler_call_details.method, problem)
-
-
-def _refusal(handler: grpc.RpcMethodHandler, method: str, problem: str):
-    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
-    message = (
-        f"the coordinator refused {method.rsplit('/', 1)[-1]}: {problem} "
-        f"(metadata {TOKEN_METADATA_KEY})"
-    )
-
-    def refuse(request_or_iterator, context: grpc.ServicerContext):
-        _log.warning("refused %s from %s: %s", method, context.peer(), problem)
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    def refuse_stream(request_or_iterator, context: grpc.ServicerContext):
-        refuse(request_or_iterator, context)
-        yield  # unreachable: refuse() raises; makes this a generator
-
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    streaming = (handler.request_streaming, handler.response_streaming)
-    return kinds[streaming](
-        refuse_stream if handler.response_streaming else refuse,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )

@@ -30,6 +30,7 @@ import grpc
 import numpy as np
 
 import pycollective as pc
+from pycollective.rendezvous.auth import TokenInterceptor
 
 from .. import _context
 from ..backend import LocalBackend
@@ -846,7 +847,7 @@ class Server:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers,
                                        thread_name_prefix=f"pc-{self.job_name}"),
-            interceptors=[wire.TokenInterceptor(self._token, self.task)],
+            interceptors=[TokenInterceptor(self._token, self.task)],
             options=wire.server_options())
         key = wire.payload_key(self._token)
         if self.job_name == "ps":

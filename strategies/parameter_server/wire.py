@@ -12,7 +12,7 @@
   compares with ``hmac.compare_digest`` *before* unpickling, and refuses the call
   (UNAUTHENTICATED) when it does not match.
 - Every call also carries the cluster token in the ``x-pycollective-token`` metadata entry,
-  checked by :class:`TokenInterceptor` before any handler runs.
+  checked by pycollective.rendezvous.auth.TokenInterceptor before any handler runs.
 """
 
 from __future__ import annotations
@@ -270,55 +270,6 @@ def server_options() -> list[tuple[str, Any]]:
         # Two servers must never share a port silently.
         ("grpc.so_reuseport", 0),
     ]
-
-
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses (UNAUTHENTICATED, logged) any call without the cluster token, before a handler
-    runs."""
-
-    def __init__(self, token: str, what: str) -> None:
-        self._token = token.encode("utf-8")
-        self._what = what
-
-    def intercept_service(self, continuation, handler_call_details):
-        problem = "it carried no token"
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == TOKEN_METADATA_KEY:
-                given = value.encode("utf-8") if isinstance(value, str) else value
-                if hmac.compare_digest(given, self._token):
-                    return continuation(handler_call_details)
-                problem = "its token is wrong"
-                break
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return _refusal(handler, handler_call_details.method, problem, self._what)
-
-
-def _refusal(handler: grpc.RpcMethodHandler, method: str, problem: str,
-             what: str) -> grpc.RpcMethodHandler:
-    """A handler of the same kind (unary or streaming) as ``handler`` that answers
-    UNAUTHENTICATED without reading the request."""
-    message = (f"{what} refused {method.rsplit('/', 1)[-1]}: {problem} (metadata "
-               f"{TOKEN_METADATA_KEY}; every task needs the same PYCOLLECTIVE_TOKEN)")
-
-    def refuse(request_or_iterator, context):
-        _log.warning("%s refused %s from %s: %s", what, method, context.peer(), problem)
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    def refuse_stream(request_or_iterator, context):
-        refuse(request_or_iterator, context)
-        yield  # unreachable: refuse() raises; this makes a generator
-
-    kinds = {
-        (False, False): (grpc.unary_unary_rpc_method_handler, refuse),
-        (False, True): (grpc.unary_stream_rpc_method_handler, refuse_stream),
-        (True, False): (grpc.stream_unary_rpc_method_handler, refuse),
-        (True, True): (grpc.stream_stream_rpc_method_handler, refuse_stream),
-    }
-    make, behaviour = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
-    return make(behaviour, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
 
 
 def rpc_detail(exc: grpc.RpcError) -> str:
