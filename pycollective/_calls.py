@@ -59,16 +59,21 @@ def result_shape(kind: str, shape: tuple[int, ...], count: int, rank: int, size:
     raise ValueError(f"unknown collective {kind!r}")
 
 
+def check_inplace_call(kind: str, out: Any, where: str) -> None:
+    """inplace=True is refused with out= and for collectives whose result has another size."""
+    if out is not None:
+        raise ValueError(f"{where}: pass either inplace=True or out=, not both")
+    if kind in ("reduce_scatter", "allgather"):
+        raise ValueError(f"{where}: {kind} returns an array of another size; inplace=True "
+                         "is only for allreduce, broadcast and reduce")
+
+
 def prepare(kind: str, buf: Buffer, rank: int, size: int, root: int, inplace: bool,
             where: str, out: Buffer | None = None) -> Prepared:
     """Checks one rank's tensor for `kind` and allocates its output, or checks the caller's
     ``out`` buffer (same dtype, the result's shape, writable and contiguous)."""
     if inplace:
-        if out is not None:
-            raise ValueError(f"{where}: pass either inplace=True or out=, not both")
-        if kind in ("reduce_scatter", "allgather"):
-            raise ValueError(f"{where}: {kind} returns an array of another size; inplace=True "
-                             "is only for allreduce, broadcast and reduce")
+        check_inplace_call(kind, out, where)
         check_writable(buf, where)
     inp = contiguous_input(buf)
     shape = result_shape(kind, inp.shape, inp.size, rank, size, root)

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pycollective._calls import result_shape
+from pycollective._calls import check_inplace_call, result_shape
 from pycollective.tensors import DTYPE_NAMES, SUPPORTED
 
 # __cuda_array_interface__ typestr -> native dtype code (csrc/core/dtype.h)
@@ -295,11 +295,7 @@ def prepare_device(kind: str, buf: DeviceBuffer, rank: int, size: int, root: int
                    inplace: bool, where: str, out: DeviceBuffer | None = None) -> DevicePrepared:
     """Checks one rank's device tensor for `kind` and allocates (or checks) its output."""
     if inplace:
-        if out is not None:
-            raise ValueError(f"{where}: pass either inplace=True or out=, not both")
-        if kind in ("reduce_scatter", "allgather"):
-            raise ValueError(f"{where}: {kind} returns an array of another size; inplace=True "
-                             "is only for allreduce, broadcast and reduce")
+        check_inplace_call(kind, out, where)
         if buf.readonly:
             raise ValueError(f"{where}: inplace=True but the tensor is read-only")
         if not buf.contiguous:
