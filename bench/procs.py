@@ -34,7 +34,8 @@ def _spawn_ranks(job: dict, world: int, deadline_s: float,
                  progress: Callable[[str], None]) -> list[dict]:
     """Runs one job on `world` processes; returns rank 0's rows."""
     tmp = tempfile.mkdtemp(prefix="pycol-bench-")
-    job = dict(job, result=os.path.join(tmp, "rows.json"), peer_port=_free_port())
+    job = dict(job, result=os.path.join(tmp, "rows.json"), peer_port=_free_port(),
+               tf_ports=[_free_port() for _ in range(world)])
     job_path = os.path.join(tmp, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
@@ -98,8 +99,8 @@ def peer_status(name: str) -> str | None:
         return None
     if name == "tensorflow":
         if importlib.util.find_spec("tensorflow") is None:
-            return "tensorflow is not installed (pip install tensorflow)"
-        return "the TensorFlow MultiWorkerMirroredStrategy peer is not implemented yet"
+            return "tensorflow is not installed (pip install tensorflow-cpu)"
+        return None
     return f"unknown peer {name!r}"
 
 
@@ -131,5 +132,5 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
         except RuntimeError as exc:
             notes.append(f"peer {peer} failed: {str(exc).splitlines()[0]}")
             continue
-        add(raw, "tcp" if peer == "gloo" else "shm", True)
+        add(raw, {"gloo": "tcp", "tensorflow": "grpc"}.get(peer, "shm"), True)
     return rows

@@ -150,7 +150,64 @@ class MpiBackend:
         pass
 
 
-BACKENDS = {"pycollective": PycollectiveBackend, "gloo": GlooBackend, "mpi": MpiBackend}
+class TensorFlowBackend:
+    """TensorFlow's MultiWorkerMirroredStrategy with RING communication (one replica per
+    worker): the all-reduce a tf.distribute user gets, called through a tf.function."""
+
+    def __init__(self, job: dict) -> None:
+        self.rank = int(os.environ["PYCOLLECTIVE_RANK"])
+        self.size = int(os.environ["PYCOLLECTIVE_WORLD_SIZE"])
+        os.environ["TF_CONFIG"] = json.dumps({
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in job["tf_ports"][:self.size]]},
+            "task": {"type": "worker", "index": self.rank}})
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+
+        self.tf = tf
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        self._fns: dict[str, object] = {}
+
+    def _step(self, kind: str):
+        """A compiled step: each worker's value as a per-replica value, then strategy.reduce
+        (an all-reduce across the workers) or strategy.gather (tf.distribute's ReduceOp has only
+        SUM and MEAN, so max goes through gather)."""
+        if kind not in self._fns:
+            tf, s = self.tf, self.strategy
+
+            def step(x):
+                per_replica = s.run(tf.identity, args=(x,))
+                if kind == "gather":
+                    return s.gather(per_replica, axis=0)
+                return s.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            self._fns[kind] = tf.function(step)
+        return self._fns[kind]
+
+    def _run(self, kind: str, x: np.ndarray) -> np.ndarray:
+        return self._step(kind)(self.tf.constant(x)).numpy()
+
+    def barrier(self) -> None:
+        self._run("sum", np.zeros(1, np.float32))
+
+    def max_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        return self._run("gather", values).reshape(self.size, -1).max(axis=0)
+
+    def sum_over_ranks(self, value: int) -> int:
+        return int(self._run("sum", np.array([value], np.float64))[0])
+
+    def call(self, collective: str, x: np.ndarray, out, algo: str, op: str):
+        if collective != "allreduce" or op != "sum":
+            raise ValueError("the TensorFlow peer runs allreduce with sum only")
+        return lambda: self._run("sum", x)
+
+    def close(self) -> None:
+        pass
+
+
+BACKENDS = {"pycollective": PycollectiveBackend, "gloo": GlooBackend, "mpi": MpiBackend,
+            "tensorflow": TensorFlowBackend}
 
 
 def main(job_path: str) -> int:
