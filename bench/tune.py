@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import time
+from collections import defaultdict
 
 from .metrics import human_bytes, parse_size
 from .rows import Row
@@ -34,23 +36,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("--budget", type=float, default=0.3, help="seconds of timing per row")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="sweeps per setting; winners are chosen on the median over rounds")
+
+
+# Algorithms within this fraction of the fastest count as tied: the tie goes to the previous
+# size's winner, so noise does not make the table flip between equals from size to size.
+TIE = 0.05
 
 
 def winners(rows: list[Row], transport: str, world: int, collective: str) -> list[dict]:
-    """The fastest algorithm at each measured size; each entry covers sizes up to the geometric
-    midpoint with the next measured size (the last entry covers everything above)."""
-    by_size: dict[int, Row] = {}
+    """The fastest algorithm at each measured size (median over the rounds of the sweep); each
+    entry covers sizes up to the geometric midpoint with the next measured size (the last entry
+    covers everything above)."""
+    times: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r.peer or r.algo == "auto" or r.collective != collective or r.wrong:
             continue
-        if r.nbytes not in by_size or r.median_s < by_size[r.nbytes].median_s:
-            by_size[r.nbytes] = r
-    sizes = sorted(by_size)
-    out = []
+        times[r.nbytes][r.algo].append(r.median_s)
+    sizes = sorted(times)
+    out, previous = [], None
     for i, s in enumerate(sizes):
+        medians = {a: statistics.median(ts) for a, ts in times[s].items()}
+        best = min(medians, key=medians.get)
+        if previous in medians and medians[previous] <= medians[best] * (1 + TIE):
+            best = previous
+        previous = best
         upto = int(math.sqrt(s * sizes[i + 1])) if i + 1 < len(sizes) else s
         out.append({"transport": transport, "world": world, "collective": collective,
-                    "max_bytes": upto, "algo": by_size[s].algo})
+                    "max_bytes": upto, "algo": best})
     return out
 
 
@@ -103,9 +117,10 @@ def main(args: argparse.Namespace) -> int:
     for collective in collectives:
         for transport in transports:
             algos = [a for a in pc.algorithms() if a not in ("auto", "direct")]
-            progress = Progress(len(sweep) * len(algos))
-            rows = procs.run(collective, sweep, "float32", "sum", world, algos, [transport], [],
-                             10, 2, args.budget, progress, [])
+            progress = Progress(len(sweep) * len(algos) * args.rounds)
+            rows = [row for _ in range(args.rounds)
+                    for row in procs.run(collective, sweep, "float32", "sum", world, algos,
+                                         [transport], [], 10, 2, args.budget, progress, [])]
             progress.close()
             result.choices += winners(rows, transport, world, collective)
             fitted = fit_costs(rows, world, gamma) if collective == "allreduce" else None
@@ -115,10 +130,11 @@ def main(args: argparse.Namespace) -> int:
                 f"<={human_bytes(c['max_bytes'])} {c['algo']}"
                 for c in winners(rows, transport, world, collective)))
         algos = [a for a in pc.algorithms() if a != "auto"]
-        progress = Progress(len(sweep) * len(algos))
+        progress = Progress(len(sweep) * len(algos) * args.rounds)
         copy_bw = pc._C.memory_bandwidth(min(args.maxbytes, 64 << 20), args.replicas, 3)
-        rows = inproc.run(collective, sweep, "float32", "sum", args.replicas, algos, 10, 2,
-                          False, copy_bw, progress, args.budget)
+        rows = [row for _ in range(args.rounds)
+                for row in inproc.run(collective, sweep, "float32", "sum", args.replicas, algos,
+                                      10, 2, False, copy_bw, progress, args.budget)]
         progress.close()
         result.choices += winners(rows, "inproc", args.replicas, collective)
         fitted = fit_costs(rows, args.replicas, gamma) if collective == "allreduce" else None
