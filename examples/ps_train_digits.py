@@ -32,7 +32,6 @@ from pycollective.strategies import (
     FixedShardsPartitioner,
     ParameterServerStrategy,
     ReduceOp,
-    Variable,
 )
 
 

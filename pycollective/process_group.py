@@ -16,7 +16,6 @@ import atexit
 import os
 import secrets
 import threading
-import time
 from typing import Any
 
 from pycollective._calls import KINDS, REDUCING, Prepared, prepare

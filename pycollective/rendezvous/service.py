@@ -8,7 +8,6 @@ no handler thread can wait forever.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -21,12 +20,7 @@ import grpc
 from . import coordination_pb2 as pb
 from . import coordination_pb2_grpc as pb_grpc
 from .auth import TokenInterceptor
-from .client import (
-    COORDINATOR_RANK,
-    TOKEN_METADATA_KEY,
-    WATCHING_METADATA_KEY,
-    RendezvousError,
-)
+from .client import COORDINATOR_RANK, WATCHING_METADATA_KEY, RendezvousError
 from .cluster import format_address
 
 # A caller that sent no deadline still gets an answer eventually.
