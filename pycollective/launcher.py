@@ -13,6 +13,7 @@ the chief, one TF_CONFIG cluster and token for all; the chief's exit ends it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -211,12 +212,7 @@ def launch(
             # Piped Python output is block-buffered: lines would arrive late.
             env.setdefault("PYTHONUNBUFFERED", "1")
     group = _RankGroup(tag_output=tag_output, grace=grace)
-    received: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
+    with _supervision(group) as received:
         try:
             for rank, env in enumerate(environments):
                 group.start(rank, command, env)
@@ -225,8 +221,22 @@ def launch(
             group.stop_all()
             return 127
         return _supervise(group, received, timeout)
+
+
+@contextlib.contextmanager
+def _supervision(group: _RankGroup) -> Iterator[list[int]]:
+    """Catches SIGINT/SIGTERM while ranks run (yields the signals received, for forwarding)
+    and, however the block ends, stops ranks still running, drains their output and restores
+    the previous handlers: an escaping exception never leaves ranks behind."""
+    received: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield received
     finally:
-        if not group.all_exited():  # an exception escaped: never leave ranks behind
+        if not group.all_exited():
             group.stop_all()
         group.join_output()
         for sig, handler in previous.items():
@@ -409,12 +419,7 @@ def launch_ps_cluster(
     when the chief exits and returns the chief's exit code. A ps or worker task that exits is
     reported, not fatal: the chief decides (a worker may be restarted by hand)."""
     group = _RankGroup(tag_output=tag_output, grace=grace)
-    received: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
+    with _supervision(group) as received:
         tasks = ps_cluster_environments(num_ps, num_workers)
         labels = [f"{job} {index}" if job != "chief" else "chief" for job, index, _ in tasks]
         try:
@@ -454,12 +459,6 @@ def launch_ps_cluster(
                 _say(f"timed out after {timeout:g} s; stopped the cluster")
                 return TIMEOUT_EXIT_CODE
             time.sleep(_POLL_S)
-    finally:
-        if not group.all_exited():
-            group.stop_all()
-        group.join_output()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _pump(stream: BinaryIO, sink: BinaryIO, prefix: bytes, lock: threading.Lock) -> None:

@@ -343,32 +343,34 @@ def _tf_error(problem: str) -> ValueError:
     return ValueError(f"TF_CONFIG {problem}; expected e.g. TF_CONFIG='{_TF_CONFIG_EXAMPLE}'")
 
 
-def _from_torchrun(env: Mapping[str, str]) -> _Found:
-    source = "torchrun environment (RANK, WORLD_SIZE, ...)"
-    shape = "RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=4 MASTER_ADDR=host MASTER_PORT=29500"
+def _from_launcher_vars(env: Mapping[str, str], source: str, shape: str, rank: str, size: str,
+                        local_rank: str, local_size: str) -> _Found:
+    """Launchers that name rank, size and the local pair in four variables (torchrun, Open
+    MPI); the master comes from MASTER_ADDR/MASTER_PORT or PYCOLLECTIVE_MASTER_*."""
     found = _Found(
         source=source,
-        rank=_require_int(env, "RANK", source, shape),
-        world_size=_require_int(env, "WORLD_SIZE", source, shape),
-        local_rank=_optional_int(env, "LOCAL_RANK", source),
-        local_size=_optional_int(env, "LOCAL_WORLD_SIZE", source),
+        rank=_require_int(env, rank, source, shape),
+        world_size=_require_int(env, size, source, shape),
+        local_rank=_optional_int(env, local_rank, source),
+        local_size=_optional_int(env, local_size, source),
     )
     _read_torch_master(env, found, source)
     return found
+
+
+def _from_torchrun(env: Mapping[str, str]) -> _Found:
+    return _from_launcher_vars(
+        env, "torchrun environment (RANK, WORLD_SIZE, ...)",
+        "RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=4 MASTER_ADDR=host MASTER_PORT=29500",
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def _from_open_mpi(env: Mapping[str, str]) -> _Found:
-    source = "Open MPI environment (OMPI_COMM_WORLD_*)"
-    shape = "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 (set by mpirun)"
-    found = _Found(
-        source=source,
-        rank=_require_int(env, "OMPI_COMM_WORLD_RANK", source, shape),
-        world_size=_require_int(env, "OMPI_COMM_WORLD_SIZE", source, shape),
-        local_rank=_optional_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", source),
-        local_size=_optional_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", source),
-    )
-    _read_torch_master(env, found, source)
-    return found
+    return _from_launcher_vars(
+        env, "Open MPI environment (OMPI_COMM_WORLD_*)",
+        "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 (set by mpirun)",
+        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE")
 
 
 def _from_slurm(env: Mapping[str, str]) -> _Found:
