@@ -119,15 +119,8 @@ class LocalCommunicator:
         if algo == "nccl" or (not _is_numpy(tensors[0]) and is_device_tensor(tensors[0])):
             return self._run_device(kind, tensors, reduce_op, algo, root, inplace, timeout, out)
         bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
+        _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
         first = bufs[0]
-        for i, b in enumerate(bufs[1:], start=1):
-            if b.code != first.code:
-                raise TypeError(f"replica {i} passed {b.dtype_name} but replica 0 passed "
-                                f"{first.dtype_name}; every replica must pass the same dtype")
-            if b.array.shape != first.array.shape:
-                raise ValueError(f"replica {i} passed shape {b.array.shape} but replica 0 "
-                                 f"passed {first.array.shape}; every replica must pass the "
-                                 "same shape")
         if kind in REDUCING and reduce_op == ReduceOp.AVG and first.code >= 4:
             raise TypeError(f"avg is not defined for {first.dtype_name}: use op='sum' and "
                             "divide, or convert to a floating dtype")
@@ -162,14 +155,8 @@ class LocalCommunicator:
                 raise TypeError(f"replica {i}: {need} a device tensor (a CuPy array or a "
                                 f"PyTorch CUDA tensor), got {type(t).__name__}")
         bufs = [adapt_device(t, f"replica {i}") for i, t in enumerate(tensors)]
+        _check_alike([(b.code, b.dtype_name, b.shape) for b in bufs])
         first = bufs[0]
-        for i, b in enumerate(bufs[1:], start=1):
-            if b.code != first.code:
-                raise TypeError(f"replica {i} passed {b.dtype_name} but replica 0 passed "
-                                f"{first.dtype_name}; every replica must pass the same dtype")
-            if b.shape != first.shape:
-                raise ValueError(f"replica {i} passed shape {b.shape} but replica 0 passed "
-                                 f"{first.shape}; every replica must pass the same shape")
         if kind in REDUCING and reduce_op == ReduceOp.AVG and first.code >= 4:
             raise TypeError(f"avg is not defined for {first.dtype_name}: use op='sum' and "
                             "divide, or convert to a floating dtype")
@@ -204,3 +191,15 @@ class LocalCommunicator:
 
 def _is_numpy(x: Any) -> bool:
     return type(x).__module__ == "numpy"
+
+
+def _check_alike(replicas: list[tuple[int, str, tuple]]) -> None:
+    """Every replica's (dtype code, dtype name, shape) must equal replica 0's."""
+    code0, name0, shape0 = replicas[0]
+    for i, (code, name, shape) in enumerate(replicas[1:], start=1):
+        if code != code0:
+            raise TypeError(f"replica {i} passed {name} but replica 0 passed {name0}; every "
+                            "replica must pass the same dtype")
+        if shape != shape0:
+            raise ValueError(f"replica {i} passed shape {shape} but replica 0 passed {shape0}; "
+                             "every replica must pass the same shape")
