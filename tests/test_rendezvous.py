@@ -541,6 +541,25 @@ def test_stopped_client_is_reported_after_the_heartbeat_timeout(
     assert "last heard from" in reason and "heartbeat timeout 2 s" in reason
 
 
+@pytest.mark.timeout(30)
+def test_rank_silent_from_the_moment_it_watches_is_reported(make_service, make_client):
+    # A process can stop between opening its abort watch and its first heartbeat (CI saw it):
+    # the service must count its silence from the watch, not wait for a first heartbeat.
+    service = make_service(2, heartbeat_timeout=1.0)
+    clients = [make_client(service.address, r) for r in range(2)]
+    register_all(clients, 2)
+    recorder = AbortRecorder()
+    clients[0].start_heartbeat(recorder, interval=0.1)
+    channel, stub = raw_stub(service.address)
+    with channel:
+        watch = stub.WatchAbort(pb.WatchAbortRequest(rank=1),
+                                metadata=(("x-pycollective-token", TOKEN),))
+        watch.initial_metadata()  # the service now watches rank 1, which never heartbeats
+        rank, reason, _ = recorder.wait(5.0)
+        watch.cancel()
+    assert rank == 1 and "stopped heartbeating" in reason, reason
+
+
 # -- bootstrap --------------------------------------------------------------------------------
 
 

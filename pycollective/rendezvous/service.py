@@ -51,7 +51,7 @@ class CoordinationService:
             ``x-pycollective-token``).
         host: Interface to bind; ``"0.0.0.0"`` for all interfaces.
         port: Port to bind; 0 lets the OS choose.
-        heartbeat_timeout: A rank that heartbeated at least once and is then
+        heartbeat_timeout: A rank whose abort watch is open and that is then
             silent this many seconds is declared failed and the group aborted.
     """
 
@@ -434,6 +434,11 @@ class _Servicer(pb_grpc.CoordinationServicer):
         rank = request.rank
         with s.cond:
             s.check_rank(rank, context, "WatchAbort")
+            # Liveness is watched from here on, not from the first heartbeat: a process that
+            # stops right after opening its watch (before its heartbeat thread ever ran) must
+            # still be declared failed.
+            if rank not in s.left:
+                s.last_heartbeat[rank] = time.monotonic()
         ended_normally = threading.Event()
 
         def on_rpc_end() -> None:
