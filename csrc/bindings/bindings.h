@@ -16,6 +16,7 @@ void bindInfo(pybind11::module_& m);
 void bindLocal(pybind11::module_& m);
 void bindGroup(pybind11::module_& m);
 void bindNccl(pybind11::module_& m);
+void bindOptim(pybind11::module_& m);
 
 // Builds the native call description from the integer codes Python passes.
 CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_C, m) {
   pycollective::bindings::bindLocal(m);
   pycollective::bindings::bindGroup(m);
   pycollective::bindings::bindNccl(m);
+  pycollective::bindings::bindOptim(m);
 }

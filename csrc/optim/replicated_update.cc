@@ -1,0 +1,153 @@
+#include "optim/replicated_update.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/stream_copy.h"
+#include "core/thread_pool.h"
+#include "reduce/reduce.h"
+
+namespace pycollective {
+
+namespace {
+
+// A piece is one thread's share (a job of the pool); a block is what one pass keeps in cache:
+// the summed gradient and the new state of a block stay in L1/L2 between being computed and
+// being stored into every copy.
+constexpr size_t kPieceBytes = 512 * 1024;
+constexpr size_t kBlockBytes = 64 * 1024;
+constexpr int kMaxSlots = 2;
+
+struct Piece {
+  const ReplicatedTensor* tensor;
+  size_t begin;
+  size_t count;
+};
+
+// The new state of one block, computed from copy 0: w (new weights) and s[k] (new slots) are
+// scratch of `n` elements; g is the gradient sum (not yet scaled).
+template <typename T>
+void computeBlock(UpdateRule rule, const UpdateHyper& h, const T* g, const T* w0,
+                  const T* const* s0, T* w, T* const* s, size_t n) {
+  const T scale = static_cast<T>(h.gradScale), lr = static_cast<T>(h.lr);
+  switch (rule) {
+    case UpdateRule::kSgd:
+      for (size_t i = 0; i < n; ++i) w[i] = w0[i] - lr * (scale * g[i]);
+      break;
+    case UpdateRule::kMomentum: {
+      const T mom = static_cast<T>(h.momentum);
+      for (size_t i = 0; i < n; ++i) {
+        const T m = mom * s0[0][i] - lr * (scale * g[i]);
+        s[0][i] = m;
+        w[i] = w0[i] + m;
+      }
+      break;
+    }
+    case UpdateRule::kNesterov: {
+      const T mom = static_cast<T>(h.momentum);
+      for (size_t i = 0; i < n; ++i) {
+        const T step = lr * (scale * g[i]);
+        const T m = mom * s0[0][i] - step;
+        s[0][i] = m;
+        w[i] = w0[i] + (mom * m - step);
+      }
+      break;
+    }
+    case UpdateRule::kAdam: {
+      const T b1 = static_cast<T>(1 - h.beta1), b2 = static_cast<T>(1 - h.beta2);
+      const T eps = static_cast<T>(h.epsilon);
+      for (size_t i = 0; i < n; ++i) {
+        const T gi = scale * g[i];
+        const T m = s0[0][i] + (gi - s0[0][i]) * b1;
+        const T v = s0[1][i] + (gi * gi - s0[1][i]) * b2;
+        s[0][i] = m;
+        s[1][i] = v;
+        w[i] = w0[i] - lr * m / (std::sqrt(v) + eps);
+      }
+      break;
+    }
+  }
+}
+
+template <typename T>
+void runPiece(UpdateRule rule, const UpdateHyper& h, ReduceFn sum, int nSlots, const Piece& p) {
+  const ReplicatedTensor& t = *p.tensor;
+  constexpr size_t kBlock = kBlockBytes / sizeof(T);
+  // Scratch: the gradient sum, the new weights, the new slots.
+  thread_local std::vector<T> scratch;
+  scratch.resize(kBlock * (2 + kMaxSlots));
+  T* acc = scratch.data();
+  T* w = acc + kBlock;
+  T* s[kMaxSlots] = {w + kBlock, w + 2 * kBlock};
+  const T* s0[kMaxSlots] = {nullptr, nullptr};
+  for (size_t off = p.begin; off < p.begin + p.count; off += kBlock) {
+    const size_t n = std::min(kBlock, p.begin + p.count - off);
+    const T* g = static_cast<const T*>(t.grads[0]) + off;
+    if (t.grads.size() > 1) {
+      sum(acc, g, static_cast<const T*>(t.grads[1]) + off, n);
+      for (size_t r = 2; r < t.grads.size(); ++r)
+        sum(acc, acc, static_cast<const T*>(t.grads[r]) + off, n);
+      g = acc;
+    }
+    for (int k = 0; k < nSlots; ++k) s0[k] = static_cast<const T*>(t.slots[k][0]) + off;
+    computeBlock(rule, h, g, static_cast<const T*>(t.copies[0]) + off, s0, w, s, n);
+    for (void* copy : t.copies) streamCopy(static_cast<T*>(copy) + off, w, n * sizeof(T));
+    for (int k = 0; k < nSlots; ++k)
+      for (void* copy : t.slots[k]) streamCopy(static_cast<T*>(copy) + off, s[k], n * sizeof(T));
+  }
+}
+
+template <typename T>
+void applyAll(UpdateRule rule, DType dtype, const UpdateHyper& h,
+              const std::vector<ReplicatedTensor>& tensors) {
+  const int nSlots = slotCount(rule);
+  std::vector<Piece> pieces;
+  const size_t pieceElems = kPieceBytes / sizeof(T);
+  for (const ReplicatedTensor& t : tensors)
+    for (size_t b = 0; b < t.count; b += pieceElems)
+      pieces.push_back({&t, b, std::min(pieceElems, t.count - b)});
+  const ReduceFn sum = lookupReduce(dtype, ReduceOp::kSum);
+  auto run = [&](int i) { runPiece<T>(rule, h, sum, nSlots, pieces[i]); };
+  if (pieces.size() <= 1) {
+    for (size_t i = 0; i < pieces.size(); ++i) run(static_cast<int>(i));
+    return;
+  }
+  ThreadPool::reductionPool().parallelFor(static_cast<int>(pieces.size()), run);
+}
+
+}  // namespace
+
+int slotCount(UpdateRule rule) {
+  switch (rule) {
+    case UpdateRule::kSgd: return 0;
+    case UpdateRule::kMomentum:
+    case UpdateRule::kNesterov: return 1;
+    case UpdateRule::kAdam: return 2;
+  }
+  throw InvalidArgument(makeMessage("unknown update rule ", static_cast<int>(rule)));
+}
+
+void applyReplicatedUpdate(UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+                           const std::vector<ReplicatedTensor>& tensors) {
+  const int nSlots = slotCount(rule);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ReplicatedTensor& t = tensors[i];
+    PC_CHECK(!t.grads.empty() && !t.copies.empty(), "replicated update: tensor ", i,
+             " needs at least one gradient and one copy");
+    PC_CHECK(static_cast<int>(t.slots.size()) == nSlots, "replicated update: tensor ", i,
+             " has ", t.slots.size(), " slots, the rule keeps ", nSlots);
+    for (const auto& copies : t.slots)
+      PC_CHECK(copies.size() == t.copies.size(), "replicated update: tensor ", i, " has ",
+               t.copies.size(), " copies but a slot with ", copies.size());
+  }
+  switch (dtype) {
+    case DType::kFloat32: return applyAll<float>(rule, dtype, hyper, tensors);
+    case DType::kFloat64: return applyAll<double>(rule, dtype, hyper, tensors);
+    default:
+      throw InvalidType(makeMessage("fused optimizer updates support float32 and float64, not ",
+                                    dtypeName(dtype)));
+  }
+}
+
+}  // namespace pycollective

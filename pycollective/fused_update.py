@@ -1,0 +1,105 @@
+"""Optimizer updates fused with the reduction of the replicas' gradients (native).
+
+For replicas that share a process, "all-reduce the gradients, then update every replica's copy
+of the variable and of its slots" is one pass over memory (csrc/optim/replicated_update.h):
+every gradient is read once, the state is read from copy 0 (the copies are identical), and the
+new state is written into every copy. The strategies' optimizers use it; it is public for
+anyone who keeps replicated state in numpy arrays.
+
+Only float32 and float64 C-contiguous numpy arrays qualify: :func:`supported` says whether a
+set of arrays does, so callers keep their own arithmetic for everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pycollective._ext import _C
+
+#: rule name -> (native code, slot names in native order)
+RULES: dict[str, tuple[int, tuple[str, ...]]] = {
+    "sgd": (0, ()),
+    "momentum": (1, ("momentum",)),
+    "nesterov": (2, ("momentum",)),
+    "adam": (3, ("m", "v")),
+}
+_DTYPE_CODES = {np.dtype(np.float32): 2, np.dtype(np.float64): 3}
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """The rule's numbers. ``lr`` is Adam's bias-corrected step size for "adam"; the summed
+    gradient is multiplied by ``grad_scale`` (``1/N`` for a mean over N replicas)."""
+
+    lr: float
+    momentum: float = 0.0
+    beta_1: float = 0.0
+    beta_2: float = 0.0
+    epsilon: float = 0.0
+    grad_scale: float = 1.0
+
+
+@dataclass
+class ReplicatedTensor:
+    """One variable: its gradients (summed), its copies (copy 0 is read), and for every slot
+    of the rule the slot's copies (one per variable copy)."""
+
+    grads: Sequence[np.ndarray]
+    copies: Sequence[np.ndarray]
+    slots: Sequence[Sequence[np.ndarray]] = ()
+
+
+def _qualifies(a: object, dtype: np.dtype, shape: tuple[int, ...], writable: bool) -> bool:
+    return (isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == shape
+            and a.flags.c_contiguous and (a.flags.writeable or not writable))
+
+
+def supported(tensors: Sequence[ReplicatedTensor]) -> bool:
+    """True when every array is a C-contiguous float32/float64 numpy array of its variable's
+    shape and dtype (state arrays writable): the native path applies. False means: use your
+    own arithmetic."""
+    for t in tensors:
+        if not t.copies or not t.grads:
+            return False
+        ref = t.copies[0]
+        if not isinstance(ref, np.ndarray) or ref.dtype not in _DTYPE_CODES:
+            return False
+        state = list(t.copies) + [c for slot in t.slots for c in slot]
+        if not all(_qualifies(a, ref.dtype, ref.shape, True) for a in state):
+            return False
+        if not all(_qualifies(g, ref.dtype, ref.shape, False) for g in t.grads):
+            return False
+    return True
+
+
+def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor]) -> None:
+    """Applies ``rule`` to every tensor (see csrc/optim/replicated_update.h for the math).
+
+    Every tensor must pass :func:`supported`, hold one dtype across tensors of a call, and give
+    the rule's slots (``RULES[rule][1]``, in that order) with one array per copy.
+    """
+    if rule not in RULES:
+        raise ValueError(f"unknown update rule {rule!r}; known: {', '.join(RULES)}")
+    code, slot_names = RULES[rule]
+    if not tensors:
+        return
+    if not supported(tensors):
+        raise TypeError("fused_update.apply needs C-contiguous float32/float64 numpy arrays of "
+                        "the variable's shape (writable state); check supported() first")
+    dtype = tensors[0].copies[0].dtype
+    items = []
+    for i, t in enumerate(tensors):
+        if t.copies[0].dtype != dtype:
+            raise TypeError(f"tensor {i} is {t.copies[0].dtype}, tensor 0 is {dtype}: one dtype "
+                            "per call")
+        if len(t.slots) != len(slot_names):
+            raise ValueError(f"tensor {i}: rule {rule!r} keeps slots {slot_names}, got "
+                             f"{len(t.slots)} slot(s)")
+        items.append((t.copies[0].size, list(t.grads), list(t.copies),
+                      [list(s) for s in t.slots]))
+    _C.apply_replicated_update(code, _DTYPE_CODES[dtype],
+                               (hyper.lr, hyper.momentum, hyper.beta_1, hyper.beta_2,
+                                hyper.epsilon, hyper.grad_scale), items)

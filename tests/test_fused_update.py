@@ -1,0 +1,91 @@
+"""pycollective.fused_update: the native reduce-and-update kernels against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycollective import fused_update as fu
+
+# More than one 512 KiB piece and an odd tail, so pieces and blocks split the work.
+COUNTS = [1, 1000, 3 * (512 * 1024 // 4) + 17]
+
+
+def reference(rule, hyper, grads, w, slots):
+    """The rule in float64 numpy (csrc/optim/replicated_update.h)."""
+    g = hyper.grad_scale * np.sum([x.astype(np.float64) for x in grads], axis=0)
+    w = w.astype(np.float64)
+    s = [x.astype(np.float64) for x in slots]
+    if rule == "sgd":
+        return w - hyper.lr * g, []
+    if rule in ("momentum", "nesterov"):
+        m = hyper.momentum * s[0] - hyper.lr * g
+        w = w + m if rule == "momentum" else w + hyper.momentum * m - hyper.lr * g
+        return w, [m]
+    m = s[0] + (g - s[0]) * (1 - hyper.beta_1)
+    v = s[1] + (g * g - s[1]) * (1 - hyper.beta_2)
+    return w - hyper.lr * m / (np.sqrt(v) + hyper.epsilon), [m, v]
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rule", list(fu.RULES))
+@pytest.mark.parametrize("replicas,copies", [(1, 1), (3, 3), (1, 2), (4, 1)])
+def test_rule_matches_numpy(rule, dtype, count, replicas, copies):
+    rng = np.random.default_rng(count + replicas)
+    hyper = fu.Hyper(lr=0.05, momentum=0.9, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                     grad_scale=1.0 / replicas)
+    grads = [rng.standard_normal(count).astype(dtype) for _ in range(replicas)]
+    w0 = rng.standard_normal(count).astype(dtype)
+    slot0 = [np.abs(rng.standard_normal(count)).astype(dtype) for _ in fu.RULES[rule][1]]
+    var_copies = [w0.copy() for _ in range(copies)]
+    slot_copies = [[s.copy() for _ in range(copies)] for s in slot0]
+    fu.apply(rule, hyper, [fu.ReplicatedTensor(grads, var_copies, slot_copies)])
+    want_w, want_slots = reference(rule, hyper, grads, w0, slot0)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for c in var_copies:
+        np.testing.assert_allclose(c, want_w, **tol)
+        np.testing.assert_array_equal(c, var_copies[0])
+    for got, want in zip(slot_copies, want_slots):
+        for c in got:
+            np.testing.assert_allclose(c, want, **tol)
+
+
+def test_many_tensors_in_one_call():
+    rng = np.random.default_rng(1)
+    shapes = [(3,), (200, 7), (1,), (70_000,)]
+    grads = [[rng.standard_normal(s).astype(np.float32) for _ in range(2)] for s in shapes]
+    copies = [[np.ones(s, np.float32) for _ in range(2)] for s in shapes]
+    fu.apply("sgd", fu.Hyper(lr=0.5, grad_scale=0.5),
+             [fu.ReplicatedTensor(g, c) for g, c in zip(grads, copies)])
+    for g, c in zip(grads, copies):
+        np.testing.assert_allclose(c[1], 1 - 0.5 * (g[0] + g[1]) / 2, rtol=1e-6, atol=1e-6)
+
+
+def test_supported_says_when_the_native_path_applies():
+    a = np.zeros(8, np.float32)
+    assert fu.supported([fu.ReplicatedTensor([a.copy()], [a])])
+    assert not fu.supported([fu.ReplicatedTensor([a.astype(np.float16)], [a.astype(np.float16)])])
+    assert not fu.supported([fu.ReplicatedTensor([np.zeros(16, np.float32)[::2]], [a])])
+    assert not fu.supported([fu.ReplicatedTensor([a.copy()], [a[::-1]])])  # not contiguous
+    readonly = a.copy()
+    readonly.flags.writeable = False
+    assert not fu.supported([fu.ReplicatedTensor([a.copy()], [readonly])])
+    assert not fu.supported([fu.ReplicatedTensor([np.zeros(7, np.float32)], [a])])  # shape
+    assert not fu.supported([fu.ReplicatedTensor([a.astype(np.float64)], [a])])  # dtype
+    assert not fu.supported([fu.ReplicatedTensor([], [a])])
+
+
+def test_bad_calls_say_what_is_wrong():
+    a = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="unknown update rule 'lamb'"):
+        fu.apply("lamb", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a])])
+    with pytest.raises(ValueError, match=r"keeps slots \('m', 'v'\), got 1"):
+        fu.apply("adam", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a], [[a.copy()]])])
+    with pytest.raises(TypeError, match="float32/float64"):
+        h = a.astype(np.float16)
+        fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([h.copy()], [h])])
+    with pytest.raises(TypeError, match="one dtype per call"):
+        fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a]),
+                                         fu.ReplicatedTensor([a.astype(np.float64)],
+                                                             [a.astype(np.float64)])])
