@@ -1,11 +1,16 @@
 """Optimizers that know the strategy: SGD and Adam over distributed variables.
 
 ``apply_gradients(grads_and_vars)`` inside ``strategy.run`` all-reduces the gradients across
-replicas (MEAN by default), fused into buckets of ``bytes_per_pack`` bytes: one collective per
-bucket, not per variable. Then each replica updates its own copies (of the variables and of the
+replicas (MEAN by default) and updates every replica's copies (of the variables and of the
 optimizer's slots) with the same reduced gradients, so the copies stay identical. Called in a
-cross-replica context, it accepts PerReplica gradients (reduced with one fused collective) or
-plain ones (applied to every copy as they are).
+cross-replica context, it accepts PerReplica gradients (reduced the same way) or plain ones
+(applied to every copy as they are).
+
+For float32/float64 numpy state the reduction and the update are fused in native code
+(``pycollective.fused_update``): replicas in this process are summed and applied in one pass
+over memory, and across workers each bucket of ``bytes_per_pack`` bytes is all-reduced once and
+applied to every local copy in one pass. Other dtypes and frameworks take the general path:
+one fused collective per bucket, then each replica's update in numpy.
 
 Gradients are numpy arrays or torch CPU tensors; the math is the Keras optimizers' (SGD with
 momentum/Nesterov, Adam with bias correction folded into the step size).
@@ -13,11 +18,14 @@ momentum/Nesterov, Adam with bias correction folded into the step size).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+
+from pycollective import fused_update
 
 from . import _context, _tensors
 from .communication import CommunicationOptions
@@ -163,16 +171,21 @@ class Optimizer:
         ctx = _context.get_replica_context()
         in_replica = ctx is not None and ctx.strategy is strategy
         if in_replica:
-            if not skip_gradients_aggregation and strategy.num_replicas_in_sync > 1:
-                grads = ctx.all_reduce(self.gradient_aggregation, grads,
-                                       options=CommunicationOptions(
-                                           bytes_per_pack=self.bytes_per_pack))
             self._create_slots(variables)
-            self._apply_on_replica(ctx._local_id, grads, variables)
+            if skip_gradients_aggregation:
+                self._apply_on_replica(ctx._local_id, grads, variables)
+                return self.iterations
+            ctx._exchange(f"apply_gradients({len(pairs)} variables)", (grads, variables),
+                          lambda payloads: self._apply_synchronized(strategy, payloads))
             return self.iterations
         # Cross-replica context.
         self._create_slots(variables)
         distributed = [isinstance(g, DistributedValues) for g in grads]
+        if all(distributed) and not skip_gradients_aggregation:
+            n_local = strategy.extended._num_local_replicas
+            self._apply_synchronized(strategy, [([select_replica(i, g) for g in grads], variables)
+                                                for i in range(n_local)])
+            return self.iterations
         if any(distributed) and not skip_gradients_aggregation:
             pairs_to_reduce = [(g, v) for g, v, d in zip(grads, variables, distributed) if d]
             reduced = iter(strategy.extended.batch_reduce_to(
@@ -185,20 +198,73 @@ class Optimizer:
             self._apply_on_replica(i, local, variables)
         return self.iterations
 
+    def _apply_synchronized(self, strategy: Any,
+                            payloads: list[tuple[list[Any], list[DistributedVariable]]]
+                            ) -> list[None]:
+        """Runs once for all local replicas: ``payloads[r]`` is replica r's (gradients,
+        variables). Reduces the gradients across all replicas in sync and updates every copy."""
+        variables = payloads[0][1]
+        for r, (_, vs) in enumerate(payloads[1:], start=1):
+            if len(vs) != len(variables) or any(a is not b for a, b in zip(vs, variables)):
+                raise ValueError(f"apply_gradients: replica {r} passed other variables than "
+                                 "replica 0; every replica must update the same variables in "
+                                 "the same order")
+        per_replica = [[self._numpy_grad(g, v) for g, v in zip(grads, variables)]
+                       for grads, _ in payloads]
+        step = int(self.iterations._arrays[0])
+        fused = self._fused(step)
+        backend = strategy.extended.backend
+        if fused is not None and fused_update.supported(
+                [self._replicated(v, [ts[i] for ts in per_replica])
+                 for i, v in enumerate(variables)]):
+            rule, hyper = fused
+            scale = (1.0 / backend.num_replicas_in_sync
+                     if self.gradient_aggregation == ReduceOp.MEAN else 1.0)
+            hyper = dataclasses.replace(hyper, grad_scale=scale)
+            for indices, sums in backend.summed_for_update(per_replica, self.bytes_per_pack):
+                fused_update.apply(rule, hyper, [self._replicated(variables[i], grads)
+                                                 for i, grads in zip(indices, sums)])
+            for copy in self.iterations._arrays:
+                copy[...] = step + 1
+        else:
+            if backend.num_replicas_in_sync > 1:
+                per_replica = backend.batch_allreduce(
+                    per_replica, self.gradient_aggregation, bytes_per_pack=self.bytes_per_pack,
+                    num_packs=strategy.extended._cross_device_ops.num_packs)
+            for index, grads in enumerate(per_replica):
+                self._apply_on_replica(index, grads, variables)
+        return [None] * len(payloads)
+
+    def _replicated(self, var: DistributedVariable,
+                    grads: list[np.ndarray]) -> fused_update.ReplicatedTensor:
+        slots = self._slots[id(var)]
+        return fused_update.ReplicatedTensor(
+            grads, var._arrays, [slots[name]._arrays for name in self._slot_names])
+
+    @staticmethod
+    def _numpy_grad(g: Any, var: DistributedVariable) -> np.ndarray:
+        grad = _tensors.to_numpy(g, f"gradient of {var.name!r}")
+        if grad.shape != var.shape:
+            raise ValueError(f"gradient of {var.name!r} has shape {grad.shape}, the "
+                             f"variable has shape {var.shape}")
+        return _tensors.contiguous(grad.astype(var.dtype, copy=False))
+
     def _apply_on_replica(self, index: int, grads: list[Any],
                           variables: list[DistributedVariable]) -> None:
+        """Replica ``index`` applies its (already reduced) gradients to its own copies."""
         iterations = self.iterations
         step = int(iterations._arrays[index])
         lr = self._lr(step)
         for g, var in zip(grads, variables):
-            grad = _tensors.to_numpy(g, f"gradient of {var.name!r}")
-            if grad.shape != var.shape:
-                raise ValueError(f"gradient of {var.name!r} has shape {grad.shape}, the "
-                                 f"variable has shape {var.shape}")
+            grad = self._numpy_grad(g, var)
             slots = {name: slot._arrays[index] for name, slot in self._slots[id(var)].items()}
-            self._update_step(var._arrays[index], grad.astype(var.dtype, copy=False), slots,
-                              lr, step)
+            self._update_step(var._arrays[index], grad, slots, lr, step)
         iterations._arrays[index][...] = step + 1
+
+    def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
+        """The native rule and numbers for this step (pycollective.fused_update), or None when
+        the optimizer has none (its ``_update_step`` then runs per replica)."""
+        return None
 
     def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
                      lr: float, step: int) -> None:
@@ -243,6 +309,10 @@ class SGD(Optimizer):
         else:
             var += m
 
+    def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
+        rule = "sgd" if self.momentum == 0 else ("nesterov" if self.nesterov else "momentum")
+        return rule, fused_update.Hyper(lr=self._lr(step), momentum=self.momentum)
+
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
 
@@ -271,10 +341,18 @@ class Adam(Optimizer):
         self.beta_2 = float(beta_2)
         self.epsilon = float(epsilon)
 
+    def _step_size(self, lr: float, step: int) -> float:
+        t = step + 1
+        return lr * np.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+
+    def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
+        return "adam", fused_update.Hyper(lr=self._step_size(self._lr(step), step),
+                                          beta_1=self.beta_1, beta_2=self.beta_2,
+                                          epsilon=self.epsilon)
+
     def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
                      lr: float, step: int) -> None:
-        t = step + 1
-        alpha = var.dtype.type(lr * np.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t))
+        alpha = var.dtype.type(self._step_size(lr, step))
         m, v = slots["m"], slots["v"]
         m += (grad - m) * var.dtype.type(1 - self.beta_1)
         v += (grad * grad - v) * var.dtype.type(1 - self.beta_2)

@@ -147,15 +147,16 @@ def test_mirrored_training_uneven_final_batch_with_global_batch_scaling(n):
 
 @pytest.mark.timeout(30)
 def test_gradients_are_fused_into_buckets():
+    # float16 has no fused native update: the general path, one collective per bucket.
     s = ds.MirroredStrategy(cpus(2))
     with s.scope():
-        vs = [ds.Variable(np.zeros(256, np.float32), name=f"v{i}") for i in range(6)]  # 1 KiB
+        vs = [ds.Variable(np.zeros(512, np.float16), name=f"v{i}") for i in range(6)]  # 1 KiB
         big = ds.SGD(0.1)  # default 4 MiB buckets
         small = ds.SGD(0.1, bytes_per_pack=2048)
     backend = s.extended.backend
 
     def step(opt):
-        opt.apply_gradients([(np.ones(256, np.float32), v) for v in vs])
+        opt.apply_gradients([(np.ones(512, np.float16), v) for v in vs])
 
     before = backend.call_counts["allreduce"]
     s.run(step, args=(big,))
@@ -164,7 +165,47 @@ def test_gradients_are_fused_into_buckets():
     s.run(step, args=(small,))
     assert backend.call_counts["allreduce"] - before == 3
     for v in vs:
-        np.testing.assert_allclose(v.numpy(), np.full(256, -0.2))
+        np.testing.assert_allclose(v.numpy(), np.full(512, -0.2), rtol=1e-3)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("make_opt", [
+    lambda: ds.SGD(0.1), lambda: ds.SGD(0.1, momentum=0.9),
+    lambda: ds.SGD(0.1, momentum=0.9, nesterov=True), lambda: ds.Adam(0.01)],
+    ids=["sgd", "momentum", "nesterov", "adam"])
+def test_in_process_replicas_update_in_one_fused_pass(make_opt):
+    # float32 state of in-process replicas: summed and applied by the native kernel, with no
+    # collective at all, and the same result as the numpy arithmetic of the general path.
+    rng = np.random.default_rng(5)
+    grads = [[rng.standard_normal((40, 3)).astype(np.float32) for _ in range(2)]
+             for _ in range(3)]
+    results = {}
+    for dtype in (np.float32, np.float64):  # both have the fused kernel
+        s = ds.MirroredStrategy(cpus(3))
+        with s.scope():
+            vs = [ds.Variable(np.ones((40, 3), dtype), name=f"w{i}") for i in range(2)]
+            opt = make_opt()
+        before = s.extended.backend.call_counts["allreduce"]
+        for _ in range(3):
+            s.run(lambda: opt.apply_gradients(zip(
+                [g.astype(dtype) for g in grads[ds.get_replica_context()
+                                                .replica_id_in_sync_group]], vs)))
+        assert s.extended.backend.call_counts["allreduce"] == before
+        for v in vs:
+            copies = s.experimental_local_results(v)
+            for c in copies[1:]:
+                np.testing.assert_array_equal(c, copies[0])
+        results[dtype] = [v.numpy() for v in vs]
+    # The reference: the general path's numpy arithmetic on one copy, with the mean gradient.
+    ref_opt = make_opt()
+    for i in range(2):
+        w = np.ones((40, 3), np.float64)
+        slots = {name: np.zeros_like(w) for name in ref_opt.get_slot_names()}
+        mean = np.mean([grads[r][i].astype(np.float64) for r in range(3)], axis=0)
+        for step in range(3):
+            ref_opt._update_step(w, mean, slots, ref_opt._lr(step), step)
+        np.testing.assert_allclose(results[np.float64][i], w, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(results[np.float32][i], w, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.timeout(30)
