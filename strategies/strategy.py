@@ -1,8 +1,8 @@
 """Strategy, StrategyExtended and ReplicaContext: the tf.distribute vocabulary over pycollective.
 
 A strategy owns a collective backend (:mod:`.backend`) and a CrossDeviceOps (the algorithm).
-``run(fn)`` starts one Python thread per local replica; each runs ``fn`` in its own
-ReplicaContext. Replica-context collectives meet in a rendezvous (:mod:`.rendezvous`): the last
+``run(fn)`` runs ``fn`` once per local replica, each on its own thread (replica 0 on the
+caller's, the others on long-lived replica threads), in its own ReplicaContext. Replica-context collectives meet in a rendezvous (:mod:`.rendezvous`): the last
 replica to arrive runs the collective once for all (the native code releases the GIL) and every
 replica picks its own result.
 """
@@ -10,6 +10,7 @@ replica picks its own result.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -28,6 +29,7 @@ from .input_lib import (
     distribute_values,
 )
 from .reduce_util import ReduceOp, parse_reduce_op
+from ._replica_threads import ReplicaThreads
 from .rendezvous import ReplicaFailed, ReplicaRendezvous
 from .values import DistributedValues, Mirrored, PerReplica, local_results, regroup, select_replica
 from .variables import (
@@ -381,6 +383,7 @@ class StrategyExtended:
         self._created: weakref.WeakSet[DistributedVariable] = weakref.WeakSet()
         self._run_lock = threading.Lock()
         self._default_replica_context: ReplicaContext | None = None
+        self._replica_threads: ReplicaThreads | None = None  # started by the first run()
 
     def _container_strategy(self) -> Strategy:
         return self._container_strategy_ref
@@ -511,15 +514,11 @@ class StrategyExtended:
         if n == 1:
             replica_main(0)
         else:
-            threads = [threading.Thread(target=replica_main, args=(r,), daemon=True,
-                                        name=f"pycollective-replica-{first + r}")
-                       for r in range(n)]
-            for t in threads:
-                t.start()
+            if self._replica_threads is None:
+                self._replica_threads = ReplicaThreads(
+                    [f"pycollective-replica-{first + r}" for r in range(n)])
             try:
-                for t in threads:
-                    while t.is_alive():
-                        t.join(0.25)
+                self._replica_threads.run([functools.partial(replica_main, r) for r in range(n)])
             except BaseException as exc:
                 rendezvous.cancel(f"run() was interrupted in the calling thread: {exc!r}")
                 raise
