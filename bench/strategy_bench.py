@@ -5,7 +5,8 @@
     pycollective run -n 2 python -m bench.strategy_bench --multi-worker
 
 The optimizer step includes the update arithmetic (SGD: one multiply-add over the variables),
-so the ratio measures the strategy's overhead plus the work an optimizer must do anyway.
+so the ratio measures the strategy's overhead plus the work an optimizer must do anyway. The two
+are timed alternately, step by step, and the medians compared.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ import time
 import numpy as np
 
 
-def _median_time(fn, iters: int) -> float:
-    fn()
-    samples = []
+def _side_by_side(a, b, iters: int) -> tuple[float, float]:
+    """Median seconds of ``a`` and of ``b``, sampled alternately (a, b, a, b, ...) so that the
+    machine's noise hits both alike."""
+    a()
+    b()
+    samples: tuple[list[float], list[float]] = ([], [])
     for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+        for fn, out in ((a, samples[0]), (b, samples[1])):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(samples[0]), statistics.median(samples[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mib", type=int, default=16)
     p.add_argument("--variables", type=int, default=8, help="gradient tensors per step")
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--iters", type=int, default=30)
     p.add_argument("--multi-worker", action="store_true")
     args = p.parse_args(argv)
 
@@ -67,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
         strategy.run(replica_fn)
 
-    t_bare = _median_time(bare, args.iters)
-    t_step = _median_time(step, args.iters)
+    t_bare, t_step = _side_by_side(bare, step, args.iters)
     where = ("2 workers" if args.multi_worker else f"{args.replicas} CPU replicas")
     if not args.multi_worker or pc.rank() == 0:
         print(f"{args.mib} MiB of gradients in {args.variables} tensors, {where}: bare allreduce "
