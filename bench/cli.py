@@ -32,7 +32,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    choices=["float16", "bfloat16", "float32", "float64", "int8", "uint8",
                             "int32", "int64"])
     p.add_argument("-o", "--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
-    p.add_argument("-n", "--iters", type=int, default=20)
+    p.add_argument("-n", "--iters", type=int, default=100)
     p.add_argument("-w", "--warmup", type=int, default=3)
     p.add_argument("--world", type=int, default=None,
                    help="replicas (inproc, default 4) or processes (procs, default: cores, 2..4)")

@@ -1,5 +1,6 @@
 """In-process suite: n replicas of a LocalCommunicator, every algorithm, a size sweep; numpy
 (stack, sum, copy back) as the baseline, and the memory-traffic floor measured in the same run.
+At each size the algorithms and numpy are timed against each other in interleaved rounds.
 
 The floor of an allreduce over n in-process replicas of S bytes: every input read once and every
 output written once, 2*n*S bytes, at the copy bandwidth of n threads (measured here, now)."""
@@ -12,7 +13,7 @@ import numpy as np
 
 from .patterns import count_wrong, expected, np_dtype, out_buffer, rank_input
 from .rows import Row
-from .timing import time_calls
+from .timing import summarize, time_interleaved
 
 
 def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
@@ -39,26 +40,32 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
         outs = [out_buffer(collective, world, r, count, dtype) for r in range(world)]
         want = [expected(collective, op, world, count, dtype, r) for r in range(world)]
         row_bytes = count * itemsize * (world if collective == "allgather" else 1)
+        calls, wrong = {}, {}
         for algo in algos:
             progress(f"inproc {collective} {algo} {row_bytes} B")
+            if inplace:  # an earlier algorithm's check left results in the inputs
+                for r in range(world):
+                    inputs[r][...] = rank_input(r, count, dtype)
             call = _call(comm, collective, inputs, outs, algo, op, inplace)
             try:
                 results = call()  # the first call is checked, then timed calls follow
             except ValueError as exc:  # this algorithm cannot run this collective here
                 progress(f"skip {algo}: {exc}")
                 continue
-            wrong = sum(count_wrong(results[r], want[r], op) for r in range(world))
-            if inplace:  # inputs now hold results; restore them for the timed calls
-                for r in range(world):
-                    inputs[r][...] = rank_input(r, count, dtype)
-            t = time_calls(call, iters, warmup, budget_s)
-            rows.append(Row(collective, row_bytes, count, dtype, algo, "inproc", world,
-                            t.median, t.p10, t.p90, wrong,
-                            extra={"floor_s": memory_floor_seconds(collective, world, row_bytes,
-                                                                   copy_bw)}))
+            wrong[algo] = sum(count_wrong(results[r], want[r], op) for r in range(world))
+            calls[algo] = call
         if collective == "allreduce":
-            rows.append(_numpy_baseline(inputs, outs, dtype, count, world, iters, warmup,
-                                        budget_s, want, op))
+            calls["numpy"], wrong["numpy"] = _numpy_baseline(inputs, outs, want, op, world)
+        samples = time_interleaved(calls, iters, warmup, budget_s)
+        for algo, times in samples.items():
+            t = summarize(times)
+            peer = algo == "numpy"
+            extra = {} if peer else {"floor_s": memory_floor_seconds(collective, world,
+                                                                     row_bytes, copy_bw)}
+            if algo == "auto":
+                extra["chose"] = comm.explain(collective, count * itemsize, dtype).split()[0]
+            rows.append(Row(collective, row_bytes, count, dtype, algo, "inproc", world,
+                            t.median, t.p10, t.p90, wrong[algo], peer=peer, extra=extra))
     return rows
 
 
@@ -79,9 +86,9 @@ def _call(comm, collective: str, inputs: list, outs: list, algo: str, op: str,
     raise ValueError(collective)
 
 
-def _numpy_baseline(inputs, outs, dtype, count, world, iters, warmup, budget_s, want,
-                    op) -> Row:
-    """What a user does without a library: stack, reduce, copy the result back to every replica."""
+def _numpy_baseline(inputs, outs, want, op, world) -> tuple[Callable[[], list], int]:
+    """What a user does without a library: stack, reduce, copy the result back to every replica.
+    Returns the call and its number of wrong elements."""
     reducer = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max, "avg": np.mean}[op]
 
     def call():
@@ -91,7 +98,4 @@ def _numpy_baseline(inputs, outs, dtype, count, world, iters, warmup, budget_s, 
         return outs
 
     results = call()
-    wrong = sum(count_wrong(results[r], want[r], op) for r in range(world))
-    t = time_calls(call, iters, warmup, budget_s)
-    return Row("allreduce", count * inputs[0].itemsize, count, dtype, "numpy", "inproc", world,
-               t.median, t.p10, t.p90, wrong, peer=True)
+    return call, sum(count_wrong(results[r], want[r], op) for r in range(world))

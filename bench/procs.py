@@ -116,7 +116,8 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
     def add(raw: list[dict], transport: str, peer: bool) -> None:
         for d in raw:
             rows.append(Row(collective, d["nbytes"], d["count"], dtype, d["algo"], transport,
-                            world, d["median_s"], d["p10_s"], d["p90_s"], d["wrong"], peer=peer))
+                            world, d["median_s"], d["p10_s"], d["p90_s"], d["wrong"], peer=peer,
+                            extra={"chose": d["chose"]} if d.get("chose") else {}))
 
     for transport in transports:
         raw = _spawn_ranks(dict(job, backend="pycollective", transport=transport, algos=algos,

@@ -51,6 +51,13 @@ def summary(rows: Iterable[Row]) -> list[str]:
         text = f"{human_bytes(nbytes):>9}: best {best.algo} {best.median_s * 1e6:.0f} us"
         if auto is not None:
             text += f"; auto {auto.median_s / best.median_s:.2f}x of best"
+            chose = auto.extra.get("chose")
+            if chose == best.algo:
+                text += f" (it runs {chose}: the same code, so the gap is timing noise)"
+            elif chose:
+                chosen = next((r for r in ours if r.algo == chose), None)
+                text += f" (it runs {chose}" + (
+                    f", {chosen.median_s / best.median_s:.2f}x of best)" if chosen else ")")
         floor = best.extra.get("floor_s")
         if floor:
             text += f"; best {best.median_s / floor:.2f}x the memory floor"

@@ -1,11 +1,15 @@
-"""Repeated timing with warm-up: median and spread of per-iteration times."""
+"""Repeated timing with warm-up: median and spread of per-iteration times, of one call or of
+several measured against each other."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 
 @dataclass
@@ -31,18 +35,48 @@ def summarize(samples: list[float]) -> Timing:
     return Timing(statistics.median(s), quantile(s, 0.1), quantile(s, 0.9), len(s))
 
 
-def time_calls(fn: Callable[[], object], iters: int, warmup: int,
-               budget_s: float | None = None) -> Timing:
-    """Times `fn` `iters` times after `warmup` calls; stops early (keeping at least 3 samples)
-    once `budget_s` seconds of measuring are spent, so huge sizes do not stall a sweep."""
-    for _ in range(warmup):
-        fn()
-    samples: list[float] = []
-    start = time.perf_counter()
-    for _ in range(iters):
+#: rounds of time_interleaved: enough that a slow phase of the machine (seconds long, on a
+#: shared VM) falls on every call alike, few enough that each round keeps several iterations
+ROUNDS = 8
+
+
+def time_interleaved(calls: dict[str, Callable[[], object]], iters: int, warmup: int,
+                     budget_s: float, rounds: int = ROUNDS,
+                     before_each: Callable[[], object] | None = None,
+                     max_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None,
+                     ) -> dict[str, list[float]]:
+    """Per-iteration times of several calls measured against each other: ``rounds`` rounds,
+    each timing every call in turn for its share of the iterations. Rows compared in a summary
+    ("auto against the best algorithm") then share the machine's noise instead of each getting
+    its own slice of it.
+
+    Each call gets at most ``iters`` iterations and about ``budget_s`` seconds in all (at least
+    one iteration per round). Across ranks, ``before_each`` runs before every timed iteration (a
+    barrier) and ``max_over_ranks`` makes every rank run the same iteration counts and turns
+    each call's samples into the slowest rank's."""
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+
+    def timed(name: str) -> float:
+        if before_each is not None:
+            before_each()
         t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        if budget_s is not None and len(samples) >= 3 and time.perf_counter() - start > budget_s:
-            break
-    return summarize(samples)
+        calls[name]()
+        return time.perf_counter() - t0
+
+    probes = np.array([timed(name) for name in names])
+    if max_over_ranks is not None:
+        probes = max_over_ranks(probes)
+    per_round = {name: max(1, min(math.ceil(iters / rounds),
+                                  int(budget_s / rounds / max(probe, 1e-9))))
+                 for name, probe in zip(names, probes)}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            samples[name].extend(timed(name) for _ in range(per_round[name]))
+    if max_over_ranks is not None:
+        samples = {name: [float(t) for t in max_over_ranks(np.array(s))]
+                   for name, s in samples.items()}
+    return samples

@@ -1,6 +1,7 @@
 """One rank of a multi-process benchmark run (started by bench/procs.py, or by mpirun for the
-MPI peer). Reads its job from a JSON file, times every (size, algorithm) with a barrier before
-each iteration, and rank 0 writes the rows: time = the slowest rank's, median over iterations.
+MPI peer). Reads its job from a JSON file; at each size it checks every algorithm's result, then
+times the algorithms against each other in interleaved rounds (bench/timing.py) with a barrier
+before each iteration. Rank 0 writes the rows: time = the slowest rank's, median over iterations.
 
 Backends: "pycollective" (our transports and algorithms), "gloo" (torch.distributed),
 "mpi" (mpi4py over the system MPI)."""
@@ -10,30 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
 from .patterns import count_wrong, expected, np_dtype, out_buffer, rank_input
-
-
-def _timed(call, backend, iters: int, warmup: int, budget_s: float) -> np.ndarray:
-    """Per-iteration time of the slowest rank. Every rank must run the same number of
-    iterations, so the count comes from one probe iteration's time, agreed by all ranks."""
-    for _ in range(warmup):
-        call()
-    backend.barrier()
-    t0 = time.perf_counter()
-    call()
-    probe = backend.max_over_ranks(np.array([time.perf_counter() - t0]))[0]
-    iters = int(min(iters, max(3, budget_s / max(probe, 1e-9))))
-    times = np.empty(iters)
-    for i in range(iters):
-        backend.barrier()
-        t0 = time.perf_counter()
-        call()
-        times[i] = time.perf_counter() - t0
-    return backend.max_over_ranks(times)
+from .timing import summarize, time_interleaved
 
 
 class PycollectiveBackend:
@@ -64,6 +46,10 @@ class PycollectiveBackend:
         if collective == "broadcast":
             return lambda: pc.broadcast(x, root=0, algo=algo, out=out)
         return lambda: pc.reduce(x, root=0, op=op, algo=algo, out=out if self.rank == 0 else None)
+
+    def chosen(self, collective: str, nbytes: int) -> str:
+        """The algorithm algo="auto" runs for this call."""
+        return self.group.explain(collective, nbytes).split()[0]
 
     def close(self) -> None:
         self.pc.shutdown()
@@ -224,6 +210,7 @@ def main(job_path: str) -> int:
         x = rank_input(rank, count, job["dtype"])
         out = out_buffer(job["collective"], n, rank, count, job["dtype"])
         want = expected(job["collective"], job["op"], n, count, job["dtype"], rank)
+        calls, wrong = {}, {}
         for algo in job["algos"]:
             try:
                 call = backend.call(job["collective"], x, out, algo, job["op"])
@@ -232,14 +219,20 @@ def main(job_path: str) -> int:
                 if rank == 0:
                     print(f"skip {algo}: {exc}", flush=True)
                 continue
-            wrong = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
-            s = np.sort(_timed(call, backend, job["iters"], job["warmup"], job["budget"]))
+            wrong[algo] = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
+            calls[algo] = call
+        samples = time_interleaved(calls, job["iters"], job["warmup"], job["budget"],
+                                   before_each=backend.barrier,
+                                   max_over_ranks=backend.max_over_ranks)
+        for algo, times in samples.items():
             if rank == 0:
+                t = summarize(times)
                 rows.append({"nbytes": count * itemsize * (n if job["collective"] == "allgather"
                                                            else 1),
-                             "count": count, "algo": algo, "median_s": float(np.median(s)),
-                             "p10_s": float(s[int(0.1 * (len(s) - 1))]),
-                             "p90_s": float(s[int(0.9 * (len(s) - 1))]), "wrong": wrong})
+                             "count": count, "algo": algo, "median_s": t.median,
+                             "p10_s": t.p10, "p90_s": t.p90, "wrong": wrong[algo],
+                             "chose": backend.chosen(job["collective"], count * itemsize)
+                             if algo == "auto" else None})
                 print(f"done {job['backend']} {algo} {nbytes}", flush=True)
     backend.close()
     if rank == 0:

@@ -149,10 +149,11 @@ class Optimizer:
                         skip_gradients_aggregation: bool = False) -> DistributedVariable:
         """Applies gradients to variables; returns ``iterations``.
 
-        Inside ``strategy.run`` every replica must call it (with its own gradients); they are
-        all-reduced (``gradient_aggregation``) in fused buckets unless
-        ``skip_gradients_aggregation``, then every replica updates its copies identically.
-        ``None`` gradients are skipped.
+        Inside ``strategy.run`` every replica must call it (with its own gradients); unless
+        ``skip_gradients_aggregation``, the gradients are reduced over all replicas in sync
+        (``gradient_aggregation``) and every copy is updated with the same result, in one fused
+        native pass where the state allows it (see the module docstring). ``None`` gradients
+        are skipped.
         """
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:

@@ -107,3 +107,46 @@ def test_malformed_tuning_file_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PYCOLLECTIVE_TUNING", str(bad))
     with pytest.raises(ValueError, match="cannot read the tuning file"):
         pc.LocalCommunicator(2)
+
+
+def test_interleaved_timing_shares_rounds_and_takes_the_slowest_rank():
+    from pycollective.bench.timing import time_interleaved
+
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b")}
+    barriers = []
+    samples = time_interleaved(calls, iters=8, warmup=1, budget_s=10.0, rounds=4,
+                               before_each=lambda: barriers.append(1),
+                               max_over_ranks=lambda x: np.asarray(x) + 1.0)  # "slower rank"
+    assert order[:2] == ["a", "b"]  # warm-up
+    timed = order[4:]  # after warm-up and one probe each: 4 rounds of 2 a's then 2 b's
+    assert timed == (["a", "a", "b", "b"] * 4)
+    assert len(barriers) == 2 + len(timed)  # one before every timed call and probe
+    assert {len(s) for s in samples.values()} == {8}
+    assert all(t >= 1.0 for s in samples.values() for t in s)  # max_over_ranks was applied
+
+
+def test_interleaved_timing_respects_the_budget():
+    import time
+
+    from pycollective.bench.timing import time_interleaved
+
+    samples = time_interleaved({"slow": lambda: time.sleep(0.01)}, iters=1000, warmup=0,
+                               budget_s=0.1, rounds=4)
+    assert 4 <= len(samples["slow"]) <= 8  # one iteration per round, the budget allows ~2
+
+
+def test_summary_says_which_algorithm_auto_ran():
+    from pycollective.bench import report
+    from pycollective.bench.rows import Row
+
+    def row(algo, t, **extra):
+        return Row("allreduce", 4096, 1024, "float32", algo, "shm", 2, t, t, t, extra=extra)
+
+    same = report.summary([row("ring", 1e-5), row("halving_doubling", 2e-5),
+                           row("auto", 1.1e-5, chose="ring")])
+    assert any("auto 1.10x of best (it runs ring: the same code" in line for line in same)
+    other = report.summary([row("ring", 1e-5), row("halving_doubling", 2e-5),
+                            row("auto", 2.1e-5, chose="halving_doubling")])
+    assert any("auto 2.10x of best (it runs halving_doubling, 2.00x of best)" in line
+               for line in other)
