@@ -17,6 +17,8 @@ from .metrics import human_bytes, parse_size
 from .report import plot, summary, table, write_csv, write_json
 
 COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
+# Algorithms that need every replica in this process (LocalCommunicator): not run across procs.
+IN_PROCESS_ONLY = ("direct", "inline")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -105,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
     procs_mode = args.mode == "procs"
     world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
-    everything = [a for a in pc.algorithms() if not (procs_mode and a == "direct")]
+    everything = [a for a in pc.algorithms()
+                  if not (procs_mode and a in IN_PROCESS_ONLY)]
     algos = [a for a in (args.algos or ",".join(everything)).split(",") if a]
     unknown = set(algos) - set(pc.algorithms())
     if unknown:

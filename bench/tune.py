@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
     from pycollective import tuning
 
     from . import inproc, procs
-    from .cli import Progress, sizes
+    from .cli import IN_PROCESS_ONLY, Progress, sizes
 
     out_path = args.output or os.environ.get("PYCOLLECTIVE_TUNING") or "pycollective-tuning.json"
     world = args.world or max(2, min(4, os.cpu_count() or 2))
@@ -121,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
 
     for collective in collectives:
         for transport in transports:
-            algos = [a for a in pc.algorithms() if a not in ("auto", "direct")]
+            algos = [a for a in pc.algorithms() if a != "auto" and a not in IN_PROCESS_ONLY]
             progress = Progress(len(sweep) * len(algos) * args.rounds)
             rows = [row for _ in range(args.rounds)
                     for row in procs.run(collective, sweep, "float32", "sum", world, algos,

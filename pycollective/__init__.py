@@ -59,7 +59,9 @@ def build_info() -> dict:
 
 
 def algorithms() -> list[str]:
-    """Names accepted by ``algo=``: ring, halving_doubling, hierarchical, reduce_to_one, auto."""
+    """Names accepted by ``algo=``: ring, halving_doubling, hierarchical, reduce_to_one, direct,
+    inline, auto. ``direct`` and ``inline`` need every replica in this process
+    (LocalCommunicator); ``inline`` computes the collective on the calling thread."""
     return list(_C.algorithms())
 
 

@@ -167,7 +167,7 @@ class AlgorithmAllReduce(CrossDeviceOps):
 
     Args:
         algorithm: any name from ``pycollective.algorithms()`` ("ring", "halving_doubling",
-            "hierarchical", "reduce_to_one", "direct", "auto").
+            "hierarchical", "reduce_to_one", "direct", "inline", "auto").
         num_packs: a non-negative integer: batches of tensors are fused into this many packs,
             one collective each (0: one collective per tensor).
     """

@@ -20,5 +20,6 @@ def test_algorithm_names():
         "hierarchical",
         "reduce_to_one",
         "direct",
+        "inline",
         "auto",
     ]

@@ -11,7 +11,7 @@ from reference import ALL_DTYPES, FLOATS, OPS, assert_close, make_inputs, reduce
 
 import pycollective as pc
 
-ALGOS = ["ring", "halving_doubling", "hierarchical", "reduce_to_one", "direct", "auto"]
+ALGOS = ["ring", "halving_doubling", "hierarchical", "reduce_to_one", "direct", "inline", "auto"]
 # 0, 1, primes, a count not divisible by any group size, and one spanning many segments.
 SIZES = [0, 1, 2, 7, 13, 61, 1009]
 COMMS: dict[tuple[int, int], pc.LocalCommunicator] = {}
@@ -210,3 +210,10 @@ def test_reductions_split_over_threads(monkeypatch):
         assert_close(outs[0], reduce_ref(xs, "sum"), "sum", 3, algo)
         check_identical(outs, algo)
     assert threaded.allreduce(xs, algo="reduce_to_one")[0].tobytes() == want[0].tobytes()
+
+
+def test_auto_runs_small_calls_inline():
+    # One thread with every replica's buffers beats waking replica threads for small calls.
+    c = comm(4)
+    assert c.explain("allreduce", 4096).startswith("inline"), c.explain("allreduce", 4096)
+    assert not c.explain("allreduce", 64 << 20).startswith("inline")

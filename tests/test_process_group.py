@@ -141,13 +141,21 @@ def _single_rank(rank, n):
 
     pc.init()
     y = pc.allreduce(np.arange(4.0))
+    try:  # in-process only: refused before anything moves, saying why
+        pc.allreduce(np.arange(4.0), algo="inline")
+        inline_error = "no error"
+    except ValueError as exc:
+        inline_error = str(exc)
     pc.shutdown()
-    return y.tolist()
+    return [y.tolist(), inline_error]
 
 
 @pytest.mark.timeout(60)
 def test_world_of_one():
-    assert run_ranks(_single_rank, 1, timeout=45) == [[0.0, 1.0, 2.0, 3.0]]
+    [[values, inline_error]] = run_ranks(_single_rank, 1, timeout=45)
+    assert values == [0.0, 1.0, 2.0, 3.0]
+    assert "'inline'" in inline_error and "in-process replicas (LocalCommunicator)" in \
+        inline_error, inline_error
 
 
 def _torch_tensors(rank, n):

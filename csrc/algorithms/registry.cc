@@ -44,15 +44,7 @@ struct Choice {
 // The tuned table's entry for this call, if the call spans the whole communicator (the table was
 // measured at that size) and the entry's algorithm can run it.
 const Algorithm* tunedChoice(const Group& group, const CollectiveArgs& args) {
-  const Communicator& comm = group.comm();
-  if (comm.tuned.empty() || group.size() != comm.size()) return nullptr;
-  const size_t bytes = args.count * elementSize(args.dtype);
-  const TunedChoice* pick = nullptr;
-  for (const TunedChoice& t : comm.tuned) {
-    if (t.kind != static_cast<int>(args.kind)) continue;
-    pick = &t;  // the largest entry serves anything bigger than the table covers
-    if (bytes <= t.maxBytes) break;
-  }
+  const TunedChoice* pick = tunedEntry(group, args);
   if (pick == nullptr) return nullptr;
   for (const Algorithm* a : registry())
     if (pick->algo == a->name() && a->unsupported(group, args).empty()) return a;
@@ -94,9 +86,28 @@ void abortOnFailure(Communicator& comm, Fn&& fn) {
 
 }  // namespace
 
+const TunedChoice* tunedEntry(const Group& group, const CollectiveArgs& args) {
+  const Communicator& comm = group.comm();
+  if (comm.tuned.empty() || group.size() != comm.size()) return nullptr;
+  const size_t bytes = args.count * elementSize(args.dtype);
+  const TunedChoice* pick = nullptr;
+  for (const TunedChoice& t : comm.tuned) {
+    if (t.kind != static_cast<int>(args.kind)) continue;
+    pick = &t;  // the largest entry serves anything bigger than the table covers
+    if (bytes <= t.maxBytes) break;
+  }
+  return pick;
+}
+
+double bestModelCost(const Group& group, const CollectiveArgs& args) {
+  Choice c = chooseAuto(group, args, false);
+  return c.algo != nullptr ? c.algo->cost(group, args) : std::numeric_limits<double>::infinity();
+}
+
 std::vector<std::string> algorithmNames() {
   std::vector<std::string> names;
   for (const Algorithm* a : registry()) names.push_back(a->name());
+  names.push_back(kInlineAlgorithm);
   names.push_back("auto");
   return names;
 }
@@ -157,6 +168,9 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
     PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",
             args.count * elementSize(args.dtype), " bytes; model:", c.table);
   } else {
+    PC_CHECK(algoName != kInlineAlgorithm, comm.who(), " algorithm 'inline' computes a "
+             "collective from every replica's buffers on one thread, so it runs only for "
+             "in-process replicas (LocalCommunicator); choose one of ", joinNames());
     for (const Algorithm* a : registry())
       if (algoName == a->name()) algo = a;
     PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());

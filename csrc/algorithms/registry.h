@@ -8,8 +8,15 @@
 
 namespace pycollective {
 
-// Names users can pass as algo=, "auto" included, in a stable order.
+// Names users can pass as algo=, "inline" (in-process replicas only, comm/inline_collective.h)
+// and "auto" included, in a stable order.
 std::vector<std::string> algorithmNames();
+constexpr const char* kInlineAlgorithm = "inline";
+
+// The tuned table's entry covering this call (any algorithm name), or nullptr.
+const TunedChoice* tunedEntry(const Group& group, const CollectiveArgs& args);
+// The model's cost of the algorithm algo="auto" would pick by the model.
+double bestModelCost(const Group& group, const CollectiveArgs& args);
 // Name of the algorithm with this wire index ("?" if unknown).
 const char* algorithmName(uint8_t index);
 

@@ -20,7 +20,8 @@ class LocalGroup {
   int size() const { return static_cast<int>(comms_.size()); }
 
   // Runs the collective on every replica at once: args[i] is replica i's call. Returns when all
-  // finished; rethrows the first replica's error (all replicas fail together).
+  // finished; rethrows the first replica's error (all replicas fail together). algo "inline"
+  // (or "auto" when the tuned table or the model prefers it) computes it on the calling thread.
   void run(const std::vector<CollectiveArgs>& args, const std::string& algo);
 
   // The algorithm algo="auto" would pick for replica 0's call, with the model's table.
@@ -29,6 +30,9 @@ class LocalGroup {
   Communicator& communicator(int replica) { return *comms_[replica]; }
 
  private:
+  // Whether algo="auto" runs this call inline: the tuned table's entry decides, else the model.
+  bool inlineIsBest(const std::vector<CollectiveArgs>& args);
+
   std::vector<std::unique_ptr<Communicator>> comms_;
 };
 

@@ -1,0 +1,20 @@
+#pragma once
+// Collectives over in-process replicas computed by the calling thread alone ("inline"). Every
+// replica's buffer is at hand, so a small collective is a few loops over memory; the threaded
+// algorithms pay replica-thread wake-ups and messages between them (tens of microseconds on a
+// loaded machine) that dwarf the arithmetic below a few hundred KiB.
+#include <vector>
+
+#include "algorithms/algorithm.h"
+
+namespace pycollective {
+
+// Model seconds of the inline run: one thread reads every input (reducing as it goes) and
+// writes every output. (`pycollective tune` measures it against the threaded algorithms.)
+double inlineCost(const std::vector<CollectiveArgs>& args);
+
+// Runs the collective described by args (replica r's call in args[r]) on this thread. Host
+// buffers only. The same results as the algorithms, avg's scale included.
+void runInline(const std::vector<CollectiveArgs>& args);
+
+}  // namespace pycollective
