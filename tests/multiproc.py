@@ -35,6 +35,21 @@ class RankFailure(AssertionError):
     pass
 
 
+def native_stacks(pid: int) -> str:
+    """Every thread's native stack of a hung process (gdb, where installed): where it hangs."""
+    import shutil
+
+    if shutil.which("gdb") is None:
+        return ""
+    try:
+        res = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    frames = [line for line in res.stdout.splitlines() if line.startswith(("Thread", "#"))]
+    return "\n--- its threads (gdb)\n" + "\n".join(frames[-150:])
+
+
 def run_ranks(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
               env: dict[str, str] | None = None, per_rank_env: list[dict] | None = None,
               expect_exit: dict[int, int | None] | None = None) -> list[Any]:
@@ -71,6 +86,7 @@ def run_ranks(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
             p.poll() is None for r, p in enumerate(procs) if r not in expect_exit):
         time.sleep(0.02)
     hung = [r for r, p in enumerate(procs) if p.poll() is None and r not in expect_exit]
+    stacks = {r: native_stacks(procs[r].pid) for r in hung}
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -82,7 +98,7 @@ def run_ranks(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
         out.close()
     if hung:
         tails = "\n".join(f"--- rank {r} (last lines)\n" + "\n".join(logs[r].splitlines()[-15:])
-                          for r in hung)
+                          + stacks[r] for r in hung)
         raise RankFailure(f"ranks {hung} still running after {timeout} s; killed.\n{tails}")
     results = []
     for r, p in enumerate(procs):
