@@ -344,12 +344,17 @@ class CoordinationClient:
             except grpc.RpcError as exc:
                 _log.info("rank %d: leave failed (%s)", self.rank, exc.code().name)
         self._closing.set()
-        if self._watch_call is not None:
-            self._watch_call.cancel()
+        call, self._watch_call = self._watch_call, None
+        if call is not None:
+            call.cancel()
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join(timeout=2.0)
         self._channel.close()
+        # Drop the stream here, not at interpreter teardown: its finalizer takes a lock that
+        # gRPC's polling thread also takes, and at teardown that (daemon) thread may have been
+        # stopped while holding it, which hangs the exit (seen after a peer's death).
+        del call
 
     def __enter__(self) -> CoordinationClient:
         return self
