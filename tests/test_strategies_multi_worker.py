@@ -302,7 +302,8 @@ def _fused_update_across_workers(rank, n):
     backend = strategy.extended.backend
     before = backend.call_counts["allreduce"]
     for step in range(3):
-        strategy.run(lambda: opt.apply_gradients(zip(grads_of(rank, step), variables)))
+        strategy.run(lambda grads: opt.apply_gradients(zip(grads, variables)),
+                     args=(grads_of(rank, step),))
     calls = backend.call_counts["allreduce"] - before
     # Reference: momentum SGD in numpy with the mean over every worker's gradients.
     errors = []

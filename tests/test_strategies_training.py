@@ -186,10 +186,12 @@ def test_in_process_replicas_update_in_one_fused_pass(make_opt):
             vs = [ds.Variable(np.ones((40, 3), dtype), name=f"w{i}") for i in range(2)]
             opt = make_opt()
         before = s.extended.backend.call_counts["allreduce"]
+        def step(opt=opt, dtype=dtype, vs=vs):
+            mine = grads[ds.get_replica_context().replica_id_in_sync_group]
+            opt.apply_gradients(zip([g.astype(dtype) for g in mine], vs))
+
         for _ in range(3):
-            s.run(lambda: opt.apply_gradients(zip(
-                [g.astype(dtype) for g in grads[ds.get_replica_context()
-                                                .replica_id_in_sync_group]], vs)))
+            s.run(step)
         assert s.extended.backend.call_counts["allreduce"] == before
         for v in vs:
             copies = s.experimental_local_results(v)
