@@ -54,6 +54,16 @@ def pop(frame: Frame) -> None:
     stack.pop()
 
 
+def unwind(frame: Frame) -> None:
+    """Drops ``frame`` and every frame pushed above it (scopes a function entered and never
+    left), so that a thread that lives on starts its next task clean."""
+    stack = _stack()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i] is frame:
+            del stack[i:]
+            return
+
+
 def default_strategy() -> Strategy:
     from .strategy import _get_default_strategy
 

@@ -509,7 +509,12 @@ class StrategyExtended:
             else:
                 rendezvous.replica_done(r)
             finally:
-                _context.pop(frame)
+                try:
+                    _context.pop(frame)
+                except RuntimeError as exc:  # fn left a scope open on this (long-lived) thread
+                    _context.unwind(frame)
+                    if errors[r] is None:
+                        errors[r] = exc
 
         if n == 1:
             replica_main(0)

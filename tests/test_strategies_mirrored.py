@@ -184,6 +184,43 @@ def test_run_replicas_are_concurrent_threads():
 
 
 @pytest.mark.timeout(20)
+def test_a_replica_thread_that_dies_is_replaced():
+    s = ds.MirroredStrategy(cpus(3))
+
+    def leaves_a_scope_open():
+        if ds.get_replica_context().replica_id_in_sync_group == 1:
+            s.scope().__enter__()  # popping the replica's frame then fails, outside fn
+
+    with pytest.raises(RuntimeError):
+        s.run(leaves_a_scope_open)
+    ids = s.run(lambda: ds.get_replica_context().replica_id_in_sync_group)
+    assert s.experimental_local_results(ids) == (0, 1, 2)
+
+
+@pytest.mark.timeout(20)
+def test_replica_threads_end_with_their_strategy():
+    import gc
+    import weakref
+
+    def replica_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("pycollective-replica")]
+
+    before = set(replica_threads())
+    s = ds.MirroredStrategy(cpus(3))
+    s.run(lambda x: x + 1, args=(np.ones(10),))
+    mine = set(replica_threads()) - before
+    assert len(mine) == 2
+    gone = weakref.ref(s)
+    del s
+    gc.collect()
+    assert gone() is None, "the replica threads keep the strategy alive"
+    deadline = time.monotonic() + 5
+    while any(t.is_alive() for t in mine) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.is_alive() for t in mine)
+
+
+@pytest.mark.timeout(20)
 def test_run_splits_per_replica_arguments(strategy):
     n = strategy.num_replicas_in_sync
     pr = strategy.experimental_distribute_values_from_function(
