@@ -33,6 +33,7 @@ from .reduce_util import ReduceOp, parse_reduce_op
 from .values import DistributedValues, Mirrored, select_replica
 from .variables import (
     DistributedVariable,
+    MirroredVariable,
     VariableAggregation,
     VariableSynchronization,
 )
@@ -215,9 +216,11 @@ class Optimizer:
         step = int(self.iterations._arrays[0])
         fused = self._fused(step)
         backend = strategy.extended.backend
-        if fused is not None and fused_update.supported(
-                [self._replicated(v, [ts[i] for ts in per_replica])
-                 for i, v in enumerate(variables)]):
+        # The kernel computes from copy 0 and writes every copy: only for mirrored state,
+        # whose copies are identical (a sync-on-read variable's copies differ on purpose).
+        if fused is not None and all(isinstance(v, MirroredVariable) for v in variables) \
+                and fused_update.supported([self._replicated(v, [ts[i] for ts in per_replica])
+                                            for i, v in enumerate(variables)]):
             rule, hyper = fused
             scale = (1.0 / backend.num_replicas_in_sync
                      if self.gradient_aggregation == ReduceOp.MEAN else 1.0)
@@ -264,8 +267,13 @@ class Optimizer:
 
     def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
         """The native rule and numbers for this step (pycollective.fused_update), or None when
-        the optimizer has none (its ``_update_step`` then runs per replica)."""
+        the optimizer has none (its ``_update_step`` then runs per replica). Subclasses return
+        one only while ``_update_step`` is still theirs: a further subclass that overrides it
+        (clipping, weight decay) must have its own arithmetic run."""
         return None
+
+    def _overrides_update_step(self, owner: type) -> bool:
+        return type(self)._update_step is not owner._update_step
 
     def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
                      lr: float, step: int) -> None:
@@ -311,6 +319,8 @@ class SGD(Optimizer):
             var += m
 
     def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
+        if self._overrides_update_step(SGD):
+            return None
         rule = "sgd" if self.momentum == 0 else ("nesterov" if self.nesterov else "momentum")
         return rule, fused_update.Hyper(lr=self._lr(step), momentum=self.momentum)
 
@@ -347,6 +357,8 @@ class Adam(Optimizer):
         return lr * np.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
 
     def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
+        if self._overrides_update_step(Adam):
+            return None
         return "adam", fused_update.Hyper(lr=self._step_size(self._lr(step), step),
                                           beta_1=self.beta_1, beta_2=self.beta_2,
                                           epsilon=self.epsilon)

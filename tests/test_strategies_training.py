@@ -211,6 +211,35 @@ def test_in_process_replicas_update_in_one_fused_pass(make_opt):
 
 
 @pytest.mark.timeout(30)
+def test_sync_on_read_copies_are_updated_each_on_its_own():
+    # The fused kernel computes from copy 0: only mirrored state may take it.
+    s = ds.MirroredStrategy(cpus(3))
+    with s.scope():
+        v = ds.Variable(np.zeros(4, np.float32), synchronization="on_read", aggregation="sum")
+        opt = ds.SGD(0.1)
+    s.run(lambda: v.assign(np.full(4, float(ds.get_replica_context()
+                                             .replica_id_in_sync_group + 1), np.float32)))
+    s.run(lambda: opt.apply_gradients([(np.ones(4, np.float32), v)]))
+    copies = [np.asarray(c) for c in s.experimental_local_results(v)]
+    for r, c in enumerate(copies):
+        np.testing.assert_allclose(c, np.full(4, r + 1 - 0.1), rtol=1e-6)
+
+
+@pytest.mark.timeout(30)
+def test_a_subclass_update_step_is_not_bypassed():
+    class ClippedSGD(ds.SGD):
+        def _update_step(self, var, grad, slots, lr, step):
+            super()._update_step(var, np.clip(grad, -1, 1), slots, lr, step)
+
+    s = ds.MirroredStrategy(cpus(2))
+    with s.scope():
+        v = ds.Variable(np.zeros(3, np.float32))
+        opt = ClippedSGD(0.5)
+    s.run(lambda: opt.apply_gradients([(np.full(3, 10.0, np.float32), v)]))
+    np.testing.assert_allclose(v.numpy(), np.full(3, -0.5))
+
+
+@pytest.mark.timeout(30)
 def test_apply_gradients_in_cross_replica_context():
     s = ds.MirroredStrategy(cpus(3))
     with s.scope():
