@@ -19,8 +19,8 @@ void copyIfApart(void* dst, const void* src, size_t bytes) {
 // user forces algo="inline" on a large buffer, whose scratch is then freed after the call).
 constexpr size_t kKeptScratchBytes = 4 << 20;
 
-// The reduction of every replica's input, in replica order (as every algorithm sums), into
-// `acc` (not into an output: the outputs may alias the inputs).
+// The reduction of every replica's input, in replica order, into `acc` (not into an output:
+// the outputs may alias the inputs).
 const char* reduceAll(const std::vector<CollectiveArgs>& args, std::vector<char>& acc) {
   const CollectiveArgs& a = args[0];
   const size_t bytes = a.count * elementSize(a.dtype);

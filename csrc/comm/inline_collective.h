@@ -14,7 +14,9 @@ namespace pycollective {
 double inlineCost(const std::vector<CollectiveArgs>& args);
 
 // Runs the collective described by args (replica r's call in args[r]) on this thread. Host
-// buffers only. The same results as the algorithms, avg's scale included.
+// buffers only. Reductions sum in replica order, as `direct` and `reduce_to_one` do (the ring
+// and halving_doubling sum in other orders, so float16/bfloat16 results may differ from
+// theirs in the last bit); avg's scale included.
 void runInline(const std::vector<CollectiveArgs>& args);
 
 }  // namespace pycollective

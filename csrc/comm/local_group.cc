@@ -41,6 +41,13 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
 void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string& algo) {
   PC_ASSERT(static_cast<int>(args.size()) == size(), "one call per replica");
   if (algo == kInlineAlgorithm || (algo == "auto" && inlineIsBest(args))) {
+    // The checks runCollective makes before anything moves.
+    Communicator& first = *comms_[0];
+    if (first.aborted())
+      throw Aborted(first.who() + " this group was aborted earlier (" + first.abortReason() +
+                    "); create a new LocalCommunicator to continue");
+    PC_CHECK(args[0].root >= 0 && args[0].root < size(), "root ", args[0].root,
+             " is out of range for ", size(), " replicas");
     runInline(args);
     return;
   }
