@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from .patterns import count_wrong, expected, np_dtype, out_buffer, rank_input
+from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .rows import Row
 from .timing import summarize, time_interleaved
 
@@ -43,9 +43,7 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
         calls, wrong = {}, {}
         for algo in algos:
             progress(f"inproc {collective} {algo} {row_bytes} B")
-            if inplace:  # an earlier algorithm's check left results in the inputs
-                for r in range(world):
-                    inputs[r][...] = rank_input(r, count, dtype)
+            _reset(inputs, outs, inplace, count, dtype)
             call = _call(comm, collective, inputs, outs, algo, op, inplace)
             try:
                 results = call()  # the first call is checked, then timed calls follow
@@ -55,6 +53,7 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
             wrong[algo] = sum(count_wrong(results[r], want[r], op) for r in range(world))
             calls[algo] = call
         if collective == "allreduce":
+            _reset(inputs, outs, inplace, count, dtype)
             calls["numpy"], wrong["numpy"] = _numpy_baseline(inputs, outs, want, op, world)
         samples = time_interleaved(calls, iters, warmup, budget_s)
         for algo, times in samples.items():
@@ -67,6 +66,16 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
             rows.append(Row(collective, row_bytes, count, dtype, algo, "inproc", world,
                             t.median, t.p10, t.p90, wrong[algo], peer=peer, extra=extra))
     return rows
+
+
+def _reset(inputs: list, outs: list, inplace: bool, count: int, dtype: str) -> None:
+    """Before a checked call: fresh inputs (an earlier in-place check left results there) and
+    poisoned outputs (so that a result must really be written to pass)."""
+    for r, x in enumerate(inputs):
+        if inplace:
+            x[...] = rank_input(r, count, dtype)
+        else:
+            poison(outs[r])
 
 
 def _call(comm, collective: str, inputs: list, outs: list, algo: str, op: str,

@@ -64,6 +64,14 @@ def out_buffer(collective: str, n: int, rank: int, count: int, dtype: str) -> np
     return np.empty(shape, np_dtype(dtype))
 
 
+def poison(buf: np.ndarray | None) -> None:
+    """Fills a result buffer with 0xFF bytes (NaN, or -1 for the small integers the inputs
+    produce) before an algorithm's checked call: an algorithm that skips a write cannot pass
+    on what the previous algorithm left in the shared buffer."""
+    if buf is not None:
+        buf.view(np.uint8).fill(0xFF)
+
+
 def count_wrong(got, want: np.ndarray | None, op: str) -> int:
     """Elements that differ; avg is allowed one rounding of the final division."""
     if want is None:

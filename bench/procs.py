@@ -110,7 +110,10 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
         host_ids: list[str] | None = None) -> list[Row]:
     job = {"collective": collective, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters,
            "warmup": warmup, "budget": budget_s}
-    deadline = 60 + 4 * budget_s * len(sizes) * max(1, len(algos))
+    # A safety net against hangs, not a budget: every (size, algorithm) gets about budget_s of
+    # timing but at least one iteration per round, and the largest sizes over slow transports
+    # take longer than budget_s / ROUNDS per call.
+    deadline = 120 + 8 * budget_s * len(sizes) * max(1, len(algos))
     rows: list[Row] = []
 
     def add(raw: list[dict], transport: str, peer: bool) -> None:

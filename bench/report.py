@@ -53,7 +53,8 @@ def summary(rows: Iterable[Row]) -> list[str]:
             text += f"; auto {auto.median_s / best.median_s:.2f}x of best"
             chose = auto.extra.get("chose")
             if chose == best.algo:
-                text += f" (it runs {chose}: the same code, so the gap is timing noise)"
+                text += (f" (it runs {chose}: the same code plus a table lookup, so the gap "
+                         "is timing noise)")
             elif chose:
                 chosen = next((r for r in ours if r.algo == chose), None)
                 text += f" (it runs {chose}" + (

@@ -3,7 +3,6 @@ several measured against each other."""
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ def time_interleaved(calls: dict[str, Callable[[], object]], iters: int, warmup:
     its own slice of it.
 
     Each call gets at most ``iters`` iterations and about ``budget_s`` seconds in all (at least
-    one iteration per round). Across ranks, ``before_each`` runs before every timed iteration (a
+    one iteration per round; fewer rounds when ``iters`` is smaller than ``rounds``). Across ranks, ``before_each`` runs before every timed iteration (a
     barrier) and ``max_over_ranks`` makes every rank run the same iteration counts and turns
     each call's samples into the slowest rank's."""
     names = list(calls)
@@ -69,8 +68,8 @@ def time_interleaved(calls: dict[str, Callable[[], object]], iters: int, warmup:
     probes = np.array([timed(name) for name in names])
     if max_over_ranks is not None:
         probes = max_over_ranks(probes)
-    per_round = {name: max(1, min(math.ceil(iters / rounds),
-                                  int(budget_s / rounds / max(probe, 1e-9))))
+    rounds = max(1, min(rounds, iters))  # never more than iters samples per call
+    per_round = {name: max(1, min(iters // rounds, int(budget_s / rounds / max(probe, 1e-9))))
                  for name, probe in zip(names, probes)}
     samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):

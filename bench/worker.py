@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from .patterns import count_wrong, expected, np_dtype, out_buffer, rank_input
+from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .timing import summarize, time_interleaved
 
 
@@ -212,6 +212,7 @@ def main(job_path: str) -> int:
         want = expected(job["collective"], job["op"], n, count, job["dtype"], rank)
         calls, wrong = {}, {}
         for algo in job["algos"]:
+            poison(out)
             try:
                 call = backend.call(job["collective"], x, out, algo, job["op"])
                 result = call()

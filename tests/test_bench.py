@@ -126,6 +126,14 @@ def test_interleaved_timing_shares_rounds_and_takes_the_slowest_rank():
     assert all(t >= 1.0 for s in samples.values() for t in s)  # max_over_ranks was applied
 
 
+def test_interleaved_timing_never_exceeds_iters():
+    from pycollective.bench.timing import time_interleaved
+
+    for iters in (3, 100):
+        samples = time_interleaved({"a": lambda: None}, iters=iters, warmup=0, budget_s=10.0)
+        assert 1 <= len(samples["a"]) <= iters
+
+
 def test_interleaved_timing_respects_the_budget():
     import time
 
