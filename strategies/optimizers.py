@@ -6,7 +6,7 @@ optimizer's slots) with the same reduced gradients, so the copies stay identical
 cross-replica context, it accepts PerReplica gradients (reduced the same way) or plain ones
 (applied to every copy as they are).
 
-For float32/float64 numpy state the reduction and the update are fused in native code
+For mirrored float32/float64 numpy state the reduction and the update are fused in native code
 (``pycollective.fused_update``): replicas in this process are summed and applied in one pass
 over memory, and across workers each bucket of ``bytes_per_pack`` bytes is all-reduced once and
 applied to every local copy in one pass. Other dtypes and frameworks take the general path:
