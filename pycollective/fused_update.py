@@ -6,8 +6,9 @@ every gradient is read once, the state is read from copy 0 (the copies are ident
 new state is written into every copy. The strategies' optimizers use it; it is public for
 anyone who keeps replicated state in numpy arrays.
 
-Only float32 and float64 C-contiguous numpy arrays qualify: :func:`supported` says whether a
-set of arrays does, so callers keep their own arithmetic for everything else.
+Only float32 and float64 C-contiguous, aligned numpy arrays qualify: :func:`supported` says
+whether a set of arrays does, so callers keep their own arithmetic for everything else. The
+state arrays (copies and slots) must not overlap one another or the gradients.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class ReplicatedTensor:
 
 def _qualifies(a: object, dtype: np.dtype, shape: tuple[int, ...], writable: bool) -> bool:
     return (isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == shape
-            and a.flags.c_contiguous and (a.flags.writeable or not writable))
+            and a.flags.c_contiguous and a.flags.aligned and (a.flags.writeable or not writable))
 
 
 def supported(tensors: Sequence[ReplicatedTensor]) -> bool:

@@ -74,6 +74,8 @@ def test_supported_says_when_the_native_path_applies():
     assert not fu.supported([fu.ReplicatedTensor([np.zeros(7, np.float32)], [a])])  # shape
     assert not fu.supported([fu.ReplicatedTensor([a.astype(np.float64)], [a])])  # dtype
     assert not fu.supported([fu.ReplicatedTensor([], [a])])
+    misaligned = np.zeros(8 * 4 + 1, np.uint8)[1:].view(np.float32)
+    assert not fu.supported([fu.ReplicatedTensor([a.copy()], [misaligned])])
 
 
 def test_bad_calls_say_what_is_wrong():
