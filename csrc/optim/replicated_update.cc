@@ -13,11 +13,11 @@ namespace pycollective {
 namespace {
 
 // A piece is one thread's share (a job of the pool); a block is what one pass keeps in cache:
-// the summed gradient and the new state of a block stay in L1/L2 between being computed and
-// being stored into every copy.
+// the summed gradient and copy 0's new state of a block stay in L1/L2 between being computed
+// and being stored into the other copies.
 constexpr size_t kPieceBytes = 512 * 1024;
 constexpr size_t kBlockBytes = 64 * 1024;
-constexpr int kMaxSlots = 2;
+constexpr int kMaxSlots = 2;  // Adam's m and v
 
 struct Piece {
   const ReplicatedTensor* tensor;
@@ -25,22 +25,23 @@ struct Piece {
   size_t count;
 };
 
-// The new state of one block, computed from copy 0: w (new weights) and s[k] (new slots) are
-// scratch of `n` elements; g is the gradient sum (not yet scaled).
+// Updates one block of copy 0 in place: w (weights) and s[k] (slots) point into copy 0, g is
+// the gradient sum (not yet scaled). Every element is read before it is written, so a gradient
+// that is itself a copy is still read intact.
 template <typename T>
-void computeBlock(UpdateRule rule, const UpdateHyper& h, const T* g, const T* w0,
-                  const T* const* s0, T* w, T* const* s, size_t n) {
+void computeBlock(UpdateRule rule, const UpdateHyper& h, const T* g, T* w, T* const* s,
+                  size_t n) {
   const T scale = static_cast<T>(h.gradScale), lr = static_cast<T>(h.lr);
   switch (rule) {
     case UpdateRule::kSgd:
-      for (size_t i = 0; i < n; ++i) w[i] = w0[i] - lr * (scale * g[i]);
+      for (size_t i = 0; i < n; ++i) w[i] = w[i] - lr * (scale * g[i]);
       break;
     case UpdateRule::kMomentum: {
       const T mom = static_cast<T>(h.momentum);
       for (size_t i = 0; i < n; ++i) {
-        const T m = mom * s0[0][i] - lr * (scale * g[i]);
+        const T m = mom * s[0][i] - lr * (scale * g[i]);
         s[0][i] = m;
-        w[i] = w0[i] + m;
+        w[i] = w[i] + m;
       }
       break;
     }
@@ -48,9 +49,9 @@ void computeBlock(UpdateRule rule, const UpdateHyper& h, const T* g, const T* w0
       const T mom = static_cast<T>(h.momentum);
       for (size_t i = 0; i < n; ++i) {
         const T step = lr * (scale * g[i]);
-        const T m = mom * s0[0][i] - step;
+        const T m = mom * s[0][i] - step;
         s[0][i] = m;
-        w[i] = w0[i] + (mom * m - step);
+        w[i] = w[i] + (mom * m - step);
       }
       break;
     }
@@ -59,42 +60,44 @@ void computeBlock(UpdateRule rule, const UpdateHyper& h, const T* g, const T* w0
       const T eps = static_cast<T>(h.epsilon);
       for (size_t i = 0; i < n; ++i) {
         const T gi = scale * g[i];
-        const T m = s0[0][i] + (gi - s0[0][i]) * b1;
-        const T v = s0[1][i] + (gi * gi - s0[1][i]) * b2;
+        const T m = s[0][i] + (gi - s[0][i]) * b1;
+        const T v = s[1][i] + (gi * gi - s[1][i]) * b2;
         s[0][i] = m;
         s[1][i] = v;
-        w[i] = w0[i] - lr * m / (std::sqrt(v) + eps);
+        w[i] = w[i] - lr * m / (std::sqrt(v) + eps);
       }
       break;
     }
   }
 }
 
+// Copy 0 is updated in place with ordinary stores (its lines were just read, and a single
+// copy, the multi-worker case, then stays in cache for the next step); the other copies get
+// the block with streaming stores.
 template <typename T>
 void runPiece(UpdateRule rule, const UpdateHyper& h, ReduceFn sum, int nSlots, const Piece& p) {
   const ReplicatedTensor& t = *p.tensor;
   constexpr size_t kBlock = kBlockBytes / sizeof(T);
-  // Scratch: the gradient sum, the new weights, the new slots.
-  thread_local std::vector<T> scratch;
-  scratch.resize(kBlock * (2 + kMaxSlots));
-  T* acc = scratch.data();
-  T* w = acc + kBlock;
-  T* s[kMaxSlots] = {w + kBlock, w + 2 * kBlock};
-  const T* s0[kMaxSlots] = {nullptr, nullptr};
+  thread_local std::vector<T> acc;  // the gradient sum of a block
+  acc.resize(kBlock);
+  T* s[kMaxSlots] = {nullptr, nullptr};
   for (size_t off = p.begin; off < p.begin + p.count; off += kBlock) {
     const size_t n = std::min(kBlock, p.begin + p.count - off);
     const T* g = static_cast<const T*>(t.grads[0]) + off;
     if (t.grads.size() > 1) {
-      sum(acc, g, static_cast<const T*>(t.grads[1]) + off, n);
+      sum(acc.data(), g, static_cast<const T*>(t.grads[1]) + off, n);
       for (size_t r = 2; r < t.grads.size(); ++r)
-        sum(acc, acc, static_cast<const T*>(t.grads[r]) + off, n);
-      g = acc;
+        sum(acc.data(), acc.data(), static_cast<const T*>(t.grads[r]) + off, n);
+      g = acc.data();
     }
-    for (int k = 0; k < nSlots; ++k) s0[k] = static_cast<const T*>(t.slots[k][0]) + off;
-    computeBlock(rule, h, g, static_cast<const T*>(t.copies[0]) + off, s0, w, s, n);
-    for (void* copy : t.copies) streamCopy(static_cast<T*>(copy) + off, w, n * sizeof(T));
+    T* w = static_cast<T*>(t.copies[0]) + off;
+    for (int k = 0; k < nSlots; ++k) s[k] = static_cast<T*>(t.slots[k][0]) + off;
+    computeBlock(rule, h, g, w, s, n);
+    for (size_t c = 1; c < t.copies.size(); ++c)
+      streamCopy(static_cast<T*>(t.copies[c]) + off, w, n * sizeof(T));
     for (int k = 0; k < nSlots; ++k)
-      for (void* copy : t.slots[k]) streamCopy(static_cast<T*>(copy) + off, s[k], n * sizeof(T));
+      for (size_t c = 1; c < t.slots[k].size(); ++c)
+        streamCopy(static_cast<T*>(t.slots[k][c]) + off, s[k], n * sizeof(T));
   }
 }
 

@@ -4,8 +4,9 @@
 // MirroredStrategy keeps one copy of every variable (and of every optimizer slot) per local
 // replica, identical by construction. When the replicas share this process, "all-reduce the
 // gradients, then every replica updates its copy" can be done in one pass over memory: each
-// element of every replica's gradient is read once, the state is read from copy 0 only, and the
-// new state is written once into every copy (streaming stores). That is the memory traffic of
+// element of every replica's gradient is read once, the state is read from copy 0 only and
+// updated there in place, and the new state is written once into every other copy (streaming
+// stores). That is the memory traffic of
 // the all-reduce alone plus one read of the state, where the two-step version pays the
 // all-reduce, then a read-modify-write of every copy per replica.
 //
