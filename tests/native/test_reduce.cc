@@ -30,25 +30,11 @@
 #include "core/thread_pool.h"
 #include "reduce/half.h"
 #include "reduce/reduce.h"
+#include "expect.h"
 
 using namespace pycollective;
 
 namespace {
-
-int gChecks = 0;
-int gFailures = 0;
-
-#define EXPECT(cond, ...)                                                  \
-  do {                                                                     \
-    ++gChecks;                                                             \
-    if (!(cond)) {                                                         \
-      if (++gFailures <= 40) {                                             \
-        std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-        std::fprintf(stderr, __VA_ARGS__);                                 \
-        std::fputc('\n', stderr);                                          \
-      }                                                                    \
-    }                                                                      \
-  } while (0)
 
 const DType kAllDTypes[] = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64,
                             DType::kInt8,    DType::kUInt8,    DType::kInt32,   DType::kInt64};

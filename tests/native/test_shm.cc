@@ -31,6 +31,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include "expect.h"
 #define CPU_RELAX() _mm_pause()
 #else
 #define CPU_RELAX() ((void)0)
@@ -45,22 +46,6 @@ const char* algorithmName(uint8_t index) { return index == 0 ? "ring" : "test-al
 using namespace pycollective;
 
 namespace {
-
-int gChecks = 0;
-int gFailures = 0;
-
-#define EXPECT(cond, ...)                                                    \
-  do {                                                                       \
-    ++gChecks;                                                               \
-    if (!(cond)) {                                                           \
-      if (++gFailures <= 40) {                                               \
-        std::fprintf(stderr, "[pid %d] FAIL %s:%d: %s: ", static_cast<int>(getpid()), __FILE__, \
-                     __LINE__, #cond);                                       \
-        std::fprintf(stderr, __VA_ARGS__);                                   \
-        std::fputc('\n', stderr);                                            \
-      }                                                                      \
-    }                                                                        \
-  } while (0)
 
 using Clock = std::chrono::steady_clock;
 double secondsSince(Clock::time_point t) {
