@@ -76,18 +76,21 @@ def supported(tensors: Sequence[ReplicatedTensor]) -> bool:
     return True
 
 
-def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor]) -> None:
+def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor],
+          check: bool = True) -> None:
     """Applies ``rule`` to every tensor (see csrc/optim/replicated_update.h for the math).
 
     Every tensor must pass :func:`supported`, hold one dtype across tensors of a call, and give
     the rule's slots (``RULES[rule][1]``, in that order) with one array per copy.
+    ``check=False`` skips the :func:`supported` test, for a caller that just made it on these
+    arrays (as scipy's ``check_finite=False``); the other checks always run.
     """
     if rule not in RULES:
         raise ValueError(f"unknown update rule {rule!r}; known: {', '.join(RULES)}")
     code, slot_names = RULES[rule]
     if not tensors:
         return
-    if not supported(tensors):
+    if check and not supported(tensors):
         raise TypeError("fused_update.apply needs C-contiguous float32/float64 numpy arrays of "
                         "the variable's shape (writable state); check supported() first")
     dtype = tensors[0].copies[0].dtype

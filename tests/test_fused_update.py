@@ -87,6 +87,11 @@ def test_bad_calls_say_what_is_wrong():
     with pytest.raises(TypeError, match="float32/float64"):
         h = a.astype(np.float16)
         fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([h.copy()], [h])])
+    with pytest.raises(TypeError, match="one dtype per call"):  # check=False keeps this check
+        fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a]),
+                                         fu.ReplicatedTensor([a.astype(np.float64)],
+                                                             [a.astype(np.float64)])],
+                 check=False)
     with pytest.raises(TypeError, match="one dtype per call"):
         fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a]),
                                          fu.ReplicatedTensor([a.astype(np.float64)],
