@@ -440,8 +440,13 @@ class MultiWorkerBackend(CollectiveBackend):
                 pc.allreduce(per_replica[0][0].reshape(-1), op="sum", algo=self._cross_algo,
                              out=buf, **self._kw())
                 return
-            flats = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica]
-            np.copyto(buf, self._local_sum(flats) if len(flats) > 1 else flats[0])
+            # Replica 0's tensors are packed straight into buf, the local sum is made there in
+            # place, and so is the cross-worker all-reduce: no other copy of the pack.
+            np.concatenate([t.reshape(-1) for t in per_replica[0]], out=buf)
+            if len(per_replica) > 1:
+                others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
+                self._local._call("reduce", [buf] + others, root=0, op="sum",
+                                  algo=self.algorithm, inplace=True)
             pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
