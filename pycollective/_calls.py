@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from pycollective.reduce_op import ReduceOp
 from pycollective.tensors import Buffer, check_writable, contiguous_input
 
 KINDS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "broadcast": 3, "reduce": 4,
@@ -57,6 +58,13 @@ def result_shape(kind: str, shape: tuple[int, ...], count: int, rank: int, size:
         start, stop = chunk_bounds(count, size, rank)
         return (stop - start,)
     raise ValueError(f"unknown collective {kind!r}")
+
+
+def check_avg(kind: str, op: ReduceOp, code: int, dtype_name: str, where: str) -> None:
+    """avg of an integer dtype (native code >= 4) is refused before anything moves."""
+    if kind in REDUCING and op == ReduceOp.AVG and code >= 4:
+        raise TypeError(f"{where}: avg is not defined for {dtype_name}: use op='sum' and "
+                        "divide, or convert to a floating dtype")
 
 
 def check_inplace_call(kind: str, out: Any, where: str) -> None:

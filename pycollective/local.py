@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pycollective._calls import KINDS, REDUCING, Prepared, prepare
+from pycollective._calls import KINDS, Prepared, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_int
 from pycollective.device import is_device_tensor
@@ -121,9 +121,7 @@ class LocalCommunicator:
         bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
         _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
         first = bufs[0]
-        if kind in REDUCING and reduce_op == ReduceOp.AVG and first.code >= 4:
-            raise TypeError(f"avg is not defined for {first.dtype_name}: use op='sum' and "
-                            "divide, or convert to a floating dtype")
+        check_avg(kind, reduce_op, first.code, first.dtype_name, "replica 0")
         outs = [None] * n if out is None else [adapt(o, f"replica {i} out=") for i, o in
                                                enumerate(out)]
         calls: list[Prepared] = [
@@ -157,9 +155,7 @@ class LocalCommunicator:
         bufs = [adapt_device(t, f"replica {i}") for i, t in enumerate(tensors)]
         _check_alike([(b.code, b.dtype_name, b.shape) for b in bufs])
         first = bufs[0]
-        if kind in REDUCING and reduce_op == ReduceOp.AVG and first.code >= 4:
-            raise TypeError(f"avg is not defined for {first.dtype_name}: use op='sum' and "
-                            "divide, or convert to a floating dtype")
+        check_avg(kind, reduce_op, first.code, first.dtype_name, "replica 0")
         outs = [None] * n if out is None else [adapt_device(o, f"replica {i} out=")
                                                for i, o in enumerate(out)]
         calls = [prepare_device(kind, b, i, n, root, inplace, f"replica {i}", outs[i])

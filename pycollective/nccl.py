@@ -36,6 +36,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from pycollective._calls import check_avg
 from pycollective._ext import _C
 from pycollective.config import default_timeout
 from pycollective.device import (
@@ -365,9 +366,7 @@ class NcclCommunicator:
 
 def check_call(kind: str, buf: DeviceBuffer, op: ReduceOp, size: int, where: str) -> None:
     """Argument checks NCCL would otherwise report less clearly."""
-    if kind in ("allreduce", "reduce_scatter", "reduce") and op == ReduceOp.AVG and buf.code >= 4:
-        raise TypeError(f"{where}: avg is not defined for {buf.dtype_name}: use op='sum' and "
-                        "divide, or convert to a floating dtype")
+    check_avg(kind, op, buf.code, buf.dtype_name, where)
     if kind == "reduce_scatter" and buf.count % size != 0:
         raise ValueError(f"{where}: NCCL's reduce_scatter needs a size divisible by the "
                          f"{size} ranks, got {buf.count} elements")

@@ -18,7 +18,7 @@ import secrets
 import threading
 from typing import Any
 
-from pycollective._calls import KINDS, REDUCING, Prepared, prepare
+from pycollective._calls import KINDS, Prepared, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
 from pycollective.device import is_device_tensor
@@ -149,14 +149,12 @@ class ProcessGroup:
         if algo == "nccl" or (type(x).__module__ != "numpy" and is_device_tensor(x)):
             return self._run_nccl(kind, x, reduce_op, algo, root, inplace, out, asynchronous)
         buf = adapt(x, where)
-        if kind in REDUCING and reduce_op == ReduceOp.AVG and buf.code >= 4:
-            raise TypeError(f"{where}: avg is not defined for {buf.dtype_name}: use op='sum' "
-                            "and divide, or convert to a floating dtype")
+        check_avg(kind, reduce_op, buf.code, buf.dtype_name, where)
         call = prepare(kind, buf, self.rank, self.size, root, inplace, where,
                        None if out is None else adapt(out, f"{where} out="))
         native_args = (KINDS[kind], call.inp, call.out, buf.count, buf.code,
                        int(reduce_op), root, algo, shape_hash(buf.array.shape), 0,
-                       self._world.timeout if timeout is None else float(timeout), self.members,
+                       self._timeout(timeout), self.members,
                        self.group_id)
         if asynchronous:
             return Work(self._world.comm.submit(*native_args), [call], self,
