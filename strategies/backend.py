@@ -118,11 +118,15 @@ class CollectiveBackend:
         if len(arrays) != self.num_local_replicas:
             raise ValueError(f"{kind}: {len(arrays)} values for {self.num_local_replicas} local "
                              "replicas")
+        self._check_alike(arrays, kind)
+
+    def _check_alike(self, arrays: Sequence[np.ndarray], what: str) -> None:
+        """Every local replica's array has replica 0's shape and dtype."""
         first = arrays[0]
         for r, a in enumerate(arrays[1:], start=1):
             if a.dtype != first.dtype or a.shape != first.shape:
                 raise ValueError(
-                    f"{kind}: replica {self.first_replica_id + r} passed "
+                    f"{what}: replica {self.first_replica_id + r} passed "
                     f"{_tensors.describe(a)} but replica {self.first_replica_id} passed "
                     f"{_tensors.describe(first)}; every replica must pass the same shape and "
                     "dtype")
@@ -152,14 +156,8 @@ class CollectiveBackend:
             if len(ts) != count:
                 raise ValueError(f"replica {self.first_replica_id + r} passed {len(ts)} tensors "
                                  f"but replica {self.first_replica_id} passed {count}")
-            for i, a in enumerate(ts):
-                ref = arrays[0][i]
-                if a.shape != ref.shape or a.dtype != ref.dtype:
-                    raise ValueError(
-                        f"tensor {i}: replica {self.first_replica_id + r} passed "
-                        f"{_tensors.describe(a)} but replica {self.first_replica_id} passed "
-                        f"{_tensors.describe(ref)}; every replica must pass the same shapes "
-                        "and dtypes")
+        for i in range(count):
+            self._check_alike([ts[i] for ts in arrays], f"tensor {i}")
         results: list[list[Any]] = [[None] * count for _ in range(n_local)]
         for pack in make_packs(arrays[0], bytes_per_pack, num_packs):
             if len(pack) == 1:
