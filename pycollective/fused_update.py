@@ -3,8 +3,10 @@
 For replicas that share a process, "all-reduce the gradients, then update every replica's copy
 of the variable and of its slots" is one pass over memory (csrc/optim/replicated_update.h):
 every gradient is read once, the state is read from copy 0 (the copies are identical), and the
-new state is written into every copy. The strategies' optimizers use it; it is public for
-anyone who keeps replicated state in numpy arrays.
+new state is written into every copy (:func:`apply`). Across the processes of a group,
+:func:`allreduce_apply` fuses the update into the all-reduce of the gradients instead. The
+strategies' optimizers use both; they are public for anyone who keeps replicated state in numpy
+arrays.
 
 Only float32 and float64 C-contiguous, aligned numpy arrays qualify: :func:`supported` says
 whether a set of arrays does, so callers keep their own arithmetic for everything else. The
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -85,13 +88,55 @@ def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor],
     ``check=False`` skips the :func:`supported` test, for a caller that just made it on these
     arrays (as scipy's ``check_finite=False``); the other checks always run.
     """
+    code, dtype_code, items = _native_items(rule, tensors, check)
+    if items:
+        _C.apply_replicated_update(code, dtype_code, _hyper_tuple(hyper), items)
+
+
+def allreduce_apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor],
+                    group: Any = None, timeout: float | None = None, check: bool = True) -> None:
+    """Optimizer steps across the processes of a group (``pycollective.init``): for every
+    tensor, each rank passes its gradient (``grads``: one array, e.g. the sum of its local
+    replicas) and its copies of the state; the rule is applied to ``grad_scale * (sum over the
+    ranks)`` and every copy on every rank ends with the same new state.
+
+    Each is the all-reduce of the gradient with the update fused into it (ZeRO's
+    reduce-scatter, update, allgather as one pipelined ring): each rank updates only the chunk
+    of the state whose sum it owns, as the sum arrives, and the ring then carries the new
+    state (variable and slots) instead of the summed gradient
+    (csrc/optim/allreduce_update.h). One collective per tensor, in order: every rank of the
+    group must make the same call, in the same order as its other collectives.
+    ``group``: a ``pycollective.new_group`` group (default: all ranks); ``check`` as for
+    :func:`apply`.
+    """
+    from pycollective import process_group
+    from pycollective.tensors import shape_hash
+
+    code, dtype_code, items = _native_items(rule, tensors, check)
+    for i, t in enumerate(tensors):
+        if len(t.grads) != 1:
+            raise ValueError(f"allreduce_apply: tensor {i} has {len(t.grads)} gradients; pass "
+                             "this rank's one gradient (sum the local replicas' first)")
+    pg = process_group._group(group)
+    pg._run_native(_C.allreduce_update, pg._world.comm, code, dtype_code, _hyper_tuple(hyper),
+                   items, [shape_hash(t.copies[0].shape) for t in tensors],
+                   pg._timeout(timeout), pg.members, pg.group_id)
+
+
+def _hyper_tuple(hyper: Hyper) -> tuple[float, ...]:
+    return (hyper.lr, hyper.momentum, hyper.beta_1, hyper.beta_2, hyper.epsilon, hyper.grad_scale)
+
+
+def _native_items(rule: str, tensors: Sequence[ReplicatedTensor],
+                  check: bool) -> tuple[int, int, list[tuple[Any, ...]]]:
+    """The rule's code, the dtype's code and the tensors as the native functions take them."""
     if rule not in RULES:
         raise ValueError(f"unknown update rule {rule!r}; known: {', '.join(RULES)}")
     code, slot_names = RULES[rule]
     if not tensors:
-        return
+        return code, 0, []
     if check and not supported(tensors):
-        raise TypeError("fused_update.apply needs C-contiguous float32/float64 numpy arrays of "
+        raise TypeError("fused_update needs C-contiguous float32/float64 numpy arrays of "
                         "the variable's shape (writable state); check supported() first")
     dtype = tensors[0].copies[0].dtype
     items = []
@@ -104,6 +149,4 @@ def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor],
                              f"{len(t.slots)} slot(s)")
         items.append((t.copies[0].size, list(t.grads), list(t.copies),
                       [list(s) for s in t.slots]))
-    _C.apply_replicated_update(code, _DTYPE_CODES[dtype],
-                               (hyper.lr, hyper.momentum, hyper.beta_1, hyper.beta_2,
-                                hyper.epsilon, hyper.grad_scale), items)
+    return code, _DTYPE_CODES[dtype], items

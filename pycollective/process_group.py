@@ -133,8 +133,12 @@ class ProcessGroup:
 
     def _native_run(self, native_args: tuple) -> None:
         """Runs a collective on this thread (GIL released), explaining a failure."""
+        self._run_native(self._world.comm.run, *native_args)
+
+    def _run_native(self, fn: Any, *args: Any) -> None:
+        """``fn(*args)``: a native collective of this group, a failure explained."""
         try:
-            self._world.comm.run(*native_args)
+            fn(*args)
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
 

@@ -112,6 +112,12 @@ def _mismatch(rank, n, what):
         call = lambda: pc.allreduce(x, algo="ring" if rank == 0 else "reduce_to_one")  # noqa
     elif what == "count":
         call = lambda: pc.allreduce(x if rank == 0 else x[:5], algo="ring")  # noqa: E731
+    elif what == "fused":
+        from pycollective import fused_update as fu
+
+        update = fu.ReplicatedTensor([x.copy()], [np.zeros_like(x)])
+        call = ((lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1.0), [update])) if rank == 0
+                else (lambda: pc.allreduce(x, algo="ring")))
     return _expect_error(call)
 
 
@@ -123,6 +129,7 @@ def _mismatch(rank, n, what):
     ("op", "op: here"),
     ("algo", "algorithm: here"),
     ("count", "element count: here"),
+    ("fused", "collective: here"),
 ])
 def test_mismatched_calls_fail_on_every_rank(what, text):
     res = run_ranks(_mismatch, 2, what, timeout=40)

@@ -1,10 +1,12 @@
-"""pycollective.fused_update: the native reduce-and-update kernels against numpy."""
+"""pycollective.fused_update against numpy: the in-process reduce-and-update kernels, and the
+update fused into an all-reduce across processes (allreduce_apply)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from multiproc import run_ranks
 from pycollective import fused_update as fu
 
 # More than one 512 KiB piece and an odd tail, so pieces and blocks split the work.
@@ -96,3 +98,91 @@ def test_bad_calls_say_what_is_wrong():
         fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a]),
                                          fu.ReplicatedTensor([a.astype(np.float64)],
                                                              [a.astype(np.float64)])])
+
+
+# Across processes: fused_update.allreduce_apply ------------------------------------------------
+
+# Empty, fewer elements than ranks, one ring segment with an odd tail, several segments.
+ACROSS_COUNTS = [0, 2, 1001, 3 * (256 * 1024 // 4) + 5]
+
+
+def _allreduce_apply_ranks(rank, n, transport):
+    import pycollective as pc
+
+    pc.init(transport=transport)
+    checks = 0
+    for rule in fu.RULES:
+        for dtype in (np.float32, np.float64):
+            hyper = fu.Hyper(lr=0.05, momentum=0.9, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                             grad_scale=1.0 / n)
+            rng = np.random.default_rng(len(rule))  # every rank draws the same numbers
+            grads = [[rng.standard_normal(c).astype(dtype) for c in ACROSS_COUNTS]
+                     for _ in range(n)]
+            w0 = [rng.standard_normal(c).astype(dtype) for c in ACROSS_COUNTS]
+            s0 = [[np.abs(rng.standard_normal(c)).astype(dtype) for c in ACROSS_COUNTS]
+                  for _ in fu.RULES[rule][1]]
+            copies = 1 + len(rule) % 2  # one copy for some rules, two for others
+            var_copies = [[w.copy() for _ in range(copies)] for w in w0]
+            slot_copies = [[[s[i].copy() for _ in range(copies)] for s in s0]
+                           for i in range(len(ACROSS_COUNTS))]
+            fu.allreduce_apply(rule, hyper, [
+                fu.ReplicatedTensor([grads[rank][i]], var_copies[i], slot_copies[i])
+                for i in range(len(ACROSS_COUNTS))])
+            tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12,
+                                                                              atol=1e-12)
+            for i in range(len(ACROSS_COUNTS)):
+                want_w, want_slots = reference(rule, hyper, [g[i] for g in grads], w0[i],
+                                               [s[i] for s in s0])
+                for c in var_copies[i]:
+                    np.testing.assert_allclose(c, want_w, **tol, err_msg=f"{rule} {dtype} {i}")
+                    np.testing.assert_array_equal(c, var_copies[i][0])
+                for got, want in zip(slot_copies[i], want_slots):
+                    for c in got:
+                        np.testing.assert_allclose(c, want, **tol)
+                # Every rank holds the same bits: each chunk was computed once, by its owner.
+                state = np.concatenate([var_copies[i][0]] + [s[0] for s in slot_copies[i]])
+                gathered = np.asarray(pc.allgather(state))
+                assert all(gathered[r].tobytes() == state.tobytes() for r in range(n))
+                checks += 1
+    pc.shutdown()
+    return checks
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "tcp")])
+def test_allreduce_apply_matches_numpy_on_every_rank(n, transport):
+    results = run_ranks(_allreduce_apply_ranks, n, transport, timeout=100)
+    assert results == [len(fu.RULES) * 2 * len(ACROSS_COUNTS)] * n
+
+
+def _allreduce_apply_bad_calls(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    a = np.ones(8, np.float32)
+    errors = []
+    for call in (
+            lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1), [
+                fu.ReplicatedTensor([a.copy(), a.copy()], [a])]),
+            lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1), [
+                fu.ReplicatedTensor([a.astype(np.float16)], [a.astype(np.float16)])]),
+            lambda: fu.allreduce_apply("momentum", fu.Hyper(lr=1), [
+                fu.ReplicatedTensor([a.copy()], [a])])):
+        try:
+            call()
+            errors.append(None)
+        except (TypeError, ValueError) as exc:
+            errors.append(str(exc))
+    # Nothing moved: the group still works.
+    total = np.asarray(pc.allreduce(np.full(3, rank + 1.0))).tolist()
+    pc.shutdown()
+    return errors, total
+
+
+@pytest.mark.timeout(60)
+def test_allreduce_apply_bad_calls_fail_before_anything_moves():
+    for errors, total in run_ranks(_allreduce_apply_bad_calls, 2, timeout=40):
+        assert "one gradient" in errors[0], errors
+        assert "float32/float64" in errors[1], errors
+        assert "keeps slots ('momentum',), got 0" in errors[2], errors
+        assert total == [3.0, 3.0, 3.0]

@@ -22,8 +22,7 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
   s.header.op = static_cast<uint8_t>(args.op);
   s.header.algo = algoIndex;
   s.header.root = args.root;
-  bool reduces = args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduce ||
-                 args.kind == CollectiveKind::kReduceScatter;
+  bool reduces = reducesData(args.kind);
   s.dtype = args.dtype;
   s.elemSize = elementSize(args.dtype);
   if (args.device < 0) {

@@ -72,6 +72,12 @@ Choice chooseAuto(const Group& group, const CollectiveArgs& args, bool withTable
   return c;
 }
 
+void throwIfAborted(Communicator& comm) {
+  if (comm.aborted())
+    throw Aborted(comm.who() + " this group was aborted earlier (" + comm.abortReason() +
+                  "); create a new group to continue");
+}
+
 // Runs a started collective; a failure after data may have moved aborts the communicator, so
 // its peers stop waiting for this rank (their links fail at once).
 template <typename Fn>
@@ -85,6 +91,15 @@ void abortOnFailure(Communicator& comm, Fn&& fn) {
 }
 
 }  // namespace
+
+Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo,
+                     const std::function<void(Exchange&)>& schedule) {
+  Communicator& comm = group.comm();
+  throwIfAborted(comm);
+  Exchange ex(group, args, indexOf(&algo), comm.nextSeq(groupId));
+  abortOnFailure(comm, [&] { schedule(ex); });
+  return ex;
+}
 
 const TunedChoice* tunedEntry(const Group& group, const CollectiveArgs& args) {
   const Communicator& comm = group.comm();
@@ -141,9 +156,7 @@ void runCollective(Communicator& comm, const CollectiveArgs& args, const std::st
 
 void runCollective(Communicator& comm, const std::vector<int>& members, int groupId,
                    const CollectiveArgs& args, const std::string& algoName) {
-  if (comm.aborted())
-    throw Aborted(comm.who() + " this group was aborted earlier (" + comm.abortReason() +
-                  "); create a new group to continue");
+  throwIfAborted(comm);
   Group group(comm, members);
   PC_CHECK(args.root >= 0 && args.root < group.size(), comm.who(), " root ", args.root,
            " is out of range for a group of ", group.size(), " ranks");
@@ -153,8 +166,7 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
     return;
   }
   // Fails with InvalidType for an integer avg, before anything moves.
-  if (args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduce ||
-      args.kind == CollectiveKind::kReduceScatter)
+  if (reducesData(args.kind))
     lookupReduce(args.dtype, args.op);
 
   const Algorithm* algo = nullptr;
@@ -179,8 +191,7 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
              collectiveName(args.kind), " here: ", why);
   }
 
-  Exchange ex(group, args, indexOf(algo), comm.nextSeq(groupId));
-  abortOnFailure(comm, [&] { algo->run(ex, args); });
+  Exchange ex = runSchedule(group, groupId, args, *algo, [&](Exchange& e) { algo->run(e, args); });
 
   if (args.op == ReduceOp::kAvg) {
     const double scale = 1.0 / group.size();

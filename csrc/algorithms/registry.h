@@ -1,10 +1,12 @@
 #pragma once
 // Algorithms by name, the choice made by algo="auto", and the one entry point that runs a
 // collective on a communicator.
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "algorithms/algorithm.h"
+#include "algorithms/exchange.h"
 
 namespace pycollective {
 
@@ -32,6 +34,13 @@ void runCollective(Communicator& comm, const CollectiveArgs& args, const std::st
 // include this rank); groupId keeps the subgroup's sequence numbers apart.
 void runCollective(Communicator& comm, const std::vector<int>& members, int groupId,
                    const CollectiveArgs& args, const std::string& algo);
+
+// Runs `schedule` as one collective `args` of the group (groupId: see runCollective), its
+// messages stamped with `algo`'s wire index; any failure aborts the communicator. For
+// collectives made of an algorithm's schedules that no single Algorithm::run covers (a fused
+// optimizer step, optim/allreduce_update.h). Returns the call's Exchange (for a final scale).
+Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo,
+                     const std::function<void(Exchange&)>& schedule);
 
 // The algorithm runCollective would use for algo="auto", with the reason.
 std::string explainChoice(const Group& group, const CollectiveArgs& args);

@@ -25,7 +25,19 @@ struct Step {
   const char* accumBase; // nullptr: copy; else dst = accum OP incoming (same offsets)
   size_t recvChunk;
   char* recvChunkDst = nullptr;  // override of the destination of the received chunk
+  // Runs on each received segment (after its reduction) before the next step forwards it.
+  const ChunkFn* onArrived = nullptr;
 };
+
+// Hands segment j of the chunk `st` received to its onArrived callback.
+void arrived(const Step& st, const Chunks& chunks, size_t m, size_t j, size_t es) {
+  Chunks seg(chunks.size(st.recvChunk), m);
+  if (seg.size(j) == 0) return;
+  const char* data = st.recvChunkDst != nullptr
+                         ? st.recvChunkDst + seg.offset(j) * es
+                         : st.recvBase + (chunks.offset(st.recvChunk) + seg.offset(j)) * es;
+  (*st.onArrived)(data, chunks.offset(st.recvChunk) + seg.offset(j), seg.size(j));
+}
 
 void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps) {
   const int n = ex.size(), r = ex.rank();
@@ -37,7 +49,10 @@ void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps
     const size_t s = k / m, j = k % m;
     const Step& st = steps[s];
     // The chunk sent at step s is the one received at step s-1 (same segment).
-    if (k >= m) ex.wait(recvs[k - m]);
+    if (k >= m) {
+      ex.wait(recvs[k - m]);
+      if (steps[s - 1].onArrived != nullptr) arrived(steps[s - 1], chunks, m, j, es);
+    }
     Chunks sendSeg(chunks.size(st.sendChunk), m);
     sends[k] = ex.send(right, st.sendBase + (chunks.offset(st.sendChunk) + sendSeg.offset(j)) * es,
                        sendSeg.size(j) * es);
@@ -115,6 +130,23 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
   addReduceScatterSteps(steps, n, r, in, out, out + chunks.offset(r) * ex.elemSize());
   addAllgatherSteps(steps, n, r, out);
   runSteps(ex, chunks, steps);
+}
+
+void reduceApplyAllgather(Exchange& ex, const char* in, char* work, char* reduced,
+                          const std::vector<char*>& gather, size_t count, const ChunkFn& apply) {
+  const int n = ex.size(), r = ex.rank();
+  if (n == 1) {
+    if (count > 0) apply(in, 0, count);
+    return;
+  }
+  PC_ASSERT(!gather.empty(), "reduceApplyAllgather needs a buffer to gather");
+  std::vector<Step> steps;
+  addReduceScatterSteps(steps, n, r, in, work, reduced);
+  // Every segment of this rank's chunk is applied as it arrives, before the allgather's first
+  // step sends that segment of gather[0] on: the state crosses the ring once, already updated.
+  steps.back().onArrived = &apply;
+  for (char* buf : gather) addAllgatherSteps(steps, n, r, buf);
+  runSteps(ex, Chunks(count, n), steps);
 }
 
 namespace {

@@ -1,6 +1,9 @@
 #pragma once
 // Ring and chain schedules, shared by the ring algorithm and by hierarchical (which runs rings
 // inside and across hosts).
+#include <functional>
+#include <vector>
+
 #include "algorithms/exchange.h"
 
 namespace pycollective {
@@ -15,6 +18,17 @@ void reduceScatter(Exchange& ex, const char* in, char* work, char* out, size_t c
 void allgather(Exchange& ex, char* buf, size_t count);
 // Both, pipelined as one schedule so forwarding never waits for a phase boundary.
 void allreduce(Exchange& ex, const char* in, char* out, size_t count);
+
+// apply(reduced, offset, n): elements [offset, offset + n) of the reduction, at `reduced`.
+using ChunkFn = std::function<void(const char* reduced, size_t offset, size_t n)>;
+// An allreduce whose result is consumed where it is made (ZeRO's reduce-scatter, update,
+// allgather, as one pipelined schedule): the reduce-scatter delivers this rank's chunk of the
+// reduction of `in` into `reduced` (chunk-sized), segment by segment; `apply` turns each segment
+// into chunk `rank` of every buffer in `gather` (full size, count elements each); then every
+// buffer is allgathered, so all ranks end with every chunk of every buffer. `work` is a
+// full-size scratch for partial sums (unused, may be null, with two ranks). One rank: apply(in).
+void reduceApplyAllgather(Exchange& ex, const char* in, char* work, char* reduced,
+                          const std::vector<char*>& gather, size_t count, const ChunkFn& apply);
 
 }  // namespace ring
 }  // namespace pycollective

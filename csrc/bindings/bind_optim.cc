@@ -6,7 +6,9 @@
 #include <tuple>
 
 #include "bindings/bindings.h"
+#include "comm/communicator.h"
 #include "core/error.h"
+#include "optim/allreduce_update.h"
 #include "optim/replicated_update.h"
 
 namespace py = pybind11;
@@ -22,36 +24,79 @@ std::vector<void*> pointers(const py::list& arrays) {
   return out;
 }
 
+using HyperTuple = std::tuple<double, double, double, double, double, double>;
+using TensorTuple = std::tuple<size_t, py::list, py::list, std::vector<py::list>>;
+
+UpdateRule ruleOf(int rule) {
+  PC_CHECK(rule >= 0 && rule <= static_cast<int>(UpdateRule::kAdam), "unknown update rule ",
+           rule);
+  return static_cast<UpdateRule>(rule);
+}
+
+DType dtypeOf(int dtype) {
+  PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+  return static_cast<DType>(dtype);
+}
+
+UpdateHyper hyperOf(const HyperTuple& h) {
+  UpdateHyper hyper;
+  std::tie(hyper.lr, hyper.momentum, hyper.beta1, hyper.beta2, hyper.epsilon, hyper.gradScale) =
+      h;
+  return hyper;
+}
+
+ReplicatedTensor tensorOf(const TensorTuple& item) {
+  const auto& [count, grads, copies, slots] = item;
+  ReplicatedTensor t;
+  t.count = count;
+  for (void* g : pointers(grads)) t.grads.push_back(g);
+  t.copies = pointers(copies);
+  for (const py::list& s : slots) t.slots.push_back(pointers(s));
+  return t;
+}
+
 }  // namespace
 
 void bindOptim(py::module_& m) {
   m.def(
       "apply_replicated_update",
-      [](int rule, int dtype, const std::tuple<double, double, double, double, double, double>& h,
-         const std::vector<std::tuple<size_t, py::list, py::list, std::vector<py::list>>>& items) {
-        PC_CHECK(rule >= 0 && rule <= static_cast<int>(UpdateRule::kAdam), "unknown update rule ",
-                 rule);
-        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
-        UpdateHyper hyper;
-        std::tie(hyper.lr, hyper.momentum, hyper.beta1, hyper.beta2, hyper.epsilon,
-                 hyper.gradScale) = h;
+      [](int rule, int dtype, const HyperTuple& h, const std::vector<TensorTuple>& items) {
         std::vector<ReplicatedTensor> tensors;
-        for (const auto& [count, grads, copies, slots] : items) {
-          ReplicatedTensor t;
-          t.count = count;
-          for (void* g : pointers(grads)) t.grads.push_back(g);
-          t.copies = pointers(copies);
-          for (const py::list& s : slots) t.slots.push_back(pointers(s));
-          tensors.push_back(std::move(t));
-        }
+        for (const TensorTuple& item : items) tensors.push_back(tensorOf(item));
+        const UpdateRule r = ruleOf(rule);
+        const DType d = dtypeOf(dtype);
         py::gil_scoped_release release;
-        applyReplicatedUpdate(static_cast<UpdateRule>(rule), static_cast<DType>(dtype), hyper,
-                              tensors);
+        applyReplicatedUpdate(r, d, hyperOf(h), tensors);
       },
       py::arg("rule"), py::arg("dtype"), py::arg("hyper"), py::arg("tensors"),
       "Fused reduce-and-update of replicated optimizer state. hyper = (lr, momentum, beta_1, "
       "beta_2, epsilon, grad_scale); tensors = [(count, grads, copies, [slot copies, ...])]. "
       "GIL released.");
+  m.def(
+      "allreduce_update",
+      [](Communicator& comm, int rule, int dtype, const HyperTuple& h,
+         const std::vector<TensorTuple>& items, const std::vector<uint32_t>& shapeHashes,
+         double timeout, const std::vector<int>& members, int groupId) {
+        PC_CHECK(items.size() == shapeHashes.size(), items.size(), " tensors but ",
+                 shapeHashes.size(), " shape hashes");
+        std::vector<ReplicatedTensor> tensors;
+        for (const TensorTuple& item : items) tensors.push_back(tensorOf(item));
+        const UpdateRule r = ruleOf(rule);
+        const DType d = dtypeOf(dtype);
+        const UpdateHyper hyper = hyperOf(h);
+        py::gil_scoped_release release;
+        comm.executor().run([&] {
+          for (size_t i = 0; i < tensors.size(); ++i)
+            allreduceUpdate(comm, members, groupId, r, d, hyper, tensors[i], shapeHashes[i],
+                            timeout);
+        });
+      },
+      py::arg("comm"), py::arg("rule"), py::arg("dtype"), py::arg("hyper"), py::arg("tensors"),
+      py::arg("shape_hashes"), py::arg("timeout"), py::arg("members"), py::arg("group_id"),
+      "Optimizer steps across a process group, each fused into the all-reduce of its gradient "
+      "(optim/allreduce_update.h), one collective per tensor in order; tensors = [(count, [this "
+      "rank's gradient], copies, [slot copies, ...])]. Runs after any queued async work; GIL "
+      "released.");
 }
 
 }  // namespace bindings

@@ -92,6 +92,8 @@ void runInline(const std::vector<CollectiveArgs>& args) {
       return;
     case CollectiveKind::kBarrier:
       return;  // one thread: everyone is already here
+    case CollectiveKind::kAllreduceUpdate:
+      break;  // a process-group collective (optim/allreduce_update.h)
   }
   PC_ASSERT(false, "inline cannot run ", collectiveName(a.kind));
 }

@@ -131,7 +131,7 @@ int slotCount(UpdateRule rule) {
   throw InvalidArgument(makeMessage("unknown update rule ", static_cast<int>(rule)));
 }
 
-void applyReplicatedUpdate(UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+void checkReplicatedUpdate(UpdateRule rule, DType dtype,
                            const std::vector<ReplicatedTensor>& tensors) {
   const int nSlots = slotCount(rule);
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -144,13 +144,16 @@ void applyReplicatedUpdate(UpdateRule rule, DType dtype, const UpdateHyper& hype
       PC_CHECK(copies.size() == t.copies.size(), "replicated update: tensor ", i, " has ",
                t.copies.size(), " copies but a slot with ", copies.size());
   }
-  switch (dtype) {
-    case DType::kFloat32: return applyAll<float>(rule, dtype, hyper, tensors);
-    case DType::kFloat64: return applyAll<double>(rule, dtype, hyper, tensors);
-    default:
-      throw InvalidType(makeMessage("fused optimizer updates support float32 and float64, not ",
-                                    dtypeName(dtype)));
-  }
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat64)
+    throw InvalidType(makeMessage("fused optimizer updates support float32 and float64, not ",
+                                  dtypeName(dtype)));
+}
+
+void applyReplicatedUpdate(UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+                           const std::vector<ReplicatedTensor>& tensors) {
+  checkReplicatedUpdate(rule, dtype, tensors);
+  if (dtype == DType::kFloat32) return applyAll<float>(rule, dtype, hyper, tensors);
+  applyAll<double>(rule, dtype, hyper, tensors);
 }
 
 }  // namespace pycollective

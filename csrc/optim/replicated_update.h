@@ -50,6 +50,11 @@ struct ReplicatedTensor {
 // Slots the rule keeps per variable (0, 1 or 2).
 int slotCount(UpdateRule rule);
 
+// InvalidArgument when a tensor has no gradient, no copy, or the wrong number of slots;
+// InvalidType for dtypes other than float32 and float64.
+void checkReplicatedUpdate(UpdateRule rule, DType dtype,
+                           const std::vector<ReplicatedTensor>& tensors);
+
 // Applies the rule to every tensor, split over the shared reduction thread pool. float32 and
 // float64 only (InvalidType otherwise: callers fall back to their own arithmetic); InvalidArgument
 // when a tensor has no gradient, no copy, or the wrong number of slots.

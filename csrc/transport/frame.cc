@@ -14,6 +14,7 @@ const char* collectiveName(CollectiveKind kind) {
     case CollectiveKind::kBroadcast: return "broadcast";
     case CollectiveKind::kReduce: return "reduce";
     case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllreduceUpdate: return "allreduce_update";
   }
   return "?";
 }
@@ -24,8 +25,7 @@ std::string describeCall(const FrameHeader& h) {
      << algorithmName(h.algo) << ", " << dtypeName(static_cast<DType>(h.dtype)) << ", "
      << h.count << " elems";
   auto kind = static_cast<CollectiveKind>(h.kind);
-  if (kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
-      kind == CollectiveKind::kReduceScatter)
+  if (reducesData(kind))
     os << ", op " << opName(static_cast<ReduceOp>(h.op));
   if (kind == CollectiveKind::kBroadcast || kind == CollectiveKind::kReduce)
     os << ", root " << h.root;

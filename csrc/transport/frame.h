@@ -16,8 +16,16 @@ enum class CollectiveKind : uint8_t {
   kBroadcast = 3,
   kReduce = 4,
   kBarrier = 5,
+  // An allreduce consumed by an optimizer step as it is made (optim/allreduce_update.h):
+  // reduce-scatter of the gradients, then allgather of the updated state.
+  kAllreduceUpdate = 6,
 };
 const char* collectiveName(CollectiveKind kind);
+// Whether the collective combines the ranks' data with a reduction op.
+inline bool reducesData(CollectiveKind kind) {
+  return kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
+         kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllreduceUpdate;
+}
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x4c4f4350;  // "PCOL"

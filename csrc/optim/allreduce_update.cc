@@ -1,0 +1,63 @@
+#include "optim/allreduce_update.h"
+
+#include <cstring>
+
+#include "algorithms/chunking.h"
+#include "algorithms/registry.h"
+#include "algorithms/ring.h"
+#include "core/error.h"
+
+namespace pycollective {
+
+namespace {
+
+// The state arrays of copy `c`: the variable, then its slots in the rule's order.
+std::vector<char*> stateOf(const ReplicatedTensor& t, size_t c) {
+  std::vector<char*> state{static_cast<char*>(t.copies[c])};
+  for (const auto& slot : t.slots) state.push_back(static_cast<char*>(slot[c]));
+  return state;
+}
+
+}  // namespace
+
+void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int groupId,
+                     UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+                     const ReplicatedTensor& tensor, uint32_t shapeHash, double timeoutSeconds) {
+  checkReplicatedUpdate(rule, dtype, {tensor});
+  PC_CHECK(tensor.grads.size() == 1, comm.who(), " allreduce_update takes this rank's one "
+           "gradient (sum the local replicas' first), got ", tensor.grads.size());
+  CollectiveArgs args;
+  args.kind = CollectiveKind::kAllreduceUpdate;
+  args.in = tensor.grads[0];
+  args.out = tensor.copies[0];
+  args.count = tensor.count;
+  args.dtype = dtype;
+  args.op = ReduceOp::kSum;
+  args.shapeHash = shapeHash;
+  args.timeoutSeconds = timeoutSeconds;
+
+  Group group(comm, members);
+  const size_t es = elementSize(dtype);
+  const std::vector<char*> state = stateOf(tensor, 0);
+  runSchedule(group, groupId, args, ring::algorithm(), [&](Exchange& ex) {
+    const Chunks chunks(tensor.count, ex.size());
+    char* work = ex.size() > 2 ? static_cast<char*>(ex.scratch(0, tensor.count * es)) : nullptr;
+    char* reduced = static_cast<char*>(ex.scratch(1, chunks.size(ex.rank()) * es));
+    ring::reduceApplyAllgather(
+        ex, static_cast<const char*>(tensor.grads[0]), work, reduced, state, tensor.count,
+        [&](const char* sum, size_t offset, size_t n) {
+          ReplicatedTensor part;
+          part.count = n;
+          part.grads = {sum};
+          part.copies = {state[0] + offset * es};
+          for (size_t k = 1; k < state.size(); ++k) part.slots.push_back({state[k] + offset * es});
+          applyReplicatedUpdate(rule, dtype, hyper, {part});
+        });
+  });
+  for (size_t c = 1; c < tensor.copies.size(); ++c) {
+    const std::vector<char*> copy = stateOf(tensor, c);
+    for (size_t k = 0; k < state.size(); ++k) std::memcpy(copy[k], state[k], tensor.count * es);
+  }
+}
+
+}  // namespace pycollective

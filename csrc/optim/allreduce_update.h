@@ -1,0 +1,28 @@
+#pragma once
+// An optimizer step across processes, fused into the all-reduce of the gradients.
+//
+// The two-step version all-reduces the gradient into a buffer, then every rank reads it back
+// and runs the update over the whole variable. Here the all-reduce's result is consumed where it
+// is made (ZeRO's reduce-scatter / update / allgather, as one pipelined ring): each rank gets
+// the sum of one chunk, segment by segment, applies the rule to that chunk of the variable and
+// its slots while the segment is still in cache, and the allgather then carries the *new state*
+// instead of the summed gradient. Every rank updates 1/N of the state instead of all of it,
+// the summed gradient is never written out, and every copy ends bitwise identical (one rank
+// computed each chunk). The rank's other local copies (in-process replicas) get copy 0's state.
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "optim/replicated_update.h"
+
+namespace pycollective {
+
+// `tensor.grads` holds this rank's one gradient (its local replicas' sum), `tensor.copies` and
+// `tensor.slots` the state as for applyReplicatedUpdate; the rule sees gradScale * (sum over
+// the group's ranks). members/groupId as for runCollective. Checks the arguments before
+// anything moves (InvalidArgument / InvalidType); a later failure aborts the communicator.
+void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int groupId,
+                     UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+                     const ReplicatedTensor& tensor, uint32_t shapeHash, double timeoutSeconds);
+
+}  // namespace pycollective
