@@ -4,9 +4,10 @@
     python -m bench.strategy_bench                      # 4 CPU replicas (MirroredStrategy)
     pycollective run -n 2 python -m bench.strategy_bench --multi-worker
 
-The optimizer step includes the update arithmetic (SGD: one multiply-add over the variables),
-so the ratio measures the strategy's overhead plus the work an optimizer must do anyway. The two
-are timed alternately, step by step, and the medians compared.
+The optimizer step includes the update arithmetic (SGD: one multiply-add over the variables;
+``--momentum 0.9``: momentum SGD, which also reads and writes a slot), so the ratio measures the
+strategy's overhead plus the work an optimizer must do anyway. The two are timed alternately,
+step by step, and the medians compared.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mib", type=int, default=16)
     p.add_argument("--variables", type=int, default=8, help="gradient tensors per step")
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (0: plain SGD)")
     p.add_argument("--multi-worker", action="store_true")
     args = p.parse_args(argv)
 
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         bare = lambda: comm.allreduce(flats, out=outs)  # noqa: E731
     with strategy.scope():
         variables = [Variable(np.zeros(count, np.float32)) for _ in range(args.variables)]
-        opt = SGD(learning_rate=0.01)
+        opt = SGD(learning_rate=0.01, momentum=args.momentum)
     grads = [np.ones(count, np.float32) for _ in range(args.variables)]
 
     def step():
@@ -75,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     t_bare, t_step = _side_by_side(bare, step, args.iters)
     where = ("2 workers" if args.multi_worker else f"{args.replicas} CPU replicas")
     if not args.multi_worker or pc.rank() == 0:
-        print(f"{args.mib} MiB of gradients in {args.variables} tensors, {where}: bare allreduce "
+        rule = f"SGD with momentum {args.momentum}" if args.momentum else "plain SGD"
+        print(f"{args.mib} MiB of gradients in {args.variables} tensors, {where}, {rule}: "
+              f"bare allreduce "
               f"{t_bare * 1e3:.1f} ms, apply_gradients step {t_step * 1e3:.1f} ms, ratio "
               f"{t_step / t_bare:.2f}x")
     if args.multi_worker:

@@ -23,18 +23,22 @@ import inspect
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 import pycollective as pc
 from pycollective import config as _config
+from pycollective import fused_update
 
 from . import _tensors
 from .reduce_util import ReduceOp
 
 logger = logging.getLogger("pycollective.strategies")
+
+#: ``replicated(i, grads)``: variable i's state with ``grads`` as its gradients (apply_update)
+Replicated = Callable[[int, list[np.ndarray]], fused_update.ReplicatedTensor]
 
 #: gradients at least this large are all-reduced on their own, not copied into a pack
 SEND_ALONE_BYTES = 256 << 10
@@ -177,21 +181,19 @@ class CollectiveBackend:
         return [[_tensors.like(res, per_replica[r][i]) for i, res in enumerate(results[r])]
                 for r in range(n_local)]
 
-    def summed_for_update(self, per_replica: Sequence[Sequence[np.ndarray]],
-                          bytes_per_pack: int) -> Iterator[tuple[list[int], list[list[np.ndarray]]]]:
-        """The gradients of a fused optimizer update (``pycollective.fused_update``).
+    def apply_update(self, rule: str, hyper: fused_update.Hyper,
+                     per_replica: Sequence[Sequence[np.ndarray]], replicated: Replicated,
+                     bytes_per_pack: int) -> None:
+        """One fused optimizer step (``pycollective.fused_update``) over all replicas in sync.
 
-        ``per_replica[r]`` is local replica r's list of numpy gradients. Yields ``(indices,
-        sums)``, one dtype per item: for tensor ``indices[j]``, ``sums[j]`` is a list of arrays
-        whose elementwise sum is that tensor's gradient summed over *all* replicas in sync.
-        Here every replica is local, so that is simply the replicas' own arrays: the update
-        kernel sums them while it applies them, and no collective runs at all.
+        ``per_replica[r]`` is local replica r's list of checked numpy gradients;
+        ``replicated(i, grads)`` is variable i's state with ``grads`` as the arrays whose sum is
+        its gradient (already checked by the caller). Here every replica is local: the update
+        kernel sums the replicas' gradients while it applies them, and no collective runs.
         """
-        by_dtype: dict[np.dtype, list[int]] = {}
-        for i, a in enumerate(per_replica[0]):
-            by_dtype.setdefault(a.dtype, []).append(i)
-        for indices in by_dtype.values():
-            yield indices, [[ts[i] for ts in per_replica] for i in indices]
+        for indices in _by_dtype(per_replica[0]):
+            fused_update.apply(rule, hyper, [replicated(i, [ts[i] for ts in per_replica])
+                                             for i in indices], check=False)
 
     def gather(self, values: Sequence[Any], axis: int) -> list[Any]:
         """Concatenates every replica's value along ``axis`` (sizes along ``axis`` may differ
@@ -250,17 +252,22 @@ class CollectiveBackend:
         return None
 
 
+def _by_dtype(arrays: Sequence[np.ndarray]) -> list[list[int]]:
+    """Indices of ``arrays`` grouped by dtype, in order."""
+    groups: dict[np.dtype, list[int]] = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(a.dtype, []).append(i)
+    return list(groups.values())
+
+
 def make_packs(arrays: Sequence[np.ndarray], bytes_per_pack: int = 0,
                num_packs: int = 1) -> list[list[int]]:
     """Indices of ``arrays`` grouped into packs (see ``batch_allreduce``); every pack holds one
     dtype and keeps the original order."""
     if bytes_per_pack < 0 or num_packs < 0:
         raise ValueError("bytes_per_pack and num_packs must be non-negative")
-    by_dtype: dict[np.dtype, list[int]] = {}
-    for i, a in enumerate(arrays):
-        by_dtype.setdefault(a.dtype, []).append(i)
     packs: list[list[int]] = []
-    for indices in by_dtype.values():
+    for indices in _by_dtype(arrays):
         if bytes_per_pack > 0:
             current: list[int] = []
             size = 0
@@ -399,29 +406,65 @@ class MultiWorkerBackend(CollectiveBackend):
             buf = (buf / self.num_replicas_in_sync).astype(buf.dtype, copy=False)
         return self._local_broadcast(_tensors.contiguous(buf))
 
-    def summed_for_update(self, per_replica: Sequence[Sequence[np.ndarray]],
-                          bytes_per_pack: int) -> Iterator[tuple[list[int], list[list[np.ndarray]]]]:
-        """Across workers: one all-reduced sum per tensor, in packs. Tensors of at least
-        ``SEND_ALONE_BYTES`` are all-reduced on their own straight into a scratch buffer (no copy
-        into a pack: for them the copy costs more than the collective's fixed cost); smaller ones
-        are concatenated into packs of ``bytes_per_pack`` bytes. Each item's arrays live in
-        scratch memory reused by the next item: apply them before asking for it.
+    def apply_update(self, rule: str, hyper: fused_update.Hyper,
+                     per_replica: Sequence[Sequence[np.ndarray]], replicated: Replicated,
+                     bytes_per_pack: int) -> None:
+        """Across workers. Tensors of at least ``SEND_ALONE_BYTES`` go on their own (no copy
+        into a pack: for them the copy costs more than a collective's fixed cost); smaller ones
+        are concatenated into packs of ``bytes_per_pack`` bytes.
 
-        (Overlapping the next pack's all-reduce with this pack's update was measured slower on a
-        2-core machine: the collective's waiting thread and the update compete for the cores.)"""
+        - A rule without slots (plain SGD) runs inside the all-reduce
+          (``fused_update.allreduce_apply``): each worker updates the chunk whose sum it owns
+          and the ring carries the new variable where it would carry the summed gradient.
+        - A rule with slots (momentum, Adam) would have the ring carry every slot as well,
+          which costs more than every worker updating them in place: its tensors are
+          all-reduced into a reused scratch buffer, which the update kernel then reads.
+
+        (Overlapping the next pack's all-reduce with this pack's update was measured slower on
+        a 2-core machine: the collective's waiting thread and the update compete for the
+        cores.)"""
         first = per_replica[0]
-        alone = [[i] for i, a in enumerate(first) if a.nbytes >= SEND_ALONE_BYTES]
+        alone = [i for i, a in enumerate(first) if a.nbytes >= SEND_ALONE_BYTES]
         small = [i for i, a in enumerate(first) if a.nbytes < SEND_ALONE_BYTES]
-        packs = alone + [[small[j] for j in pack]
-                         for pack in make_packs([first[i] for i in small], bytes_per_pack)]
+        if not fused_update.RULES[rule][1]:
+            for group in _by_dtype([first[i] for i in alone]):
+                self._allreduce_apply(rule, hyper, per_replica, replicated,
+                                      [alone[j] for j in group])
+            alone = []
+        packs = [[i] for i in alone] + [
+            [small[j] for j in pack]
+            for pack in make_packs([first[i] for i in small], bytes_per_pack)]
         for pack in packs:
             buf = self._scratch_for(first[pack[0]].dtype, sum(first[i].size for i in pack))
             self._sum_into(buf, [[ts[i] for i in pack] for ts in per_replica])
-            sums, offset = [], 0
+            tensors, offset = [], 0
             for i in pack:
-                sums.append([buf[offset:offset + first[i].size].reshape(first[i].shape)])
+                view = buf[offset:offset + first[i].size].reshape(first[i].shape)
+                tensors.append(replicated(i, [view]))
                 offset += first[i].size
-            yield pack, sums
+            fused_update.apply(rule, hyper, tensors, check=False)
+
+    def _allreduce_apply(self, rule: str, hyper: fused_update.Hyper,
+                         per_replica: Sequence[Sequence[np.ndarray]], replicated: Replicated,
+                         indices: list[int]) -> None:
+        """Tensors ``indices`` (one dtype) through ``fused_update.allreduce_apply``, in one
+        native call; with several local replicas, their sums are made in scratch first."""
+        first = per_replica[0]
+        with self._lock:
+            self.call_counts["allreduce"] += len(indices)
+            grads = [first[i] for i in indices]
+            if len(per_replica) > 1:
+                buf = self._scratch_for(first[indices[0]].dtype,
+                                        sum(first[i].size for i in indices))
+                grads, offset = [], 0
+                for i in indices:
+                    part = buf[offset:offset + first[i].size]
+                    self._local_sum_into(part, [[ts[i]] for ts in per_replica])
+                    grads.append(part.reshape(first[i].shape))
+                    offset += first[i].size
+            fused_update.allreduce_apply(rule, hyper, [replicated(i, [g])
+                                                       for i, g in zip(indices, grads)],
+                                         timeout=self.timeout, check=False)
 
     def _scratch_for(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A reused buffer of ``count`` elements: fresh memory would page-fault every step."""
@@ -429,6 +472,18 @@ class MultiWorkerBackend(CollectiveBackend):
         if scratch is None or scratch.size < count:
             scratch = self._scratch[dtype] = np.empty(count, dtype)
         return scratch[:count]
+
+    def _local_sum_into(self, buf: np.ndarray,
+                        per_replica: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+        """``buf`` = the sum over this worker's replicas of the concatenated tensors. Replica 0's
+        tensors are packed straight into buf and the others are reduced into it in place: no
+        other copy of the pack."""
+        np.concatenate([t.reshape(-1) for t in per_replica[0]], out=buf)
+        if len(per_replica) > 1:
+            others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
+            self._local._call("reduce", [buf] + others, root=0, op="sum", algo=self.algorithm,
+                              inplace=True)
+        return buf
 
     def _sum_into(self, buf: np.ndarray, per_replica: Sequence[Sequence[np.ndarray]]) -> None:
         """``buf`` = the sum over all replicas in sync of the concatenated tensors."""
@@ -438,13 +493,7 @@ class MultiWorkerBackend(CollectiveBackend):
                 pc.allreduce(per_replica[0][0].reshape(-1), op="sum", algo=self._cross_algo,
                              out=buf, **self._kw())
                 return
-            # Replica 0's tensors are packed straight into buf, the local sum is made there in
-            # place, and so is the cross-worker all-reduce: no other copy of the pack.
-            np.concatenate([t.reshape(-1) for t in per_replica[0]], out=buf)
-            if len(per_replica) > 1:
-                others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
-                self._local._call("reduce", [buf] + others, root=0, op="sum",
-                                  algo=self.algorithm, inplace=True)
+            self._local_sum_into(buf, per_replica)
             pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -225,12 +225,9 @@ class Optimizer:
             scale = (1.0 / backend.num_replicas_in_sync
                      if self.gradient_aggregation == ReduceOp.MEAN else 1.0)
             hyper = dataclasses.replace(hyper, grad_scale=scale)
-            # The state was checked above; the sums are the checked gradients themselves, or
-            # views of the backend's contiguous scratch: no second check per pack.
-            for indices, sums in backend.summed_for_update(per_replica, self.bytes_per_pack):
-                fused_update.apply(rule, hyper, [self._replicated(variables[i], grads)
-                                                 for i, grads in zip(indices, sums)],
-                                   check=False)
+            backend.apply_update(rule, hyper, per_replica,
+                                 lambda i, grads: self._replicated(variables[i], grads),
+                                 self.bytes_per_pack)
             for copy in self.iterations._arrays:
                 copy[...] = step + 1
         else:

@@ -283,45 +283,55 @@ def test_process_group_without_tf_config_supplies_the_workers(tmp_path):
     assert "OK adopted 0" in output and "OK adopted 1" in output, output[-4000:]
 
 
-def _fused_update_across_workers(rank, n):
+def _fused_update_across_workers(rank, n, momentum):
     import pycollective as pc
     from pycollective import strategies as ds
 
     pc.init()
     strategy = ds.MultiWorkerMirroredStrategy()
-    assert strategy.num_replicas_in_sync == n
+    replicas = strategy.num_replicas_in_sync
+    assert replicas == n * strategy.extended._num_local_replicas
     shapes = [(70_000,), (5,), (2, 3), (4,)]  # 280 KB: all-reduced alone; the rest: one pack
     with strategy.scope():
         variables = [ds.Variable(np.ones(shape, np.float32)) for shape in shapes]
-        opt = ds.SGD(0.5, momentum=0.5)
+        opt = ds.SGD(0.5, momentum=momentum)
 
-    def grads_of(r, step):
-        rng = np.random.default_rng(100 * step + r)
+    def grads_of(replica, step):
+        rng = np.random.default_rng(100 * step + replica)
         return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+    def train_step(step):
+        replica = ds.get_replica_context().replica_id_in_sync_group
+        opt.apply_gradients(zip(grads_of(replica, step), variables))
 
     backend = strategy.extended.backend
     before = backend.call_counts["allreduce"]
     for step in range(3):
-        strategy.run(lambda grads: opt.apply_gradients(zip(grads, variables)),
-                     args=(grads_of(rank, step),))
+        strategy.run(train_step, args=(step,))
     calls = backend.call_counts["allreduce"] - before
-    # Reference: momentum SGD in numpy with the mean over every worker's gradients.
+    # Reference: (momentum) SGD in numpy with the mean over every replica's gradients.
     errors = []
     for i, shape in enumerate(shapes):
         w, m = np.ones(shape, np.float64), np.zeros(shape, np.float64)
         for step in range(3):
-            g = np.mean([grads_of(r, step)[i] for r in range(n)], axis=0)
-            m = 0.5 * m - 0.5 * g
+            g = np.mean([grads_of(r, step)[i] for r in range(replicas)], axis=0)
+            m = momentum * m - 0.5 * g
             w = w + m
         errors.append(float(np.max(np.abs(variables[i].numpy() - w))))
+    copies_equal = all(np.array_equal(c, v._arrays[0]) for v in variables for c in v._arrays)
     pc.shutdown()
-    return {"calls": calls, "max_error": max(errors)}
+    return {"calls": calls, "max_error": max(errors), "copies_equal": copies_equal}
 
 
+# Plain SGD runs inside the all-reduce (fused_update.allreduce_apply); momentum updates from an
+# all-reduced scratch buffer. One and two local replicas per worker.
 @pytest.mark.timeout(90)
-def test_fused_update_across_workers_matches_numpy():
-    results = run_ranks(_fused_update_across_workers, 2, timeout=60,
-                        env={"PYCOLLECTIVE_CPU_REPLICAS": "1"})
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+@pytest.mark.parametrize("local_replicas", [1, 2])
+def test_fused_update_across_workers_matches_numpy(momentum, local_replicas):
+    results = run_ranks(_fused_update_across_workers, 2, momentum, timeout=60,
+                        env={"PYCOLLECTIVE_CPU_REPLICAS": str(local_replicas)})
     for res in results:
         assert res["calls"] == 3 * 2, res  # per step: the large tensor alone, one pack
         assert res["max_error"] < 1e-5, res
+        assert res["copies_equal"], res
