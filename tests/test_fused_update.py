@@ -3,6 +3,10 @@ update fused into an all-reduce across processes (allreduce_apply)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -99,6 +103,38 @@ def test_bad_calls_say_what_is_wrong():
                                          fu.ReplicatedTensor([a.astype(np.float64)],
                                                              [a.astype(np.float64)])])
 
+
+
+_BITS_SCRIPT = """
+import hashlib
+import numpy as np
+from pycollective import fused_update as fu
+h = hashlib.sha256()
+for rule in fu.RULES:
+    for dtype in (np.float32, np.float64):
+        rng = np.random.default_rng(7)
+        count = 100_003
+        grads = [rng.standard_normal(count).astype(dtype) for _ in range(2)]
+        w = rng.standard_normal(count).astype(dtype)
+        slots = [[np.abs(rng.standard_normal(count)).astype(dtype)] for _ in fu.RULES[rule][1]]
+        fu.apply(rule, fu.Hyper(lr=0.01, momentum=0.9, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                                grad_scale=0.5), [fu.ReplicatedTensor(grads, [w], slots)])
+        for a in [w] + [s[0] for s in slots]:
+            h.update(a.tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_every_instruction_set_computes_the_same_bits():
+    """Replicas on CPUs of different SIMD levels must stay bitwise identical: the update kernels
+    are built without FMA contraction (csrc/CMakeLists.txt)."""
+    digests = {}
+    for level in ("generic", "avx2", "avx512"):
+        env = dict(os.environ, PYCOLLECTIVE_SIMD=level)
+        out = subprocess.run([sys.executable, "-c", _BITS_SCRIPT], env=env, capture_output=True,
+                             text=True, timeout=60, check=True)
+        digests[level] = out.stdout.strip()
+    assert len(set(digests.values())) == 1, digests
 
 # Across processes: fused_update.allreduce_apply ------------------------------------------------
 

@@ -1,11 +1,11 @@
 #include "optim/replicated_update.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 #include "core/stream_copy.h"
 #include "core/thread_pool.h"
+#include "optim/update_kernels.h"
 #include "reduce/reduce.h"
 
 namespace pycollective {
@@ -25,62 +25,17 @@ struct Piece {
   size_t count;
 };
 
-// Updates one block of copy 0 in place: w (weights) and s[k] (slots) point into copy 0, g is
-// the gradient sum (not yet scaled). Every element is read before it is written, so a gradient
-// that is itself a copy is still read intact.
-template <typename T>
-void computeBlock(UpdateRule rule, const UpdateHyper& h, const T* g, T* w, T* const* s,
-                  size_t n) {
-  const T scale = static_cast<T>(h.gradScale), lr = static_cast<T>(h.lr);
-  switch (rule) {
-    case UpdateRule::kSgd:
-      for (size_t i = 0; i < n; ++i) w[i] = w[i] - lr * (scale * g[i]);
-      break;
-    case UpdateRule::kMomentum: {
-      const T mom = static_cast<T>(h.momentum);
-      for (size_t i = 0; i < n; ++i) {
-        const T m = mom * s[0][i] - lr * (scale * g[i]);
-        s[0][i] = m;
-        w[i] = w[i] + m;
-      }
-      break;
-    }
-    case UpdateRule::kNesterov: {
-      const T mom = static_cast<T>(h.momentum);
-      for (size_t i = 0; i < n; ++i) {
-        const T step = lr * (scale * g[i]);
-        const T m = mom * s[0][i] - step;
-        s[0][i] = m;
-        w[i] = w[i] + (mom * m - step);
-      }
-      break;
-    }
-    case UpdateRule::kAdam: {
-      const T b1 = static_cast<T>(1 - h.beta1), b2 = static_cast<T>(1 - h.beta2);
-      const T eps = static_cast<T>(h.epsilon);
-      for (size_t i = 0; i < n; ++i) {
-        const T gi = scale * g[i];
-        const T m = s[0][i] + (gi - s[0][i]) * b1;
-        const T v = s[1][i] + (gi * gi - s[1][i]) * b2;
-        s[0][i] = m;
-        s[1][i] = v;
-        w[i] = w[i] - lr * m / (std::sqrt(v) + eps);
-      }
-      break;
-    }
-  }
-}
-
 // Copy 0 is updated in place with ordinary stores (its lines were just read, and a single
 // copy, the multi-worker case, then stays in cache for the next step); the other copies get
 // the block with streaming stores.
 template <typename T>
-void runPiece(UpdateRule rule, const UpdateHyper& h, ReduceFn sum, int nSlots, const Piece& p) {
+void runPiece(UpdateRule rule, const UpdateHyper& h, ReduceFn sum, UpdateBlockFn update,
+              int nSlots, const Piece& p) {
   const ReplicatedTensor& t = *p.tensor;
   constexpr size_t kBlock = kBlockBytes / sizeof(T);
   thread_local std::vector<T> acc;  // the gradient sum of a block
   acc.resize(kBlock);
-  T* s[kMaxSlots] = {nullptr, nullptr};
+  void* s[kMaxSlots] = {nullptr, nullptr};
   for (size_t off = p.begin; off < p.begin + p.count; off += kBlock) {
     const size_t n = std::min(kBlock, p.begin + p.count - off);
     const T* g = static_cast<const T*>(t.grads[0]) + off;
@@ -92,7 +47,7 @@ void runPiece(UpdateRule rule, const UpdateHyper& h, ReduceFn sum, int nSlots, c
     }
     T* w = static_cast<T*>(t.copies[0]) + off;
     for (int k = 0; k < nSlots; ++k) s[k] = static_cast<T*>(t.slots[k][0]) + off;
-    computeBlock(rule, h, g, w, s, n);
+    update(rule, h, g, w, s, n);
     for (size_t c = 1; c < t.copies.size(); ++c)
       streamCopy(static_cast<T*>(t.copies[c]) + off, w, n * sizeof(T));
     for (int k = 0; k < nSlots; ++k)
@@ -111,7 +66,8 @@ void applyAll(UpdateRule rule, DType dtype, const UpdateHyper& h,
     for (size_t b = 0; b < t.count; b += pieceElems)
       pieces.push_back({&t, b, std::min(pieceElems, t.count - b)});
   const ReduceFn sum = lookupReduce(dtype, ReduceOp::kSum);
-  auto run = [&](int i) { runPiece<T>(rule, h, sum, nSlots, pieces[i]); };
+  const UpdateBlockFn update = lookupUpdateBlock(dtype);
+  auto run = [&](int i) { runPiece<T>(rule, h, sum, update, nSlots, pieces[i]); };
   if (pieces.size() <= 1) {
     for (size_t i = 0; i < pieces.size(); ++i) run(static_cast<int>(i));
     return;
