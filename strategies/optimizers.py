@@ -218,15 +218,17 @@ class Optimizer:
         backend = strategy.extended.backend
         # The kernel computes from copy 0 and writes every copy: only for mirrored state,
         # whose copies are identical (a sync-on-read variable's copies differ on purpose).
+        states = ([self._replicated(v, [ts[i] for ts in per_replica])
+                   for i, v in enumerate(variables)] if fused is not None else [])
         if fused is not None and all(isinstance(v, MirroredVariable) for v in variables) \
-                and fused_update.supported([self._replicated(v, [ts[i] for ts in per_replica])
-                                            for i, v in enumerate(variables)]):
+                and fused_update.supported(states):
             rule, hyper = fused
             scale = (1.0 / backend.num_replicas_in_sync
                      if self.gradient_aggregation == ReduceOp.MEAN else 1.0)
             hyper = dataclasses.replace(hyper, grad_scale=scale)
             backend.apply_update(rule, hyper, per_replica,
-                                 lambda i, grads: self._replicated(variables[i], grads),
+                                 lambda i, grads: fused_update.ReplicatedTensor(
+                                     grads, states[i].copies, states[i].slots),
                                  self.bytes_per_pack)
             for copy in self.iterations._arrays:
                 copy[...] = step + 1
@@ -247,6 +249,9 @@ class Optimizer:
 
     @staticmethod
     def _numpy_grad(g: Any, var: DistributedVariable) -> np.ndarray:
+        if (type(g) is np.ndarray and g.dtype == var.dtype and g.shape == var.shape
+                and g.flags.c_contiguous):
+            return g  # the common case, without building the error context below
         grad = _tensors.to_numpy(g, f"gradient of {var.name!r}")
         if grad.shape != var.shape:
             raise ValueError(f"gradient of {var.name!r} has shape {grad.shape}, the "
