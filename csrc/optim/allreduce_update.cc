@@ -1,11 +1,10 @@
 #include "optim/allreduce_update.h"
 
-#include <cstring>
-
 #include "algorithms/chunking.h"
 #include "algorithms/registry.h"
 #include "algorithms/ring.h"
 #include "core/error.h"
+#include "core/stream_copy.h"
 
 namespace pycollective {
 
@@ -54,9 +53,10 @@ void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int gr
           applyReplicatedUpdate(rule, dtype, hyper, {part});
         });
   });
+  // The other local copies are written, not read, before the next step: streaming stores.
   for (size_t c = 1; c < tensor.copies.size(); ++c) {
     const std::vector<char*> copy = stateOf(tensor, c);
-    for (size_t k = 0; k < state.size(); ++k) std::memcpy(copy[k], state[k], tensor.count * es);
+    for (size_t k = 0; k < state.size(); ++k) streamCopy(copy[k], state[k], tensor.count * es);
   }
 }
 
