@@ -45,8 +45,9 @@ def test_timeout_names_rank_collective_seq_and_peer():
     assert res[2] < 5
 
 
-def _dies_mid_collective(rank, n, how):
+def _dies_mid_collective(rank, n, how, collective="allreduce"):
     import pycollective as pc
+    from pycollective import fused_update as fu
 
     pc.init(timeout=30)
     pc.barrier()
@@ -55,7 +56,11 @@ def _dies_mid_collective(rank, n, how):
         if how == "exit":
             os._exit(3)
         os.kill(os.getpid(), signal.SIGKILL)
-    return _expect_error(lambda: pc.allreduce(np.ones(1 << 20, np.float32), algo="ring"))
+    x = np.ones(1 << 20, np.float32)
+    if collective == "allreduce_apply":
+        update = fu.ReplicatedTensor([x], [np.zeros_like(x)])
+        return _expect_error(lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1.0), [update]))
+    return _expect_error(lambda: pc.allreduce(x, algo="ring"))
 
 
 @pytest.mark.timeout(60)
@@ -64,6 +69,17 @@ def _dies_mid_collective(rank, n, how):
 def test_dead_rank_is_reported_fast(how, transport):
     res = run_ranks(_dies_mid_collective, 3, how, timeout=40,
                     env={"PYCOLLECTIVE_TRANSPORT": transport}, expect_exit={1: None})
+    for r in (0, 2):
+        name, msg, seconds = res[r]
+        assert name in ("RemoteError", "Aborted"), res[r]
+        assert "rank 1" in msg, msg
+        assert seconds < 0.5 + 2.0, f"rank {r} took {seconds:.1f} s to notice"
+
+
+@pytest.mark.timeout(60)
+def test_dead_rank_during_a_fused_update_is_reported_fast():
+    res = run_ranks(_dies_mid_collective, 3, "kill", "allreduce_apply", timeout=40,
+                    expect_exit={1: None})
     for r in (0, 2):
         name, msg, seconds = res[r]
         assert name in ("RemoteError", "Aborted"), res[r]
