@@ -414,8 +414,9 @@ class MultiWorkerBackend(CollectiveBackend):
         are concatenated into packs of ``bytes_per_pack`` bytes.
 
         - A rule without slots (plain SGD) runs inside the all-reduce
-          (``fused_update.allreduce_apply``): each worker updates the chunk whose sum it owns
-          and the ring carries the new variable where it would carry the summed gradient.
+          (``fused_update.allreduce_apply``, when the cross-worker algorithm is "auto" or
+          "ring"): each worker updates the chunk whose sum it owns and the ring carries the new
+          variable where it would carry the summed gradient.
         - A rule with slots (momentum, Adam) would have the ring carry every slot as well,
           which costs more than every worker updating them in place: its tensors are
           all-reduced into a reused scratch buffer, which the update kernel then reads.
@@ -426,7 +427,9 @@ class MultiWorkerBackend(CollectiveBackend):
         first = per_replica[0]
         alone = [i for i, a in enumerate(first) if a.nbytes >= SEND_ALONE_BYTES]
         small = [i for i, a in enumerate(first) if a.nbytes < SEND_ALONE_BYTES]
-        if not fused_update.RULES[rule][1]:
+        # The fused collective's schedule is the ring's: it stands in for "ring" and "auto",
+        # not for an algorithm the user named instead.
+        if not fused_update.RULES[rule][1] and self._cross_algo in ("auto", "ring"):
             for group in _by_dtype([first[i] for i in alone]):
                 self._allreduce_apply(rule, hyper, per_replica, replicated,
                                       [alone[j] for j in group])
