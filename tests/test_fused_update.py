@@ -222,3 +222,28 @@ def test_allreduce_apply_bad_calls_fail_before_anything_moves():
         assert "float32/float64" in errors[1], errors
         assert "keeps slots ('momentum',), got 0" in errors[2], errors
         assert total == [3.0, 3.0, 3.0]
+
+
+def _allreduce_apply_in_a_subgroup(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    group = pc.new_group([0, 2])
+    w = np.full(1000, 10.0, np.float32)
+    if group is not None:
+        grad = np.full(1000, float(rank + 1), np.float32)  # ranks 0 and 2: 1 and 3
+        fu.allreduce_apply("sgd", fu.Hyper(lr=0.5, grad_scale=0.5),
+                           [fu.ReplicatedTensor([grad], [w])], group=group)
+    # The world's own sequence is untouched by the subgroup's collective.
+    total = np.asarray(pc.allreduce(np.ones(2, np.float32))).tolist()
+    pc.shutdown()
+    return float(w[0]), float(w[-1]), total
+
+
+@pytest.mark.timeout(60)
+def test_allreduce_apply_in_a_subgroup():
+    results = run_ranks(_allreduce_apply_in_a_subgroup, 3, timeout=40)
+    want = 10.0 - 0.5 * 0.5 * (1 + 3)
+    assert results[0][:2] == results[2][:2] == [want, want], results
+    assert results[1][:2] == [10.0, 10.0], results  # not a member: its array is untouched
+    assert all(r[2] == [3.0, 3.0] for r in results), results
