@@ -95,6 +95,15 @@ class ReplicaRendezvous:
         ``fn`` gets the values of all replicas in replica order and returns one result per
         replica; it runs once, on the thread of the last replica to arrive.
         """
+        if self._n == 1:  # nobody to wait for or to wake: no slot, no lock
+            index = self._next[0]
+            self._next[0] += 1
+            if self._failure is not None:
+                raise self._failed(replica, what, index)
+            results = fn([value])
+            if len(results) != 1:
+                raise pc.InternalError(f"{what}: {len(results)} results for 1 replica")
+            return results[0]
         cond = self._cond
         with cond:
             index = self._next[replica]

@@ -80,6 +80,8 @@ def select_replica(index: int, structure: Any) -> Any:
     variables and plain values are passed as they are."""
     if not _nest.is_nested(structure):
         return structure.values[index] if _is_per_replica_container(structure) else structure
+    if not structure:  # run()'s usual empty args or kwargs
+        return structure
     return _nest.map_structure(
         lambda x: x.values[index] if _is_per_replica_container(x) else x, structure)
 
@@ -92,6 +94,8 @@ def regroup(per_replica: Sequence[Any], wrap: type = PerReplica,
     replica, or anything when there is one replica), unless ``always_wrap``.
     """
     first = per_replica[0]
+    if len(per_replica) == 1 and not always_wrap:
+        return first  # every leaf is the same object on every (the one) replica
     for other in per_replica[1:]:
         _nest.assert_same_structure(first, other, "the replicas' results")
     flats = [_nest.flatten(v) for v in per_replica]
