@@ -56,9 +56,16 @@ class ReplicatedTensor:
     slots: Sequence[Sequence[np.ndarray]] = ()
 
 
-def _qualifies(a: object, dtype: np.dtype, shape: tuple[int, ...], writable: bool) -> bool:
-    return (isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == shape
-            and a.flags.c_contiguous and a.flags.aligned and (a.flags.writeable or not writable))
+def _arrays_qualify(arrays: Sequence[object], dtype: np.dtype, shape: tuple[int, ...],
+                    writable: bool) -> bool:
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
+            return False
+        flags = a.flags  # a new object per access: read it once
+        # carray: C-contiguous, aligned and writeable.
+        if not (flags.carray if writable else flags.c_contiguous and flags.aligned):
+            return False
+    return True
 
 
 def supported(tensors: Sequence[ReplicatedTensor]) -> bool:
@@ -71,10 +78,13 @@ def supported(tensors: Sequence[ReplicatedTensor]) -> bool:
         ref = t.copies[0]
         if not isinstance(ref, np.ndarray) or ref.dtype not in _DTYPE_CODES:
             return False
-        state = list(t.copies) + [c for slot in t.slots for c in slot]
-        if not all(_qualifies(a, ref.dtype, ref.shape, True) for a in state):
+        dtype, shape = ref.dtype, ref.shape
+        if not _arrays_qualify(t.copies, dtype, shape, True):
             return False
-        if not all(_qualifies(g, ref.dtype, ref.shape, False) for g in t.grads):
+        for slot in t.slots:
+            if not _arrays_qualify(slot, dtype, shape, True):
+                return False
+        if not _arrays_qualify(t.grads, dtype, shape, False):
             return False
     return True
 
