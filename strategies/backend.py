@@ -14,7 +14,8 @@ process group directly; they call a backend:
 On top of the three primitives (``allreduce``, ``allgather``, ``broadcast``) the base class
 builds what strategies need: fused batches (many tensors, one collective per pack),
 ragged gathers, MEAN for integer dtypes. ``call_counts`` counts primitive collectives by kind
-(tests use it to check fusion).
+("allreduce", "allgather", "broadcast", and "allreduce_update" for optimizer steps made inside
+the all-reduce; tests use it to check fusion).
 """
 
 from __future__ import annotations
@@ -454,7 +455,7 @@ class MultiWorkerBackend(CollectiveBackend):
         native call; with several local replicas, their sums are made in scratch first."""
         first = per_replica[0]
         with self._lock:
-            self.call_counts["allreduce"] += len(indices)
+            self.call_counts["allreduce_update"] += len(indices)
             grads = [first[i] for i in indices]
             if len(per_replica) > 1:
                 buf = self._scratch_for(first[indices[0]].dtype,

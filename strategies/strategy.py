@@ -494,7 +494,8 @@ class StrategyExtended:
             ctx._rendezvous = rendezvous
             contexts.append(ctx)
         per_args = [select_replica(r, args) for r in range(n)]
-        per_kwargs = [select_replica(r, kwargs) for r in range(n)]
+        # fn(**kwargs) unpacks into a fresh dict: empty kwargs need no copy per replica.
+        per_kwargs = [select_replica(r, kwargs) if kwargs else kwargs for r in range(n)]
         results: list[Any] = [None] * n
         errors: list[BaseException | None] = [None] * n
 

@@ -80,7 +80,7 @@ def select_replica(index: int, structure: Any) -> Any:
     variables and plain values are passed as they are."""
     if not _nest.is_nested(structure):
         return structure.values[index] if _is_per_replica_container(structure) else structure
-    if not structure:  # run()'s usual empty args or kwargs
+    if structure == ():  # run()'s usual empty args: immutable, so one object serves all
         return structure
     return _nest.map_structure(
         lambda x: x.values[index] if _is_per_replica_container(x) else x, structure)

@@ -128,6 +128,12 @@ def _mismatch(rank, n, what):
         call = lambda: pc.allreduce(x, algo="ring" if rank == 0 else "reduce_to_one")  # noqa
     elif what == "count":
         call = lambda: pc.allreduce(x if rank == 0 else x[:5], algo="ring")  # noqa: E731
+    elif what == "rule":
+        from pycollective import fused_update as fu
+
+        update = fu.ReplicatedTensor([x.copy()], [np.zeros_like(x)], [[np.zeros_like(x)]])
+        rule = "momentum" if rank == 0 else "nesterov"  # same slots: only the header tells
+        call = lambda: fu.allreduce_apply(rule, fu.Hyper(lr=1.0), [update])  # noqa: E731
     elif what == "fused":
         from pycollective import fused_update as fu
 
@@ -146,6 +152,7 @@ def _mismatch(rank, n, what):
     ("algo", "algorithm: here"),
     ("count", "element count: here"),
     ("fused", "collective: here"),
+    ("rule", "update rule: here"),
 ])
 def test_mismatched_calls_fail_on_every_rank(what, text):
     res = run_ranks(_mismatch, 2, what, timeout=40)

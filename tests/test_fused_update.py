@@ -121,7 +121,8 @@ for rule in fu.RULES:
                                 grad_scale=0.5), [fu.ReplicatedTensor(grads, [w], slots)])
         for a in [w] + [s[0] for s in slots]:
             h.update(a.tobytes())
-print(h.hexdigest())
+import pycollective
+print(pycollective.build_info()["simd"], h.hexdigest())
 """
 
 
@@ -133,7 +134,10 @@ def test_every_instruction_set_computes_the_same_bits():
         env = dict(os.environ, PYCOLLECTIVE_SIMD=level)
         out = subprocess.run([sys.executable, "-c", _BITS_SCRIPT], env=env, capture_output=True,
                              text=True, timeout=60, check=True)
-        digests[level] = out.stdout.strip()
+        used, digest = out.stdout.split()
+        digests[used] = digest  # a level this CPU lacks falls back to one it has
+    if len(digests) < 2:
+        pytest.skip(f"this CPU runs only the {next(iter(digests))} kernels")
     assert len(set(digests.values())) == 1, digests
 
 # Across processes: fused_update.allreduce_apply ------------------------------------------------
@@ -203,7 +207,11 @@ def _allreduce_apply_bad_calls(rank, n):
             lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1), [
                 fu.ReplicatedTensor([a.astype(np.float16)], [a.astype(np.float16)])]),
             lambda: fu.allreduce_apply("momentum", fu.Hyper(lr=1), [
-                fu.ReplicatedTensor([a.copy()], [a])])):
+                fu.ReplicatedTensor([a.copy()], [a])]),
+            # A bad second tensor is refused before the first one's collective runs.
+            lambda: fu.allreduce_apply("momentum", fu.Hyper(lr=1), [
+                fu.ReplicatedTensor([a.copy()], [a], [[a.copy()]]),
+                fu.ReplicatedTensor([a.copy()], [a.copy()], [[a.copy(), a.copy()]])])):
         try:
             call()
             errors.append(None)
@@ -221,6 +229,7 @@ def test_allreduce_apply_bad_calls_fail_before_anything_moves():
         assert "one gradient" in errors[0], errors
         assert "float32/float64" in errors[1], errors
         assert "keeps slots ('momentum',), got 0" in errors[2], errors
+        assert "tensor 1 has 1 copies but a slot with 2" in errors[3], errors
         assert total == [3.0, 3.0, 3.0]
 
 

@@ -77,8 +77,6 @@ void bindOptim(py::module_& m) {
       [](Communicator& comm, int rule, int dtype, const HyperTuple& h,
          const std::vector<TensorTuple>& items, const std::vector<uint32_t>& shapeHashes,
          double timeout, const std::vector<int>& members, int groupId) {
-        PC_CHECK(items.size() == shapeHashes.size(), items.size(), " tensors but ",
-                 shapeHashes.size(), " shape hashes");
         std::vector<ReplicatedTensor> tensors;
         for (const TensorTuple& item : items) tensors.push_back(tensorOf(item));
         const UpdateRule r = ruleOf(rule);
@@ -86,9 +84,7 @@ void bindOptim(py::module_& m) {
         const UpdateHyper hyper = hyperOf(h);
         py::gil_scoped_release release;
         comm.executor().run([&] {
-          for (size_t i = 0; i < tensors.size(); ++i)
-            allreduceUpdate(comm, members, groupId, r, d, hyper, tensors[i], shapeHashes[i],
-                            timeout);
+          allreduceUpdate(comm, members, groupId, r, d, hyper, tensors, shapeHashes, timeout);
         });
       },
       py::arg("comm"), py::arg("rule"), py::arg("dtype"), py::arg("hyper"), py::arg("tensors"),

@@ -17,14 +17,9 @@ std::vector<char*> stateOf(const ReplicatedTensor& t, size_t c) {
   return state;
 }
 
-}  // namespace
-
-void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int groupId,
-                     UpdateRule rule, DType dtype, const UpdateHyper& hyper,
-                     const ReplicatedTensor& tensor, uint32_t shapeHash, double timeoutSeconds) {
-  checkReplicatedUpdate(rule, dtype, {tensor});
-  PC_CHECK(tensor.grads.size() == 1, comm.who(), " allreduce_update takes this rank's one "
-           "gradient (sum the local replicas' first), got ", tensor.grads.size());
+// One tensor's collective (arguments already checked).
+void updateOne(Group& group, int groupId, UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+               const ReplicatedTensor& tensor, uint32_t shapeHash, double timeoutSeconds) {
   CollectiveArgs args;
   args.kind = CollectiveKind::kAllreduceUpdate;
   args.in = tensor.grads[0];
@@ -32,10 +27,10 @@ void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int gr
   args.count = tensor.count;
   args.dtype = dtype;
   args.op = ReduceOp::kSum;
+  args.root = static_cast<int>(rule);
   args.shapeHash = shapeHash;
   args.timeoutSeconds = timeoutSeconds;
 
-  Group group(comm, members);
   const size_t es = elementSize(dtype);
   const std::vector<char*> state = stateOf(tensor, 0);
   runSchedule(group, groupId, args, ring::algorithm(), [&](Exchange& ex) {
@@ -58,6 +53,24 @@ void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int gr
     const std::vector<char*> copy = stateOf(tensor, c);
     for (size_t k = 0; k < state.size(); ++k) streamCopy(copy[k], state[k], tensor.count * es);
   }
+}
+
+}  // namespace
+
+void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int groupId,
+                     UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+                     const std::vector<ReplicatedTensor>& tensors,
+                     const std::vector<uint32_t>& shapeHashes, double timeoutSeconds) {
+  PC_CHECK(tensors.size() == shapeHashes.size(), comm.who(), " allreduce_update: ",
+           tensors.size(), " tensors but ", shapeHashes.size(), " shape hashes");
+  checkReplicatedUpdate(rule, dtype, tensors);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    PC_CHECK(tensors[i].grads.size() == 1, comm.who(), " allreduce_update: tensor ", i, " has ",
+             tensors[i].grads.size(), " gradients; pass this rank's one gradient (sum the "
+             "local replicas' first)");
+  Group group(comm, members);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    updateOne(group, groupId, rule, dtype, hyper, tensors[i], shapeHashes[i], timeoutSeconds);
 }
 
 }  // namespace pycollective

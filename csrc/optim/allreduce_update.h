@@ -17,12 +17,15 @@
 
 namespace pycollective {
 
-// `tensor.grads` holds this rank's one gradient (its local replicas' sum), `tensor.copies` and
-// `tensor.slots` the state as for applyReplicatedUpdate; the rule sees gradScale * (sum over
-// the group's ranks). members/groupId as for runCollective. Checks the arguments before
-// anything moves (InvalidArgument / InvalidType); a later failure aborts the communicator.
+// For every tensor in order, one collective: `grads` holds this rank's one gradient (its local
+// replicas' sum), `copies` and `slots` the state as for applyReplicatedUpdate; the rule sees
+// gradScale * (sum over the group's ranks). shapeHashes[i] is tensor i's shape hash;
+// members/groupId as for runCollective. Every tensor is checked before anything moves
+// (InvalidArgument / InvalidType); a later failure aborts the communicator. The rule travels in
+// the frame header (as its root field), so ranks that apply different rules get a ProtocolError.
 void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int groupId,
                      UpdateRule rule, DType dtype, const UpdateHyper& hyper,
-                     const ReplicatedTensor& tensor, uint32_t shapeHash, double timeoutSeconds);
+                     const std::vector<ReplicatedTensor>& tensors,
+                     const std::vector<uint32_t>& shapeHashes, double timeoutSeconds);
 
 }  // namespace pycollective

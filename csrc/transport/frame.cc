@@ -19,6 +19,16 @@ const char* collectiveName(CollectiveKind kind) {
   return "?";
 }
 
+namespace {
+
+// allreduce_update carries its optimizer rule (optim/replicated_update.h UpdateRule) in `root`.
+std::string updateRuleName(int32_t rule) {
+  static const char* const kNames[] = {"sgd", "momentum", "nesterov", "adam"};
+  return rule >= 0 && rule < 4 ? kNames[rule] : "rule " + std::to_string(rule);
+}
+
+}  // namespace
+
 std::string describeCall(const FrameHeader& h) {
   std::ostringstream os;
   os << collectiveName(static_cast<CollectiveKind>(h.kind)) << "#" << h.seq << " ("
@@ -29,6 +39,7 @@ std::string describeCall(const FrameHeader& h) {
     os << ", op " << opName(static_cast<ReduceOp>(h.op));
   if (kind == CollectiveKind::kBroadcast || kind == CollectiveKind::kReduce)
     os << ", root " << h.root;
+  if (kind == CollectiveKind::kAllreduceUpdate) os << ", update rule " << updateRuleName(h.root);
   os << ")";
   return os.str();
 }
@@ -51,7 +62,11 @@ std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got) 
   if (expected.count == got.count && expected.shapeHash != got.shapeHash)
     os << "; shape: the same element count in a different shape";
   field("op", opName(static_cast<ReduceOp>(expected.op)), opName(static_cast<ReduceOp>(got.op)));
-  field("root", std::to_string(expected.root), std::to_string(got.root));
+  if (static_cast<CollectiveKind>(expected.kind) == CollectiveKind::kAllreduceUpdate &&
+      expected.kind == got.kind)
+    field("update rule", updateRuleName(expected.root), updateRuleName(got.root));
+  else
+    field("root", std::to_string(expected.root), std::to_string(got.root));
   std::string fields = os.str();
   if (fields.empty()) {
     // Same call: only the step or size can differ, which is a pycollective bug.

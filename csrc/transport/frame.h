@@ -39,7 +39,7 @@ struct FrameHeader {
   uint8_t dtype = 0;
   uint8_t op = 0;
   uint8_t algo = 0;         // index in the algorithm registry
-  int32_t root = 0;
+  int32_t root = 0;         // broadcast/reduce: the root; allreduce_update: the update rule
   uint32_t reserved = 0;
 };
 static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
