@@ -34,6 +34,12 @@ class GrpcDataPlane:
         self._ends: dict[int, object] = {}
         self._ends_ready = threading.Condition()
         self._closed = threading.Event()
+        # Pumps run on gRPC's daemon threads. One must never be inside native code (the GIL
+        # released) when the interpreter finalizes: re-taking the GIL then ends the thread with
+        # a forced unwind through C++ destructors, which aborts the process ("terminate called
+        # without an active exception"). close() waits until none is in there.
+        self._pumps_in_native = 0
+        self._pumps_idle = threading.Condition()
         self._channels: list[grpc.Channel] = []
         self._threads: list[threading.Thread] = []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_UNLIMITED,
@@ -75,11 +81,24 @@ class GrpcDataPlane:
     def outgoing(self, end) -> Iterator[pb.Frame]:
         """Frames the native link posted, until the link fails or the plane closes."""
         while not self._closed.is_set():
-            item = end.take_outgoing(_POLL_S)
+            item = self._take_outgoing(end)
             if item is not None:
                 yield pb.Frame(header=item[0], payload=item[1])
-            elif end.failed:
+            elif end.failed or self._closed.is_set():
                 return
+
+    def _take_outgoing(self, end):
+        """end.take_outgoing, unless the plane closed (see _pumps_in_native)."""
+        with self._pumps_idle:
+            if self._closed.is_set():
+                return None
+            self._pumps_in_native += 1
+        try:
+            return end.take_outgoing(_POLL_S)
+        finally:
+            with self._pumps_idle:
+                self._pumps_in_native -= 1
+                self._pumps_idle.notify_all()
 
     def incoming(self, frames: Iterator[pb.Frame], end, peer: int) -> None:
         """Hands received frames to the native link; a broken stream fails the link."""
@@ -109,9 +128,11 @@ class GrpcDataPlane:
             channel.close()
         self._server.stop(grace=0.5).wait(2.0)
         # The receivers end with their streams; wait for them so none still touches a link
-        # while the interpreter shuts down.
+        # while the interpreter shuts down. The failed ends release any pump at once.
         for thread in self._threads:
             thread.join(timeout=2.0)
+        with self._pumps_idle:
+            self._pumps_idle.wait_for(lambda: self._pumps_in_native == 0, timeout=2.0)
 
 
 class _Servicer(pb_grpc.DataPlaneServicer):
