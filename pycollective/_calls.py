@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from pycollective.reduce_op import ReduceOp
-from pycollective.tensors import Buffer, check_writable, contiguous_input
+from pycollective.tensors import DTYPE_NAMES, Buffer, check_writable, contiguous_input
 
 KINDS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "broadcast": 3, "reduce": 4,
          "barrier": 5}
@@ -25,7 +25,7 @@ def chunk_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
     return start, start + base + (1 if index < extra else 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class Prepared:
     """One rank's buffers for one call."""
 
@@ -60,11 +60,11 @@ def result_shape(kind: str, shape: tuple[int, ...], count: int, rank: int, size:
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def check_avg(kind: str, op: ReduceOp, code: int, dtype_name: str, where: str) -> None:
+def check_avg(kind: str, op: ReduceOp, code: int, where: str) -> None:
     """avg of an integer dtype (native code >= 4) is refused before anything moves."""
-    if kind in REDUCING and op == ReduceOp.AVG and code >= 4:
-        raise TypeError(f"{where}: avg is not defined for {dtype_name}: use op='sum' and "
-                        "divide, or convert to a floating dtype")
+    if code >= 4 and op is ReduceOp.AVG and kind in REDUCING:
+        raise TypeError(f"{where}: avg is not defined for {DTYPE_NAMES[code]}: use op='sum' "
+                        "and divide, or convert to a floating dtype")
 
 
 def check_inplace_call(kind: str, out: Any, where: str) -> None:

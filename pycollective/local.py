@@ -121,7 +121,7 @@ class LocalCommunicator:
         bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
         _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
         first = bufs[0]
-        check_avg(kind, reduce_op, first.code, first.dtype_name, "replica 0")
+        check_avg(kind, reduce_op, first.code, "replica 0")
         outs = [None] * n if out is None else [adapt(o, f"replica {i} out=") for i, o in
                                                enumerate(out)]
         calls: list[Prepared] = [
@@ -155,7 +155,7 @@ class LocalCommunicator:
         bufs = [adapt_device(t, f"replica {i}") for i, t in enumerate(tensors)]
         _check_alike([(b.code, b.dtype_name, b.shape) for b in bufs])
         first = bufs[0]
-        check_avg(kind, reduce_op, first.code, first.dtype_name, "replica 0")
+        check_avg(kind, reduce_op, first.code, "replica 0")
         outs = [None] * n if out is None else [adapt_device(o, f"replica {i} out=")
                                                for i, o in enumerate(out)]
         calls = [prepare_device(kind, b, i, n, root, inplace, f"replica {i}", outs[i])

@@ -366,7 +366,7 @@ class NcclCommunicator:
 
 def check_call(kind: str, buf: DeviceBuffer, op: ReduceOp, size: int, where: str) -> None:
     """Argument checks NCCL would otherwise report less clearly."""
-    check_avg(kind, op, buf.code, buf.dtype_name, where)
+    check_avg(kind, op, buf.code, where)
     if kind == "reduce_scatter" and buf.count % size != 0:
         raise ValueError(f"{where}: NCCL's reduce_scatter needs a size divisible by the "
                          f"{size} ranks, got {buf.count} elements")

@@ -82,6 +82,7 @@ class ProcessGroup:
         self.rank = members.index(me)
         self.size = len(members)
         self._where = f"rank {me}"  # names this rank in argument errors
+        self._where_out = f"rank {me} out="
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self.rank}, size={self.size}, members={self.members})"
@@ -153,13 +154,13 @@ class ProcessGroup:
         if algo == "nccl" or (type(x).__module__ != "numpy" and is_device_tensor(x)):
             return self._run_nccl(kind, x, reduce_op, algo, root, inplace, out, asynchronous)
         buf = adapt(x, where)
-        check_avg(kind, reduce_op, buf.code, buf.dtype_name, where)
+        check_avg(kind, reduce_op, buf.code, where)
         call = prepare(kind, buf, self.rank, self.size, root, inplace, where,
-                       None if out is None else adapt(out, f"{where} out="))
-        native_args = (KINDS[kind], call.inp, call.out, buf.count, buf.code,
-                       int(reduce_op), root, algo, shape_hash(buf.array.shape), 0,
-                       self._timeout(timeout), self.members,
-                       self.group_id)
+                       None if out is None else adapt(out, self._where_out))
+        native_args = (KINDS[kind], call.inp, call.out, call.inp.size, buf.code,
+                       reduce_op.value, root, algo, shape_hash(call.inp.shape), 0,
+                       self._world.timeout if timeout is None else float(timeout),
+                       self.members, self.group_id)
         if asynchronous:
             return Work(self._world.comm.submit(*native_args), [call], self,
                         f"{kind} of {buf.count} {buf.dtype_name}")

@@ -132,9 +132,10 @@ def contiguous_input(buf: Buffer) -> np.ndarray:
 
 def check_writable(buf: Buffer, where: str) -> None:
     """inplace=True writes into the caller's memory: it must be writable and contiguous."""
-    if not buf.array.flags.writeable:
+    flags = buf.array.flags  # a new object per access: read it once
+    if not flags.writeable:
         raise ValueError(f"{where}: inplace=True but the array is read-only")
-    if not buf.array.flags.c_contiguous:
+    if not flags.c_contiguous:
         raise ValueError(
             f"{where}: inplace=True needs a C-contiguous array, got a strided view; pass "
             "np.ascontiguousarray(x) or use inplace=False"
