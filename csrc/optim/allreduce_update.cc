@@ -5,6 +5,7 @@
 #include "algorithms/ring.h"
 #include "core/error.h"
 #include "core/stream_copy.h"
+#include "optim/update_kernels.h"
 
 namespace pycollective {
 
@@ -33,19 +34,19 @@ void updateOne(Group& group, int groupId, UpdateRule rule, DType dtype, const Up
 
   const size_t es = elementSize(dtype);
   const std::vector<char*> state = stateOf(tensor, 0);
+  const UpdateBlockFn update = lookupUpdateBlock(dtype);
   runSchedule(group, groupId, args, ring::algorithm(), [&](Exchange& ex) {
     const Chunks chunks(tensor.count, ex.size());
     char* work = ex.size() > 2 ? static_cast<char*>(ex.scratch(0, tensor.count * es)) : nullptr;
     char* reduced = static_cast<char*>(ex.scratch(1, chunks.size(ex.rank()) * es));
     ring::reduceApplyAllgather(
         ex, static_cast<const char*>(tensor.grads[0]), work, reduced, state, tensor.count,
+        // Per segment, on the ring's critical path: the kernel alone (the arguments were
+        // checked once, before anything moved; a segment is small enough for one thread).
         [&](const char* sum, size_t offset, size_t n) {
-          ReplicatedTensor part;
-          part.count = n;
-          part.grads = {sum};
-          part.copies = {state[0] + offset * es};
-          for (size_t k = 1; k < state.size(); ++k) part.slots.push_back({state[k] + offset * es});
-          applyReplicatedUpdate(rule, dtype, hyper, {part});
+          void* slots[kMaxSlots] = {nullptr, nullptr};
+          for (size_t k = 1; k < state.size(); ++k) slots[k - 1] = state[k] + offset * es;
+          update(rule, hyper, sum, state[0] + offset * es, slots, n);
         });
   });
   // The other local copies are written, not read, before the next step: streaming stores.

@@ -17,7 +17,6 @@ namespace {
 // and being stored into the other copies.
 constexpr size_t kPieceBytes = 512 * 1024;
 constexpr size_t kBlockBytes = 64 * 1024;
-constexpr int kMaxSlots = 2;  // Adam's m and v
 
 struct Piece {
   const ReplicatedTensor* tensor;

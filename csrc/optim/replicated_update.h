@@ -49,6 +49,7 @@ struct ReplicatedTensor {
 
 // Slots the rule keeps per variable (0, 1 or 2).
 int slotCount(UpdateRule rule);
+constexpr int kMaxSlots = 2;  // Adam's m and v
 
 // InvalidArgument when a tensor has no gradient, no copy, or the wrong number of slots;
 // InvalidType for dtypes other than float32 and float64.
