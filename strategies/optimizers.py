@@ -8,9 +8,11 @@ cross-replica context, it accepts PerReplica gradients (reduced the same way) or
 
 For mirrored float32/float64 numpy state the reduction and the update are fused in native code
 (``pycollective.fused_update``): replicas in this process are summed and applied in one pass
-over memory, and across workers each bucket of ``bytes_per_pack`` bytes is all-reduced once and
-applied to every local copy in one pass. Other dtypes and frameworks take the general path:
-one fused collective per bucket, then each replica's update in numpy.
+over memory; across workers (``MultiWorkerBackend.apply_update``) plain SGD on large tensors is
+applied inside the all-reduce, and everything else is all-reduced once per bucket of
+``bytes_per_pack`` bytes and applied to every local copy in one pass. Other dtypes and
+frameworks take the general path: one fused collective per bucket, then each replica's update
+in numpy.
 
 Gradients are numpy arrays or torch CPU tensors; the math is the Keras optimizers' (SGD with
 momentum/Nesterov, Adam with bias correction folded into the step size).

@@ -2,9 +2,10 @@
 
 A strategy owns a collective backend (:mod:`.backend`) and a CrossDeviceOps (the algorithm).
 ``run(fn)`` runs ``fn`` once per local replica, each on its own thread (replica 0 on the
-caller's, the others on long-lived replica threads), in its own ReplicaContext. Replica-context collectives meet in a rendezvous (:mod:`.rendezvous`): the last
-replica to arrive runs the collective once for all (the native code releases the GIL) and every
-replica picks its own result.
+caller's, the others on long-lived replica threads), in its own ReplicaContext. Replica-context
+collectives meet in a rendezvous (:mod:`.rendezvous`): the last replica to arrive runs the
+collective once for all (the native code releases the GIL) and every replica picks its own
+result.
 """
 
 from __future__ import annotations
