@@ -19,6 +19,8 @@ import tempfile
 import time
 from typing import Callable
 
+from pycollective._ext import child_environment
+
 from .rows import Row
 
 _PKG = __package__  # "bench" in a checkout, "pycollective.bench" when installed
@@ -41,7 +43,8 @@ def _spawn_ranks(job: dict, world: int, deadline_s: float,
         json.dump(job, f)
     cmd = [sys.executable, "-m", f"{_PKG}.worker", job_path]
     if job["backend"] == "mpi":
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env = dict(child_environment(), OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         procs = [subprocess.Popen(["mpirun", "-n", str(world), "--oversubscribe"] + cmd,
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, start_new_session=True)]
@@ -49,7 +52,7 @@ def _spawn_ranks(job: dict, world: int, deadline_s: float,
         port, token = _free_port(), secrets.token_hex(8)
         procs = []
         for r in range(world):
-            env = dict(os.environ, PYCOLLECTIVE_RANK=str(r), PYCOLLECTIVE_WORLD_SIZE=str(world),
+            env = dict(child_environment(), PYCOLLECTIVE_RANK=str(r), PYCOLLECTIVE_WORLD_SIZE=str(world),
                        PYCOLLECTIVE_MASTER_ADDR="127.0.0.1", PYCOLLECTIVE_MASTER_PORT=str(port),
                        PYCOLLECTIVE_TOKEN=token)
             if job.get("host_ids"):  # fake hosts on one machine (hierarchical experiments)

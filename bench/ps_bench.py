@@ -41,6 +41,7 @@ from pycollective.strategies import (
     Variable,
 )
 
+from pycollective._ext import child_environment
 from pycollective.launcher import _die_with_parent
 
 TOKEN = "ps-bench"
@@ -50,7 +51,7 @@ class Task:
     """A ps or worker process on an OS-chosen port."""
 
     def __init__(self, job: str, index: int) -> None:
-        env = dict(os.environ, PYCOLLECTIVE_TOKEN=TOKEN, PYTHONUNBUFFERED="1",
+        env = dict(child_environment(), PYCOLLECTIVE_TOKEN=TOKEN, PYTHONUNBUFFERED="1",
                    TF_CONFIG=json.dumps({"cluster": {job: ["127.0.0.1:0"] * (index + 1)},
                                          "task": {"type": job, "index": index}}))
         self.process = subprocess.Popen(

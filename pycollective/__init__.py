@@ -14,6 +14,7 @@ See README.md and docs/ for process groups, launchers, strategies and benchmarks
 
 from __future__ import annotations
 
+# First: loads the extension, or explains why it is missing (see _ext's docstring).
 from pycollective._ext import _C
 from pycollective.errors import (
     Aborted,

@@ -1,19 +1,94 @@
-"""Loads the native extension once, with an explanation when it is missing."""
+"""Loads the native extension once, and handles the one way that goes wrong for newcomers.
+
+From the root of a source checkout, Python puts the current directory first on ``sys.path``, so
+``import pycollective`` finds the source folder ``pycollective/``, which holds no compiled
+``_C``, instead of the installed package. Two cases:
+
+- The process was started by pycollective itself (benchmark ranks, launcher workers,
+  parameter-server tasks): its parent set ``PYCOLLECTIVE_PACKAGE_DIR`` to the package it runs
+  from (see :func:`child_environment`), and the import is redirected there, so these processes
+  run the installed package whatever their current directory is.
+- Anything else (a user's own script): one ImportError that says why and what to do, the way
+  numpy and torch do, instead of a bare ``cannot import name '_C'``.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from collections.abc import Mapping
 
-try:
-    from pycollective import _C  # noqa: F401  (re-exported)
-except ImportError as exc:  # pragma: no cover - depends on how the package was installed
-    here = os.path.dirname(os.path.abspath(__file__))
-    raise ImportError(
-        "pycollective's native extension (pycollective._C) is not built in "
-        f"{here}. Install the package (`pip install .` or "
-        "`pip install --no-build-isolation -e .`) and run Python from outside the source "
-        "tree (use `pytest`, not `python -m pytest`, from the repository root), so that the "
-        f"installed package is imported instead of the source folder. Original error: {exc}"
-    ) from exc
+PACKAGE_DIR_VARIABLE = "PYCOLLECTIVE_PACKAGE_DIR"
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
-__all__ = ["_C"]
+
+def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process pycollective starts: ``base`` (``os.environ`` when None)
+    plus the folder of the package this process runs, so that the child imports the same
+    package even where its current directory holds an unbuilt source folder."""
+    env = dict(os.environ if base is None else base)
+    env[PACKAGE_DIR_VARIABLE] = _HERE
+    return env
+
+
+def _installed_package_dir() -> str | None:
+    """The package folder a parent pycollective process named, if it is not this folder and
+    holds a package."""
+    named = os.environ.get(PACKAGE_DIR_VARIABLE, "")
+    if not named or not os.path.isfile(os.path.join(named, "__init__.py")):
+        return None
+    if os.path.realpath(named) == os.path.realpath(_HERE):
+        return None
+    return named
+
+
+def _import_from(package_dir: str) -> None:
+    """Makes ``package_dir`` the ``pycollective`` package of this process. Python's import
+    returns whatever ``sys.modules["pycollective"]`` holds once the source folder's
+    ``__init__`` finishes, so the source folder's module object is then dropped."""
+    for name in [n for n in sys.modules if n == "pycollective" or n.startswith("pycollective.")]:
+        del sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        "pycollective", os.path.join(package_dir, "__init__.py"),
+        submodule_search_locations=[package_dir])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pycollective"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["pycollective"]
+        raise
+
+
+def _load():
+    """The native module. When it is missing here and a parent process named the installed
+    package, that package becomes ``pycollective`` and its extension is returned; the rest of
+    the source folder's ``__init__`` then imports from the installed modules, already in
+    ``sys.modules``. Otherwise raises ImportError with the remedy."""
+    try:
+        from pycollective import _C
+        return _C
+    except ImportError as exc:
+        installed = _installed_package_dir()
+        if installed is not None:
+            _import_from(installed)
+            return importlib.import_module("pycollective._C")
+        if not any(f.startswith("_C.") for f in os.listdir(_HERE)):
+            raise ImportError(
+                f"pycollective was imported from its source folder {_HERE}, which has no "
+                "compiled extension (pycollective._C): the current directory, or a folder on "
+                "PYTHONPATH, holds the repository. Either run Python from another directory so "
+                "that the installed package is imported (`pip install .` first), or build the "
+                "extension in place with `pip install --no-build-isolation -e .` (see "
+                "docs/building.md)."
+            ) from None
+        raise ImportError(
+            f"pycollective's native extension in {_HERE} failed to load: {exc}. Reinstall "
+            "pycollective (`pip install --force-reinstall pycollective`) for this Python."
+        ) from exc
+
+
+_C = _load()
+
+__all__ = ["_C", "child_environment"]

@@ -34,6 +34,9 @@ KNOBS = [
     Knob("PYCOLLECTIVE_NCCL_LIBRARY", "",
          "libnccl.so.2 (a file, or a folder holding it) to load instead of searching the "
          "nvidia-nccl-cu* wheels and the system loader."),
+    Knob("PYCOLLECTIVE_PACKAGE_DIR", "",
+         "Set by pycollective for the processes it starts (ranks, workers, ps tasks): the "
+         "package they import, even where the current directory holds the source folder."),
 ]
 
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from pycollective._ext import child_environment
+
 HELP = "start N ranks of a program on this machine"
 
 # Exit code for --timeout, as timeout(1) uses.
@@ -152,7 +154,7 @@ def rank_environments(
     Returns:
         One environment per rank, in rank order.
     """
-    base_env = dict(os.environ if base is None else base)
+    base_env = child_environment(base)
     # All ranks share one token; a token already in the environment wins so
     # that a user can join ranks started elsewhere.
     token = base_env.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
@@ -386,7 +388,7 @@ def ps_cluster_environments(
 ) -> list[tuple[str, int, dict[str, str]]]:
     """Each task's ``(job, index, environment)`` for a local parameter-server cluster: the
     chief first, then the ps tasks, then the workers; one TF_CONFIG cluster, one token."""
-    base_env = dict(os.environ if base is None else base)
+    base_env = child_environment(base)
     token = base_env.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
     ports = iter(_free_ports(1 + num_ps + num_workers))
     cluster = {

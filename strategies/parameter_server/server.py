@@ -893,8 +893,15 @@ class Server:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pycollective.strategies.parameter_server``: run this process's TF_CONFIG
-    task (ps or worker) until SIGTERM/SIGINT."""
+    """``pycollective ps-task`` (or ``python -m pycollective.strategies.parameter_server``):
+    run this process's TF_CONFIG task (ps or worker) until SIGTERM/SIGINT."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="pycollective ps-task",
+        description="Runs the ps or worker task that TF_CONFIG's 'task' names (with "
+                    "PYCOLLECTIVE_TOKEN, the cluster's shared secret) until SIGTERM or SIGINT. "
+                    "Prints '<task> serving on <address>' once it listens.").parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     server = Server(TFConfigClusterResolver())
 
