@@ -14,16 +14,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Callable
 
-from pycollective._ext import child_environment
+from pycollective._spawn import child_environment, python_module_command
 
 from .rows import Row
-
-_PKG = __package__  # "bench" in a checkout, "pycollective.bench" when installed
 
 
 def _free_port() -> int:
@@ -41,7 +38,7 @@ def _spawn_ranks(job: dict, world: int, deadline_s: float,
     job_path = os.path.join(tmp, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
-    cmd = [sys.executable, "-m", f"{_PKG}.worker", job_path]
+    cmd = python_module_command("pycollective.bench.worker", job_path)
     if job["backend"] == "mpi":
         env = dict(child_environment(), OMPI_ALLOW_RUN_AS_ROOT="1",
                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -52,7 +49,8 @@ def _spawn_ranks(job: dict, world: int, deadline_s: float,
         port, token = _free_port(), secrets.token_hex(8)
         procs = []
         for r in range(world):
-            env = dict(child_environment(), PYCOLLECTIVE_RANK=str(r), PYCOLLECTIVE_WORLD_SIZE=str(world),
+            env = dict(child_environment(), PYCOLLECTIVE_RANK=str(r),
+                       PYCOLLECTIVE_WORLD_SIZE=str(world),
                        PYCOLLECTIVE_MASTER_ADDR="127.0.0.1", PYCOLLECTIVE_MASTER_PORT=str(port),
                        PYCOLLECTIVE_TOKEN=token)
             if job.get("host_ids"):  # fake hosts on one machine (hierarchical experiments)

@@ -26,7 +26,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -41,7 +40,7 @@ from pycollective.strategies import (
     Variable,
 )
 
-from pycollective._ext import child_environment
+from pycollective._spawn import child_environment, python_module_command
 from pycollective.launcher import _die_with_parent
 
 TOKEN = "ps-bench"
@@ -55,7 +54,7 @@ class Task:
                    TF_CONFIG=json.dumps({"cluster": {job: ["127.0.0.1:0"] * (index + 1)},
                                          "task": {"type": job, "index": index}}))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pycollective.strategies.parameter_server"], env=env,
+            python_module_command("pycollective.strategies.parameter_server"), env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=_die_with_parent(os.getpid()))  # never outlive the benchmark
         lines: queue.Queue[str] = queue.Queue()

@@ -6,7 +6,7 @@ From the root of a source checkout, Python puts the current directory first on `
 
 - The process was started by pycollective itself (benchmark ranks, launcher workers,
   parameter-server tasks): its parent set ``PYCOLLECTIVE_PACKAGE_DIR`` to the package it runs
-  from (see :func:`child_environment`), and the import is redirected there, so these processes
+  from (see ``pycollective._spawn``), and the import is redirected there, so these processes
   run the installed package whatever their current directory is.
 - Anything else (a user's own script): one ImportError that says why and what to do, the way
   numpy and torch do, instead of a bare ``cannot import name '_C'``.
@@ -17,19 +17,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
 
+# Set by pycollective._spawn for the processes pycollective starts.
 PACKAGE_DIR_VARIABLE = "PYCOLLECTIVE_PACKAGE_DIR"
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a process pycollective starts: ``base`` (``os.environ`` when None)
-    plus the folder of the package this process runs, so that the child imports the same
-    package even where its current directory holds an unbuilt source folder."""
-    env = dict(os.environ if base is None else base)
-    env[PACKAGE_DIR_VARIABLE] = _HERE
-    return env
 
 
 def _installed_package_dir() -> str | None:
@@ -91,4 +82,4 @@ def _load():
 
 _C = _load()
 
-__all__ = ["_C", "child_environment"]
+__all__ = ["_C"]

@@ -162,3 +162,9 @@ def main(args: argparse.Namespace) -> int:
     else:
         _print(report)
     return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="pycollective doctor", description=__doc__)
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from pycollective._ext import child_environment
+from pycollective._spawn import child_environment, python_module_command
 
 HELP = "start N ranks of a program on this machine"
 
@@ -430,7 +430,8 @@ def launch_ps_cluster(
                 job, _, env = tasks[n]
                 if tag_output:
                     env.setdefault("PYTHONUNBUFFERED", "1")
-                argv = list(command) if job == "chief" else [sys.executable, "-m", PS_TASK_MODULE]
+                argv = (list(command) if job == "chief"
+                        else python_module_command(PS_TASK_MODULE))
                 group.start(n, argv, env, label=labels[n])
         except OSError as exc:
             _say(f"cannot start {command[0]!r}: {exc}")

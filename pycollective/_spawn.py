@@ -1,0 +1,41 @@
+"""How pycollective starts Python processes of its own (benchmark ranks, parameter-server
+tasks) and the environment of every process it starts (launcher ranks too), so that each one
+imports the package its parent runs, whatever its current directory holds.
+
+Python puts the current directory first on ``sys.path`` for ``python -c`` and ``python -m``; from
+the root of a source checkout that is the unbuilt ``pycollective/`` folder. Two defences:
+
+- :func:`python_module_command` starts our own modules with that entry removed, so no folder in
+  the current directory can shadow the installed package;
+- :func:`child_environment` names the parent's package folder, so that a user's program started
+  by ``pycollective run`` from the checkout's root is redirected to it by the source folder's
+  import guard (``pycollective/_ext.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pycollective._ext import PACKAGE_DIR_VARIABLE
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# `python -c` sees sys.argv == ["-c", module, *args]: drop the current directory from the path,
+# then run the module as `python -m` would, with its own arguments.
+_RUN_MODULE = ("import runpy, sys; del sys.path[0]; sys.argv[:2] = [sys.argv[1]]; "
+               "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (``os.environ`` when None) plus the folder of the package this process runs."""
+    env = dict(os.environ if base is None else base)
+    env[PACKAGE_DIR_VARIABLE] = _PACKAGE_DIR
+    return env
+
+
+def python_module_command(module: str, *args: str) -> list[str]:
+    """The argv that runs ``python -m module args...`` with this interpreter, except that the
+    current directory is not put on ``sys.path``."""
+    return [sys.executable, "-c", _RUN_MODULE, module, *args]
