@@ -50,13 +50,13 @@ from .errors import (
     UnavailableError,
     worker_task,
 )
-from .server import call_dataset_fn
 from .strategy import (
     _OPTIMIZER_BOOKKEEPING,
     ParameterServerStrategy,
     ParameterServerStrategyExtended,
 )
 from .variables import RemoteVariable
+from .worker_service import call_dataset_fn
 
 logger = logging.getLogger("pycollective.strategies")
 

@@ -205,7 +205,7 @@ class RemoteVariable(DistributedVariable):
         self._store.write(self, "assign", value, create=True)
 
     def _spec(self) -> tuple:
-        """What a worker needs to rebuild this handle (see server.WorkerService)."""
+        """What a worker needs to rebuild this handle (see worker_service.WorkerService)."""
         return (type(self).__name__, self._name, self._shape, self._dtype.str,
                 tuple((s.task, s.address, s.key, s.start, s.stop, s.shape) for s in self._shards),
                 self._trainable)
