@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,10 +65,20 @@ def unwind(frame: Frame) -> None:
             return
 
 
-def default_strategy() -> Strategy:
-    from .strategy import _get_default_strategy
+# Set by strategy.py when it loads (this module sits below it and must not import it).
+_default_strategy_factory: list[Callable[[], Strategy]] = []
 
-    return _get_default_strategy()
+
+def register_default_strategy(factory: Callable[[], Strategy]) -> None:
+    """Names the function that returns the default strategy (one replica, this thread)."""
+    _default_strategy_factory[:] = [factory]
+
+
+def default_strategy() -> Strategy:
+    if not _default_strategy_factory:
+        raise RuntimeError("no default strategy: import pycollective.strategies, not "
+                           "pycollective.strategies._context alone")
+    return _default_strategy_factory[0]()
 
 
 def get_strategy() -> Strategy:

@@ -28,6 +28,7 @@ import numpy as np
 import pycollective as pc
 
 from . import _tensors
+from ._variable_ops import VariableOps
 from .backend import CollectiveBackend, LocalBackend
 from .communication import CommunicationOptions
 from .reduce_util import ReduceOp, parse_reduce_op
@@ -295,13 +296,7 @@ def _check_pairs(pairs: Any) -> list[tuple[Any, Any]]:
 
 def _plain(x: Any) -> Any:
     """A component as a tensor: variable components and variables read as arrays."""
-    from .variables import ComponentVariable, DistributedVariable
-
-    if isinstance(x, ComponentVariable):
-        return x.read_value()
-    if isinstance(x, DistributedVariable):
-        return x.read_value()
-    return x
+    return x.read_value() if isinstance(x, VariableOps) else x
 
 
 def _copy(x: Any) -> Any:

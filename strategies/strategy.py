@@ -648,3 +648,6 @@ def _get_default_strategy() -> _DefaultDistributionStrategy:
             if not _default:
                 _default.append(_DefaultDistributionStrategy())
     return _default[0]
+
+
+_context.register_default_strategy(_get_default_strategy)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import _context, _nest
+from ._variable_ops import VariableOps
 
 
 class DistributedValues:
@@ -70,9 +71,7 @@ def _current_local_replica(value: Any) -> int | None:
 
 def _is_per_replica_container(x: Any) -> bool:
     """A distributed value that run() splits per replica (variables are passed whole)."""
-    from .variables import DistributedVariable
-
-    return isinstance(x, DistributedValues) and not isinstance(x, DistributedVariable)
+    return isinstance(x, DistributedValues) and not isinstance(x, VariableOps)
 
 
 def select_replica(index: int, structure: Any) -> Any:

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import _context, _tensors
 from .reduce_util import ReduceOp
+from ._variable_ops import VariableOps
 from .values import DistributedValues, Mirrored
 
 
@@ -73,43 +74,6 @@ class _VariableMeta(type):
         if cls is Variable:
             return _create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
-
-
-class _TensorOps:
-    """Arithmetic on a variable reads it (this replica's copy inside run)."""
-
-    def _read(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        arr = self._live()
-        if dtype is not None and np.dtype(dtype) != arr.dtype:
-            return arr.astype(dtype)
-        return arr.copy() if copy else arr
-
-    def _live(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def __add__(self, o: Any) -> Any: return self._read() + _operand(o)
-    def __radd__(self, o: Any) -> Any: return _operand(o) + self._read()
-    def __sub__(self, o: Any) -> Any: return self._read() - _operand(o)
-    def __rsub__(self, o: Any) -> Any: return _operand(o) - self._read()
-    def __mul__(self, o: Any) -> Any: return self._read() * _operand(o)
-    def __rmul__(self, o: Any) -> Any: return _operand(o) * self._read()
-    def __truediv__(self, o: Any) -> Any: return self._read() / _operand(o)
-    def __rtruediv__(self, o: Any) -> Any: return _operand(o) / self._read()
-    def __matmul__(self, o: Any) -> Any: return self._read() @ _operand(o)
-    def __rmatmul__(self, o: Any) -> Any: return _operand(o) @ self._read()
-    def __pow__(self, o: Any) -> Any: return self._read() ** _operand(o)
-    def __neg__(self) -> Any: return -self._read()
-    def __getitem__(self, key: Any) -> Any: return self._read()[key]
-    def __len__(self) -> int: return len(self._read())
-    def __float__(self) -> float: return float(self._read())
-    def __int__(self) -> int: return int(self._read())
-
-
-def _operand(o: Any) -> Any:
-    return o._read() if isinstance(o, _TensorOps) else o
 
 
 class Variable(metaclass=_VariableMeta):
@@ -157,7 +121,7 @@ def _create_variable(initial_value: Any = None, trainable: bool | None = None,
         synchronization=synchronization)
 
 
-class DistributedVariable(_TensorOps, Variable, DistributedValues):
+class DistributedVariable(VariableOps, Variable, DistributedValues):
     """Holds a map from replica to variables: one numpy copy per local replica.
 
     ``values`` are the per-replica :class:`ComponentVariable` objects.
@@ -452,7 +416,7 @@ class SyncOnReadVariable(DistributedVariable):
             self._apply(i, "assign", value)
 
 
-class ComponentVariable(_TensorOps):
+class ComponentVariable(VariableOps):
     """One replica's copy of a distributed variable (``var.values[i]``).
 
     Its updates touch only that copy, without aggregation: it is what
