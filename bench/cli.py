@@ -94,6 +94,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build_parser(parser)
 
 
+def _command_line() -> str:
+    """This process's command line as a user would type it (for the figure's footer)."""
+    import shlex
+
+    words = [shlex.quote(a) for a in sys.argv[1:]]
+    if os.path.basename(sys.argv[0]) == "pycollective":
+        return " ".join(["pycollective", *words])
+    return " ".join([os.path.basename(sys.executable), shlex.quote(sys.argv[0]), *words])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run(args)
@@ -155,5 +165,5 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot:
-        plot(rows, ceilings, args.plot)
+        plot(rows, ceilings, args.plot, command=_command_line())
     return 1 if any(r.wrong for r in rows) else 0

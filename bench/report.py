@@ -110,10 +110,32 @@ def write_csv(rows: list[Row], path: str) -> None:
             w.writerow(r.as_dict())
 
 
-def plot(rows: list[Row], ceilings: dict, path: str) -> None:
+def machine_label() -> str:
+    """Where and when a figure was measured: CPU model and count, kernel, UTC date and the
+    pycollective build, so that a picture in docs/ says which machine it came from."""
+    import datetime
+    import os
+    import platform
+
+    import pycollective as pc
+    from pycollective.doctor import commit
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()} | {when} | "
+            f"pycollective {pc.__version__} ({commit()}), kernels {pc.build_info()['simd']}")
+
+
+def plot(rows: list[Row], ceilings: dict, path: str, command: str = "") -> None:
     """busbw vs size, one line per algorithm/transport/peer, log-scaled size axis: colour says
     the algorithm, line style the transport; peers are grey with crosses; the machine's
-    ceilings measured in the same run are dotted horizontal lines."""
+    ceilings measured in the same run are dotted horizontal lines. A footer names the machine,
+    the date and `command`, the command line that made it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,6 +172,8 @@ def plot(rows: list[Row], ceilings: dict, path: str) -> None:
                  "(nccl-tests definition)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0))
-    fig.tight_layout()
+    footer = machine_label() + (f"\n$ {command}" if command else "")
+    fig.text(0.01, 0.01, footer, fontsize=6.5, color="dimgrey", va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

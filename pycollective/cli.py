@@ -75,6 +75,9 @@ def _forwarded() -> dict[str, Forwarded]:
         "bench-ps": Forwarded(
             "parameter-server pull/push bandwidth and training steps per second",
             "pycollective.bench.ps_bench"),
+        "bench-figures": Forwarded(
+            "remake the pictures in docs/ (each labelled with its command, machine and date)",
+            "pycollective.bench.figures"),
         "ps-task": Forwarded(
             "run this process as the ps or worker task its TF_CONFIG names, until SIGTERM",
             "pycollective.strategies.parameter_server.server"),
