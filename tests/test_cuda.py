@@ -413,7 +413,7 @@ def test_device_collective_without_a_device_fails_cleanly(no_device):
     t = time.monotonic()
     with pytest.raises(pc.CudaError):
         c.allreduce(xs, inplace=True, algo="ring")
-    assert time.monotonic() - t < 10  # every replica was released, nobody waited for a timeout
+    assert time.monotonic() - t < 25  # every replica was released, nobody waited for the 30 s timeout
     with pytest.raises(pc.CudaError):  # allocating a result needs a device too
         pc.LocalCommunicator(2, timeout=30).allreduce(xs[:2])
 

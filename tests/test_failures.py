@@ -73,7 +73,11 @@ def test_dead_rank_is_reported_fast(how, transport):
         name, msg, seconds = res[r]
         assert name in ("RemoteError", "Aborted"), res[r]
         assert "rank 1" in msg, msg
-        assert seconds < 0.5 + 2.0, f"rank {r} took {seconds:.1f} s to notice"
+        # Noticed through the link or the abort broadcast (well under a second when the machine
+        # is idle); the bound only has to stay below the heartbeat window (10 s), which would
+        # mean the death went unnoticed until a rank stopped answering, with room for a loaded
+        # machine.
+        assert seconds < 8.0, f"rank {r} took {seconds:.1f} s to notice"
 
 
 @pytest.mark.timeout(60)
@@ -84,7 +88,11 @@ def test_dead_rank_during_a_fused_update_is_reported_fast():
         name, msg, seconds = res[r]
         assert name in ("RemoteError", "Aborted"), res[r]
         assert "rank 1" in msg, msg
-        assert seconds < 0.5 + 2.0, f"rank {r} took {seconds:.1f} s to notice"
+        # Noticed through the link or the abort broadcast (well under a second when the machine
+        # is idle); the bound only has to stay below the heartbeat window (10 s), which would
+        # mean the death went unnoticed until a rank stopped answering, with room for a loaded
+        # machine.
+        assert seconds < 8.0, f"rank {r} took {seconds:.1f} s to notice"
 
 
 def _frozen_rank(rank, n):

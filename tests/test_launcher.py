@@ -156,7 +156,7 @@ time.sleep(60)
 def test_a_failing_rank_stops_the_others_and_sets_the_exit_code():
     start = time.monotonic()
     result = run("-n", "3", sys.executable, "-c", SLEEPER, "1", "3")
-    assert time.monotonic() - start < 20  # not the others' 60 s
+    assert time.monotonic() - start < 40  # the others were stopped, not left to sleep 60 s
     assert result.returncode == 3
     assert "pycollective run: rank 1 exited with code 3; stopped the other ranks" in result.stderr
     pids = [int(text) for text in by_rank(result.stdout, "PID ").values()]
@@ -177,7 +177,7 @@ def test_a_rank_killed_by_a_signal_is_named():
 def test_timeout_stops_everything_with_124():
     start = time.monotonic()
     result = run("-n", "2", "--timeout", "1", sys.executable, "-c", SLEEPER, "-1", "0")
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 40  # stopped at --timeout, not after the ranks' 60 s
     assert result.returncode == 124
     assert "pycollective run: timed out after 1 s; stopped all ranks" in result.stderr
     assert_gone([int(text) for text in by_rank(result.stdout, "PID ").values()])

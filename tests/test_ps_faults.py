@@ -201,11 +201,13 @@ def test_killed_ps_raises_within_deadline_and_resumes_from_checkpoint(tasks, tmp
         coordinator.join()
     elapsed = time.monotonic() - start
     assert info.value.task == "/job:ps/replica:0/task:1"
-    assert elapsed < rpc_timeout + 3.0, elapsed
+    # At the RPC deadline (2 s) or sooner; the bound tells that from the closure timeout (20 s),
+    # with room for a loaded machine.
+    assert elapsed < rpc_timeout + 12.0, elapsed
     start = time.monotonic()
     with pytest.raises(UnavailableError, match="restore the last checkpoint"):
         v.read_value()  # the coordinator's own calls fail the same way
-    assert time.monotonic() - start < rpc_timeout + 3.0
+    assert time.monotonic() - start < rpc_timeout + 12.0
     coordinator.close()
 
     # The ps task is back (empty); like a restarted coordinator program, build the model again

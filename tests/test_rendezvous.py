@@ -264,7 +264,7 @@ def test_register_timeout_names_the_missing_ranks(make_service, make_client):
     start = time.monotonic()
     with pytest.raises(RendezvousError) as info:
         make_client(service.address, 0, timeout=1.0).register("a", {}, 3)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 20  # timeout=1.0 honoured, not the default wait
     message = str(info.value)
     assert info.value.code == "DEADLINE_EXCEEDED"
     assert "1 of 3 ranks registered" in message and "missing ranks [1, 2]" in message
@@ -368,7 +368,9 @@ def test_get_times_out_with_a_clear_error(make_service, make_client):
     with pytest.raises(RendezvousError) as info:
         client.get("never", timeout=1.0)
     elapsed = time.monotonic() - start
-    assert 0.9 <= elapsed < 3
+    # Not before the timeout; the upper bound only tells timeout=1.0 from a default wait, with
+    # room for a loaded machine.
+    assert 0.9 <= elapsed < 20
     message = str(info.value)
     assert message.startswith(f"rank 1: get('never') against the coordinator at {service.address}")
     assert "key 'never' was not set within 1.0 s" in message

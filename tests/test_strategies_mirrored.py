@@ -431,7 +431,7 @@ def test_a_replica_that_raises_releases_the_others():
     t0 = time.monotonic()
     with pytest.raises(KeyError, match="replica two failed") as info:
         s.run(fn)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # the others were released, not left to time out (60 s)
     assert "replica 2 of 4" in "".join(getattr(info.value, "__notes__", []))
     # The strategy is usable afterwards.
     out = s.run(lambda: ds.get_replica_context().all_reduce("SUM", np.ones(1)))
@@ -472,7 +472,7 @@ def test_a_replica_that_returns_early_fails_the_slot_at_once():
     with pytest.raises(ds.ReplicaFailed, match="replica 1 returned from its replica function "
                                                "without calling all_reduce"):
         s.run(fn)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # failed at once, not at the collective timeout (60 s)
 
 
 @pytest.mark.timeout(20)
@@ -510,7 +510,7 @@ def test_slow_replica_times_out_with_the_missing_replica_named(monkeypatch):
             s.run(fn)
         finally:
             release.set()
-    assert time.monotonic() - t0 < 8
+    assert time.monotonic() - t0 < 30  # the 0.5 s timeout fired, not the default 60 s
 
 
 @pytest.mark.timeout(20)
