@@ -1,0 +1,159 @@
+"""TPUMirroredVariable: one device array replicated over the strategy's mesh.
+
+Outside ``strategy.run`` the variable reads as a numpy copy of that array and its updates go to
+the devices at once. Inside ``run`` (while the replica step is traced) it reads as the step's
+current traced value, and its updates are recorded in the step (:mod:`.step`) and become outputs
+of the compiled program; the arrays are replaced when the program has run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import _tensors
+from ..reduce_util import ReduceOp
+from ..values import DistributedValues
+from ..variables import (
+    ComponentVariable,
+    DistributedVariable,
+    MirroredVariable,
+    VariableAggregation,
+    _readonly,
+)
+from . import step as _step
+
+
+class TPUMirroredVariable(MirroredVariable):
+    """A variable of TPUStrategy: one array, replicated on every device of the mesh.
+
+    Read it with ``value()``/``numpy()``, ``np.asarray(v)`` or, inside a replica function, as a
+    JAX value (``v.value()``, ``jnp.asarray(v)``, ``v @ x``). In a replica function every
+    replica's ``assign`` is combined by the variable's ``aggregation`` with XLA collectives (as
+    MirroredStrategy does with pycollective's); see docs/strategies.md.
+    """
+
+    def __init__(self, strategy: Any, initial: np.ndarray, name: str, trainable: bool,
+                 aggregation: VariableAggregation, synchronization: Any) -> None:
+        self._strategy = strategy
+        self._name = name
+        self._trainable = trainable
+        self._aggregation = aggregation
+        self._synchronization = synchronization
+        self._dtype = initial.dtype
+        self._shape = tuple(initial.shape)
+        self._initial_value = initial.copy()
+        # Created while a step is traced (optimizer slots on first use), the value stays on
+        # the host until the step's output (or the first use) puts it on the devices.
+        self._host_cache: np.ndarray | None = initial.copy()
+        self._device: Any = None if _step.current() is not None \
+            else strategy.extended._replicate(initial)
+        DistributedValues.__init__(self, [ComponentVariable(self, i)
+                                          for i in range(strategy.extended._num_local_replicas)])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def device_value(self) -> Any:
+        """The replicated ``jax.Array`` (a global array over the strategy's mesh)."""
+        return self._device_value
+
+    @property
+    def _device_value(self) -> Any:
+        if self._device is None:
+            self._device = self._strategy.extended._replicate(self._host_cache)
+        return self._device
+
+    def _set_device_value(self, array: Any) -> None:
+        self._device = array
+        self._host_cache = None
+
+    # Reading ------------------------------------------------------------------------------------
+
+    def _host(self) -> np.ndarray:
+        if self._host_cache is None:
+            # x64 off (JAX's default) stores int64/float64 as 32-bit: convert back.
+            self._host_cache = np.asarray(self._device_value).astype(self._dtype, copy=True)
+        return self._host_cache
+
+    @property
+    def _arrays(self) -> list[np.ndarray]:
+        """Each local replica's copy, as (read-only) numpy arrays."""
+        host = _readonly(self._host())
+        return [host] * len(self._values)
+
+    def value(self) -> Any:
+        """Inside a replica function: this replica's (traced) value. Otherwise a read-only numpy
+        copy of the variable."""
+        traced = _step.read(self)
+        if traced is not None:
+            return traced
+        return _readonly(self._host())
+
+    def _read_cross_replica(self) -> np.ndarray:
+        return self._host()
+
+    def _live(self) -> Any:
+        return self.value()
+
+    def __jax_array__(self) -> Any:
+        traced = _step.read(self)
+        return traced if traced is not None else self._device_value
+
+    # Writing ------------------------------------------------------------------------------------
+
+    def _update(self, kind: str, value: Any) -> None:
+        if _step.tracing_for(self._strategy):
+            _step.write(self, kind, value)
+            return
+        if isinstance(value, DistributedValues) and not isinstance(value, DistributedVariable):
+            value = self._aggregate(value, kind)
+        new = self._convert(value)
+        current = self._host()
+        if kind == "assign_add":
+            new = current + new
+        elif kind == "assign_sub":
+            new = current - new
+        self._restore_value(np.asarray(new, dtype=self._dtype))
+
+    def _aggregate(self, value: DistributedValues, kind: str) -> Any:
+        agg = self._aggregation
+        if agg == VariableAggregation.ONLY_FIRST_REPLICA:
+            return self._strategy.experimental_local_results(value)[0]
+        if agg == VariableAggregation.NONE:
+            if self._strategy.num_replicas_in_sync == 1:
+                return self._strategy.experimental_local_results(value)[0]
+            raise ValueError(f"Cannot {kind} TPUMirroredVariable {self._name!r} (aggregation "
+                             "NONE) with a PerReplica value: pass aggregation=SUM, MEAN or "
+                             "ONLY_FIRST_REPLICA to Variable(), or reduce the value first")
+        return self._strategy.reduce(ReduceOp.from_variable_aggregation(agg), value, axis=None)
+
+    def _convert(self, value: Any) -> np.ndarray:
+        if not isinstance(value, np.ndarray) and hasattr(value, "__array__") \
+                and not _tensors.is_torch(value):
+            value = np.asarray(value)
+        return super()._convert(value)
+
+    def _apply(self, index: int, kind: str, value: np.ndarray) -> None:
+        raise TypeError(
+            f"TPUMirroredVariable {self._name!r} is one array replicated on every device; a "
+            "single replica's copy cannot be updated on its own. Update the variable itself "
+            "(var.assign...), or use strategy.extended.update(var, fn), whose fn gets the "
+            "variable")
+
+    def _restore_value(self, value: np.ndarray) -> None:
+        self._set_device_value(self._strategy.extended._replicate(value))
+
+    def __repr__(self) -> str:
+        return (f"<TPUMirroredVariable {self._name!r} shape={self.shape} dtype={self.dtype} "
+                f"devices={self._strategy.num_replicas_in_sync} "
+                f"aggregation={self._aggregation.name}>")
+
+    __hash__ = object.__hash__
