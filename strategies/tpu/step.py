@@ -79,9 +79,14 @@ def write(var: DistributedVariable, kind: str, value: Any) -> None:
 
 
 def is_varying(x: Any) -> bool:
+    """Whether ``x`` may differ between replicas (shard_map's varying-axes type)."""
     import jax
 
-    return AXIS in getattr(jax.typeof(x), "vma", frozenset())
+    aval = jax.typeof(x)
+    vma = getattr(aval, "vma", None)  # jax < 0.9
+    if vma is None:
+        vma = aval.manual_axis_type.varying
+    return AXIS in vma
 
 
 class StepTrace:
@@ -102,7 +107,7 @@ class StepTrace:
         """The variable's current invariant value in this step."""
         key = id(var)
         if key not in self._values:
-            if not hasattr(var, "_device_value"):
+            if var.distribute_strategy is not self.strategy:
                 raise TypeError(f"variable {var.name!r} belongs to {var.distribute_strategy!r}, "
                                 f"not to {self.strategy!r}, whose step is being compiled")
             # Created while this step was traced (an optimizer's slots on first use): it
