@@ -390,7 +390,8 @@ def test_rerun_in_fresh_process():
                            os.path.abspath(__file__), "-k", "not rerun and not processes"],
                           env=env, capture_output=True, text=True, timeout=220, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " skipped" not in proc.stdout.splitlines()[-1] or "passed" in proc.stdout
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary, proc.stdout[-3000:]
 
 
 # Several processes -------------------------------------------------------------------------------
