@@ -405,7 +405,8 @@ class _Program:
         mapped = jax.shard_map(self._body, mesh=ext._mesh,
                                in_specs=(P(), P(step.AXIS), P(), P(step.AXIS)),
                                out_specs=(P(), P(step.AXIS), P()), check_vma=True)
-        self._jitted = jax.jit(mapped)
+        # The variables' old buffers are donated: XLA may write the new values in place.
+        self._jitted = jax.jit(mapped, donate_argnums=(0,))
 
     def _replica_step(self, state: tuple[Any, ...], sharded: list[Any], replicated: list[Any],
                       valid: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
