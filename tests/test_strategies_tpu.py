@@ -10,6 +10,7 @@ in a fresh interpreter with ``XLA_FLAGS=--xla_force_host_platform_device_count=8
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -196,6 +197,23 @@ def test_variable_updates_follow_their_aggregation():
     # cross-replica updates and reads
     plain.assign(np.array([3, 4], np.float32))
     assert np.asarray(plain).tolist() == [3, 4]
+
+
+@in_process
+def test_apply_gradients_in_cross_replica_context_and_results_fed_back():
+    s = strategy(4)
+    with s.scope():
+        w = ds.Variable(np.zeros(2, np.float32))
+        opt = ds.SGD(1.0)
+    opt.apply_gradients([(np.array([1, 2], np.float32), w)])  # plain: applied as it is
+    assert w.numpy().tolist() == [-1, -2]
+    per_replica = s.run(lambda: jax.numpy.full(
+        2, ds.get_replica_context().replica_id_in_sync_group, np.float32))
+    opt.apply_gradients([(per_replica, w)])  # PerReplica: averaged (MEAN) over replicas
+    assert w.numpy().tolist() == [-2.5, -3.5]
+    doubled = s.run(lambda v: 2 * v, args=(per_replica,))  # stays on the devices
+    assert [float(c[0]) for c in s.experimental_local_results(doubled)] == [0, 2, 4, 6]
+    assert int(opt.iterations.numpy()) == 2
 
 
 # Uneven batches ----------------------------------------------------------------------------------
@@ -444,3 +462,61 @@ def test_two_processes_with_pycollective_run_form_one_mesh(tmp_path):
                      for k, v in tm.init_params().items()}
     ds.Checkpoint(model=variables).restore(str(tmp_path / "mp.npz"))
     assert not np.allclose(variables["w1"].numpy(), 0)
+
+
+LIGHT_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    from pycollective import strategies as ds
+
+    s = ds.TPUStrategy()
+    rank = s.cluster_resolver.task_id
+    assert s.num_replicas_in_sync == 2 and s.extended._num_local_replicas == 1, s
+    with s.scope():
+        w = ds.Variable(np.zeros(2, np.float32))
+        opt = ds.SGD(1.0)
+    def step(x):
+        opt.apply_gradients([(x[0], w)])
+        return ds.get_replica_context().all_reduce("SUM", x[0])
+    batch = next(iter(s.experimental_distribute_dataset([np.array([[1, 2], [3, 4]], np.float32)])))
+    total = s.run(step, args=(batch,))
+    assert [np.asarray(c).tolist() for c in s.experimental_local_results(total)] == [[4, 6]]
+    assert w.numpy().tolist() == [-2, -3], w.numpy()
+    print(f"OK process {rank}", flush=True)
+""")
+
+
+@needs_jax
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("launcher", ["torchrun", "tf_config"])
+def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
+    from multiproc import free_port
+
+    script = tmp_path / "light.py"
+    script.write_text(LIGHT_SCRIPT)
+    port = free_port()
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("PYCOLLECTIVE_") and k not in ("TF_CONFIG", "RANK", "WORLD_SIZE")}
+    base.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    procs = []
+    for rank in range(2):
+        env = dict(base)
+        if launcher == "torchrun":
+            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        else:
+            env["TF_CONFIG"] = json.dumps({
+                "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
+                "task": {"type": "worker", "index": rank}})
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=str(tmp_path),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=70)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0 and f"OK process {rank}" in out, out[-4000:]

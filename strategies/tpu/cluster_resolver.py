@@ -9,6 +9,7 @@ every host's devices and one mesh spans them all.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from pycollective.rendezvous.cluster import ClusterSpec as _ProcessSpec
@@ -69,7 +70,10 @@ class TPUClusterResolver(ClusterResolver):
                              "tpu='local' instead")
         self.task_type = job_name
         self._job_name = job_name
-        self._process = _ProcessSpec.from_env()
+        # The cluster token authenticates pycollective's own connections; JAX's coordination
+        # service does not use it, so a launcher without one (torchrun) is fine here.
+        self._process = _ProcessSpec.from_env(
+            token=os.environ.get("PYCOLLECTIVE_TOKEN") or "not-used-by-jax")
         self._coordinator = coordinator_address
         if self._process.world_size > 1:
             self._coordinator = coordinator_address or format_address(

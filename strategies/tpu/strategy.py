@@ -315,7 +315,11 @@ def _prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any
     key = []
     for j, leaf in enumerate(flats[0]):
         column = [f[j] for f in flats]
-        if isinstance(leaf, DistributedValues) and not isinstance(leaf, DistributedVariable):
+        if isinstance(leaf, TPUPerReplica) and not scan:  # already on the devices
+            out.sharded.append(leaf.global_array)
+            out.kinds.append(("pr", None))
+            key.append(("pr", leaf.global_array.shape[1:], str(leaf.global_array.dtype)))
+        elif isinstance(leaf, DistributedValues) and not isinstance(leaf, DistributedVariable):
             per_step = []  # per step: this process's replicas' components, padded
             for value in column:
                 if not isinstance(value, DistributedValues) or len(value.values) != n_local:
