@@ -342,6 +342,12 @@ def test_untraceable_functions_raise_errors_that_name_the_limit():
         s.run(lambda: float(w.value().sum()))
     with pytest.raises(StepTraceError, match="traceable by JAX"):
         s.run(lambda: 1 if w.value().sum() > 0 else 0)
+    with pytest.raises(StepTraceError, match="v.value()"):
+        s.run(lambda: np.asarray(w))
+    # a variable stands where JAX wants an array
+    assert float(jax.numpy.sum(w)) == 2.0
+    grads = s.run(lambda: jax.grad(lambda v: jax.numpy.sum(v * 3))(w))
+    assert [np.asarray(g).tolist() for g in s.experimental_local_results(grads)] == [[3, 3]] * 2
     with pytest.raises(NotImplementedError, match="merge_call"):
         s.run(lambda: ds.get_replica_context().merge_call(lambda strat: None))
     with pytest.raises(NotImplementedError, match="ON_READ"):

@@ -30,7 +30,7 @@ from . import _jax, step
 from .cluster_resolver import TPUClusterResolver
 from .input_lib import TPUDistributedDataset
 from .values import PaddedPerReplica, TPUPerReplica
-from .variables import TPUMirroredVariable
+from .variables import TPUMirroredVariable, register_pytree
 
 logger = logging.getLogger("pycollective.strategies")
 
@@ -46,6 +46,7 @@ class TPUExtended(StrategyExtended):
         jax = _jax.require()
         from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+        register_pytree()
         self._container_strategy_ref = container_strategy
         self._resolver = resolver
         self._jax_devices = list(devices)

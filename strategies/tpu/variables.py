@@ -103,6 +103,13 @@ class TPUMirroredVariable(MirroredVariable):
     def _live(self) -> Any:
         return self.value()
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if _step.read(self) is not None:
+            raise _step.StepTraceError(
+                f"numpy read variable {self._name!r} inside a compiled TPUStrategy step, where "
+                "it is an abstract (traced) value; use v.value() or jax.numpy on it")
+        return super().__array__(dtype, copy)
+
     def __jax_array__(self) -> Any:
         traced = _step.read(self)
         return traced if traced is not None else self._device_value
@@ -157,3 +164,21 @@ class TPUMirroredVariable(MirroredVariable):
                 f"aggregation={self._aggregation.name}>")
 
     __hash__ = object.__hash__
+
+
+_registered: list[bool] = []
+
+
+def register_pytree() -> None:
+    """Lets a variable stand where JAX wants an array (``jnp.sum(v)``, ``jax.grad(f)(v)``):
+    as a pytree it flattens to its current value (traced inside a step) and rebuilds as that
+    value, not as a variable."""
+    if _registered:
+        return
+    import jax
+
+    jax.tree_util.register_pytree_node(
+        TPUMirroredVariable, lambda v: ((v.value() if _step.read(v) is not None
+                                         else v._device_value,), None),
+        lambda _, children: children[0])
+    _registered.append(True)
