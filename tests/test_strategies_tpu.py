@@ -526,3 +526,15 @@ def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
                 p.kill()
     for rank, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0 and f"OK process {rank}" in out, out[-4000:]
+
+
+@needs_jax
+@pytest.mark.timeout(120)
+def test_tpu_bench_runs():
+    """The benchmark sets its device count before importing JAX: a fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-m", "pycollective.bench.tpu_bench", "--replicas",
+                           "2", "--iters", "3", "--mib", "1", "--sizes", "4096"],
+                          capture_output=True, text=True, timeout=110, check=False,
+                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "TPUStrategy/Mirrored" in proc.stdout and "XLA/pycollective" in proc.stdout
