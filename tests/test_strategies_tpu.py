@@ -430,8 +430,8 @@ WORKER_SCRIPT = textwrap.dedent("""
     s = ds.TPUStrategy()
     rank = s.cluster_resolver.task_id
     assert s.num_replicas_in_sync == 4 and s.extended._num_local_replicas == 2, s
-    x, y = tm.digits(256)
-    batches = [(x[i:i + 64], y[i:i + 64]) for i in range(0, 256, 64)]
+    x, y = tm.digits(128)
+    batches = [(x[i:i + 64], y[i:i + 64]) for i in range(0, 128, 64)]
     p0 = tm.init_params()
     got, variables, opt = tm.strategy_train(ds, s, p0, batches, "adam", 0.01)
     want = tm.reference_train(p0, batches, "adam", 0.01)
@@ -526,15 +526,3 @@ def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
                 p.kill()
     for rank, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0 and f"OK process {rank}" in out, out[-4000:]
-
-
-@needs_jax
-@pytest.mark.timeout(120)
-def test_tpu_bench_runs():
-    """The benchmark sets its device count before importing JAX: a fresh interpreter."""
-    proc = subprocess.run([sys.executable, "-m", "pycollective.bench.tpu_bench", "--replicas",
-                           "2", "--iters", "3", "--mib", "1", "--sizes", "4096"],
-                          capture_output=True, text=True, timeout=110, check=False,
-                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert "TPUStrategy/Mirrored" in proc.stdout and "XLA/pycollective" in proc.stdout
