@@ -332,6 +332,26 @@ def test_run_steps_scans_a_block_of_steps():
 # What a compiled step cannot do ---------------------------------------------------------------
 
 @in_process
+def test_fn_is_traced_once_per_signature():
+    s = strategy(2)
+    with s.scope():
+        w = ds.Variable(np.zeros(3, np.float32))
+    traces = []
+
+    def fn(x, scale):
+        traces.append(x.shape)  # a Python side effect: at trace time only
+        w.assign_add(x.sum(axis=0) * scale, read_value=False)
+
+    for _ in range(3):
+        s.run(fn, args=(ds.PerReplica([np.ones((2, 3), np.float32)] * 2), 1.0))
+    assert traces == [(2, 3)]
+    s.run(fn, args=(ds.PerReplica([np.ones((4, 3), np.float32)] * 2), 1.0))  # new shape
+    s.run(fn, args=(ds.PerReplica([np.ones((2, 3), np.float32)] * 2), 2.0))  # new constant
+    assert traces == [(2, 3), (4, 3), (2, 3)]
+    assert w.numpy().tolist() == [3 * 2 + 4 + 4] * 3  # agg NONE: every replica added the same
+
+
+@in_process
 def test_untraceable_functions_raise_errors_that_name_the_limit():
     from pycollective.strategies.tpu import StepTraceError
 

@@ -57,7 +57,11 @@ class TPUExtended(StrategyExtended):
         self._sharded = NamedSharding(self._mesh, PartitionSpec(step.AXIS))
         me = jax.process_index()
         local = [i for i, d in enumerate(self._jax_devices) if d.process_index == me]
-        if not local or local != list(range(local[0], local[0] + len(local))):
+        if not local:
+            raise ValueError(f"process {me} has none of the {len(self._jax_devices)} assigned "
+                             "devices; every process of the job must own some replicas (assign "
+                             "devices of every process, or run fewer processes)")
+        if local != list(range(local[0], local[0] + len(local))):
             raise ValueError("each process's devices must be a contiguous run of the device "
                              f"assignment; process {me} has positions {local}")
         self._local_positions = local
