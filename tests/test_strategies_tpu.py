@@ -216,6 +216,41 @@ def test_apply_gradients_in_cross_replica_context_and_results_fed_back():
     assert int(opt.iterations.numpy()) == 2
 
 
+@in_process
+def test_sync_on_read_variables_count_per_replica_and_aggregate_on_read(tmp_path):
+    s = strategy(4)
+    with s.scope():
+        correct = ds.Variable(0.0, synchronization="ON_READ", aggregation="SUM",
+                              trainable=False, name="correct")
+        mean = ds.Variable(np.zeros(2, np.float32), synchronization="ON_READ",
+                           aggregation="MEAN", trainable=False, name="mean")
+
+    def count(x):
+        correct.assign_add(jax.numpy.sum(x))  # this replica's copy, no communication
+        mean.assign(jax.numpy.full(2, ds.get_replica_context().replica_id_in_sync_group,
+                                   np.float32))
+        return correct.value()  # this replica's running count
+
+    batches = [np.arange(8, dtype=np.float32), np.ones(8, np.float32)]
+    it = iter(s.experimental_distribute_dataset(batches))
+    s.run(count, args=(next(it),))
+    local = s.run(count, args=(next(it),))
+    assert [float(c) for c in s.experimental_local_results(local)] == [3, 7, 11, 15]
+    assert float(correct.numpy()) == 28 + 8  # SUM over replicas, on read
+    assert mean.numpy().tolist() == [1.5, 1.5]
+    path = ds.Checkpoint(correct=correct).write(str(tmp_path / "m.npz"))
+    correct.assign(4.0)  # cross-replica: spread so that the aggregate reads 4
+    assert float(correct.numpy()) == 4.0
+    assert [float(c) for c in s.experimental_local_results(correct)] == [1, 1, 1, 1]
+    ds.Checkpoint(correct=correct).restore(path)
+    assert float(correct.numpy()) == 36.0
+    with s.scope():
+        total = ds.Variable(0.0, synchronization="ON_READ", aggregation="SUM", trainable=False)
+    s.run_steps(lambda x: total.assign_add(jax.numpy.sum(x)),
+                s.experimental_distribute_dataset(batches), steps=2)
+    assert float(total.numpy()) == 36.0
+
+
 # Uneven batches ----------------------------------------------------------------------------------
 
 @in_process
@@ -370,9 +405,6 @@ def test_untraceable_functions_raise_errors_that_name_the_limit():
     assert [np.asarray(g).tolist() for g in s.experimental_local_results(grads)] == [[3, 3]] * 2
     with pytest.raises(NotImplementedError, match="merge_call"):
         s.run(lambda: ds.get_replica_context().merge_call(lambda strat: None))
-    with pytest.raises(NotImplementedError, match="ON_READ"):
-        with s.scope():
-            ds.Variable(0.0, synchronization="ON_READ", aggregation="SUM", trainable=False)
     with pytest.raises(NotImplementedError, match="spmd"):
         ds.TPUStrategy(experimental_spmd_xla_partitioning=True)
 

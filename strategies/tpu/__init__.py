@@ -10,7 +10,7 @@ from .cluster_resolver import TPUClusterResolver
 from .step import StepTraceError, TPUReplicaContext
 from .strategy import TPUExtended, TPUStrategy
 from .values import PaddedPerReplica, TPUPerReplica
-from .variables import TPUMirroredVariable
+from .variables import TPUMirroredVariable, TPUSyncOnReadVariable
 
 __all__ = [
     "PaddedPerReplica",
@@ -21,4 +21,5 @@ __all__ = [
     "TPUPerReplica",
     "TPUReplicaContext",
     "TPUStrategy",
+    "TPUSyncOnReadVariable",
 ]

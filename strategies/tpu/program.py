@@ -158,22 +158,25 @@ class Program:
 
         self._ext = ext
         self._fn = fn
-        self._variables = variables
+        # mirrored state is replicated (P()); sync-on-read state has one row per replica
+        self._mirrored = [v for v in variables if not v._per_replica]
+        self._on_read = [v for v in variables if v._per_replica]
         self._scan = scan
         self._template = prepared.template
         self._kinds = prepared.kinds
         self._has_valid = prepared.has_valid
         self.record: dict[str, Any] = {}
         mapped = jax.shard_map(self._body, mesh=ext._mesh,
-                               in_specs=(P(), P(step.AXIS), P(), P(step.AXIS)),
-                               out_specs=(P(), P(step.AXIS), P()), check_vma=True)
+                               in_specs=(P(), P(step.AXIS), P(step.AXIS), P(), P(step.AXIS)),
+                               out_specs=(P(), P(step.AXIS), P(step.AXIS), P()),
+                               check_vma=True)
         # The variables' old buffers are donated: XLA may write the new values in place.
-        self._jitted = jax.jit(mapped, donate_argnums=(0,))
+        self._jitted = jax.jit(mapped, donate_argnums=(0, 1))
 
-    def _replica_step(self, state: tuple[Any, ...], sharded: list[Any], replicated: list[Any],
-                      valid: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    def _replica_step(self, state: tuple[tuple[Any, ...], tuple[Any, ...]], sharded: list[Any],
+                      replicated: list[Any], valid: Any) -> Any:
         strategy = self._ext._container_strategy()
-        trace = step.StepTrace(strategy, self._variables, state,
+        trace = step.StepTrace(strategy, self._mirrored + self._on_read, state[0] + state[1],
                                valid if self._has_valid else None)
         it_s, it_r = iter(sharded), iter(replicated)
         leaves = [next(it_s) if kind == "pr" else next(it_r) if kind == "rep" else static
@@ -191,40 +194,50 @@ class Program:
                 kinds.append(("array", None))
                 arrays.append(jnp.asarray(leaf))
         variables, values = trace.final_state()
-        self.record.update(result=result, kinds=kinds, variables=variables,
-                           checks=trace.check_names)
-        return tuple(values), tuple(arrays), trace.checks()
+        groups: tuple[list[Any], list[Any]] = ([], [])
+        for var, value in zip(variables, values):
+            groups[bool(var._per_replica)].append((var, value))
+        self.record.update(result=result, kinds=kinds, checks=trace.check_names,
+                           mirrored=[v for v, _ in groups[0]], on_read=[v for v, _ in groups[1]])
+        new_state = (tuple(x for _, x in groups[0]), tuple(x for _, x in groups[1]))
+        return new_state, tuple(arrays), trace.checks()
 
-    def _body(self, state: tuple[Any, ...], sharded: tuple[Any, ...],
-              replicated: tuple[Any, ...], valid: Any) -> Any:
+    def _body(self, mirrored: tuple[Any, ...], on_read: tuple[Any, ...],
+              sharded: tuple[Any, ...], replicated: tuple[Any, ...], valid: Any) -> Any:
+        state = (mirrored, tuple(x[0] for x in on_read))
         sharded = [x[0] for x in sharded]
         valid = valid[0]
         if not self._scan:
             new_state, arrays, checks = self._replica_step(state, sharded, list(replicated),
                                                            valid)
-            return new_state, tuple(a[None] for a in arrays), checks
-        from jax import lax
+        else:
+            from jax import lax
 
-        def one(carry: Any, xs: Any) -> Any:
-            new_state, arrays, checks = self._replica_step(carry, list(xs[0]), list(xs[1]),
-                                                           xs[2])
-            return new_state, (arrays, checks)
+            def one(carry: Any, xs: Any) -> Any:
+                new_state, arrays, checks = self._replica_step(carry, list(xs[0]), list(xs[1]),
+                                                               xs[2])
+                return new_state, (arrays, checks)
 
-        state, (arrays, checks) = lax.scan(one, state, (tuple(sharded), tuple(replicated),
-                                                        valid))
-        return state, tuple(a[-1][None] for a in arrays), step.jnp().all(checks, axis=0)
+            new_state, (arrays, checks) = lax.scan(
+                one, state, (tuple(sharded), tuple(replicated), valid))
+            arrays = tuple(a[-1] for a in arrays)
+            checks = step.jnp().all(checks, axis=0)
+        return (new_state[0], tuple(x[None] for x in new_state[1]),
+                tuple(a[None] for a in arrays), checks)
 
     def _args(self, prepared: Prepared) -> tuple[Any, ...]:
-        state = tuple(v._device_value for v in self._variables)
-        return state, tuple(prepared.sharded), tuple(prepared.replicated), prepared.valid
+        return (tuple(v._device_value for v in self._mirrored),
+                tuple(v._device_value for v in self._on_read),
+                tuple(prepared.sharded), tuple(prepared.replicated), prepared.valid)
 
     def trace_only(self, prepared: Prepared) -> None:
         """Traces the program without compiling or running it."""
         _jax.require().eval_shape(self._jitted, *self._args(prepared))
 
     def __call__(self, prepared: Prepared) -> Any:
-        new_state, arrays, checks = self._jitted(*self._args(prepared))
-        for var, value in zip(self.record["variables"], new_state):
+        mirrored, on_read, arrays, checks = self._jitted(*self._args(prepared))
+        for var, value in zip(self.record["mirrored"] + self.record["on_read"],
+                              mirrored + on_read):
             var._set_device_value(value)
         if self.record["checks"]:
             ok = np.asarray(checks)

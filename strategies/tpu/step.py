@@ -70,7 +70,8 @@ def read(var: DistributedVariable) -> Any:
     trace = current()
     if trace is None or trace.strategy is not var.distribute_strategy:
         return None
-    return _lax().pcast(trace.get(var), AXIS, to="varying")
+    value = trace.get(var)
+    return value if var._per_replica else _lax().pcast(value, AXIS, to="varying")
 
 
 def write(var: DistributedVariable, kind: str, value: Any) -> None:
@@ -113,7 +114,10 @@ class StepTrace:
             # Created while this step was traced (an optimizer's slots on first use): it
             # enters the step as a constant and leaves it as an output.
             self._vars[key] = var
-            self._values[key] = jnp().asarray(var._host(), dtype=self._jax_dtype(var))
+            value = jnp().asarray(var._initial_value, dtype=self._jax_dtype(var))
+            if var._per_replica:  # every replica's own copy
+                value = _lax().pcast(value, AXIS, to="varying")
+            self._values[key] = value
         return self._values[key]
 
     def set(self, var: DistributedVariable, value: Any) -> None:
@@ -123,7 +127,10 @@ class StepTrace:
         if value.shape != var.shape:
             raise ValueError(f"cannot update variable {var.name!r} of shape {var.shape} with a "
                              f"value of shape {value.shape}")
-        self._values[id(var)] = value.astype(self._jax_dtype(var))
+        value = value.astype(self._jax_dtype(var))
+        if var._per_replica and not is_varying(value):
+            value = _lax().pcast(value, AXIS, to="varying")  # the carry keeps one type
+        self._values[id(var)] = value
 
     @staticmethod
     def _jax_dtype(var: DistributedVariable) -> Any:
@@ -137,7 +144,9 @@ class StepTrace:
         v = jnp().asarray(value, dtype=self._jax_dtype(var))
         agg = var.aggregation
         varying = is_varying(v)
-        if agg in (VariableAggregation.SUM, VariableAggregation.MEAN):
+        if var._per_replica:  # sync on read: each replica updates its own copy
+            pass
+        elif agg in (VariableAggregation.SUM, VariableAggregation.MEAN):
             # An invariant value counts as the same value passed by every replica (tf's rule:
             # SUM gives N times it), which is what psum of an invariant value computes.
             v = (lax.psum if agg == VariableAggregation.SUM else lax.pmean)(v, AXIS)

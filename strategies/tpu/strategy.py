@@ -31,7 +31,7 @@ from .cluster_resolver import TPUClusterResolver
 from .input_lib import TPUDistributedDataset
 from .program import Program, canonical, host_array, prepare, same_shape_runs
 from .values import TPUPerReplica
-from .variables import TPUMirroredVariable, register_pytree
+from .variables import TPUMirroredVariable, TPUSyncOnReadVariable, register_pytree
 
 logger = logging.getLogger("pycollective.strategies")
 
@@ -143,14 +143,11 @@ class TPUExtended(StrategyExtended):
                          aggregation: VariableAggregation,
                          synchronization: VariableSynchronization,
                          broadcast_initial: bool = True) -> DistributedVariable:
-        if synchronization == VariableSynchronization.ON_READ:
-            raise NotImplementedError(
-                f"Variable {name!r}: TPUStrategy does not support "
-                "VariableSynchronization.ON_READ (sync-on-read variables, e.g. metrics) yet; "
-                "return per-replica values from run and reduce them with strategy.reduce")
         # Every process computes the same initial value (the program is the same everywhere);
         # unlike MultiWorkerMirroredStrategy nothing is broadcast.
-        var = TPUMirroredVariable(self._container_strategy(),
+        cls = TPUSyncOnReadVariable if synchronization == VariableSynchronization.ON_READ \
+            else TPUMirroredVariable
+        var = cls(self._container_strategy(),
                                   np.array(initial, copy=True, order="C"), name, trainable,
                                   aggregation, synchronization)
         self._created.add(var)

@@ -34,6 +34,9 @@ class TPUMirroredVariable(MirroredVariable):
     MirroredStrategy does with pycollective's); see docs/strategies.md.
     """
 
+    #: the step state is one array for all replicas (sync-on-read: one row per replica)
+    _per_replica = False
+
     def __init__(self, strategy: Any, initial: np.ndarray, name: str, trainable: bool,
                  aggregation: VariableAggregation, synchronization: Any) -> None:
         self._strategy = strategy
@@ -47,8 +50,7 @@ class TPUMirroredVariable(MirroredVariable):
         # Created while a step is traced (optimizer slots on first use), the value stays on
         # the host until the step's output (or the first use) puts it on the devices.
         self._host_cache: np.ndarray | None = initial.copy()
-        self._device: Any = None if _step.current() is not None \
-            else strategy.extended._replicate(initial)
+        self._device: Any = None if _step.current() is not None else self._place(initial)
         DistributedValues.__init__(self, [ComponentVariable(self, i)
                                           for i in range(strategy.extended._num_local_replicas)])
 
@@ -68,8 +70,12 @@ class TPUMirroredVariable(MirroredVariable):
     @property
     def _device_value(self) -> Any:
         if self._device is None:
-            self._device = self._strategy.extended._replicate(self._host_cache)
+            self._device = self._place(self._initial_value)
         return self._device
+
+    def _place(self, value: np.ndarray) -> Any:
+        """The device array holding ``value`` as every replica's copy."""
+        return self._strategy.extended._replicate(value)
 
     def _set_device_value(self, array: Any) -> None:
         self._device = array
@@ -156,7 +162,7 @@ class TPUMirroredVariable(MirroredVariable):
             "variable")
 
     def _restore_value(self, value: np.ndarray) -> None:
-        self._set_device_value(self._strategy.extended._replicate(value))
+        self._set_device_value(self._place(value))
 
     def __repr__(self) -> str:
         return (f"<TPUMirroredVariable {self._name!r} shape={self.shape} dtype={self.dtype} "
@@ -165,6 +171,85 @@ class TPUMirroredVariable(MirroredVariable):
 
     __hash__ = object.__hash__
 
+
+
+class TPUSyncOnReadVariable(TPUMirroredVariable):
+    """A sync-on-read variable of TPUStrategy (``synchronization=ON_READ``, e.g. a metric).
+
+    Every replica keeps its own copy: one global array ``(replicas, *shape)`` sharded over the
+    mesh. Inside a replica function a replica reads and updates its copy without communication;
+    outside, a read aggregates the copies with XLA (SUM, MEAN, or replica 0's copy for
+    ONLY_FIRST_REPLICA). A cross-replica ``assign(v)`` sets the copies so that the aggregate
+    reads ``v`` (each copy ``v / n`` for SUM).
+    """
+
+    _per_replica = True
+
+    def _place(self, value: np.ndarray) -> Any:
+        ext = self._strategy.extended
+        host = np.asarray(value)
+        return ext._shard_rows([host[None]] * ext._num_local_replicas)
+
+    def _copies(self) -> tuple[Any, ...]:
+        from .values import TPUPerReplica
+
+        return TPUPerReplica(self._device_value, self._strategy.extended._local_positions).values
+
+    @property
+    def _arrays(self) -> list[np.ndarray]:
+        return [_readonly(np.asarray(c).astype(self._dtype)) for c in self._copies()]
+
+    def _host(self) -> np.ndarray:
+        if self._host_cache is None:
+            self._host_cache = self._aggregate_copies()
+        return self._host_cache
+
+    def _aggregate_copies(self) -> np.ndarray:
+        from . import reductions
+
+        agg = self._aggregation
+        if agg == VariableAggregation.ONLY_FIRST_REPLICA:
+            value = np.asarray(self._device_value[0])  # global replica 0's copy
+        elif agg == VariableAggregation.NONE:
+            raise ValueError(f"Cannot read SyncOnReadVariable {self._name!r} in a cross-replica "
+                             "context: its aggregation is NONE; create it with aggregation="
+                             "VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA")
+        else:
+            value = np.asarray(reductions.reduce_global(
+                self._device_value, ReduceOp.from_variable_aggregation(agg), None))
+        return value.astype(self._dtype)
+
+    def _checkpoint_value(self) -> np.ndarray:
+        if self._aggregation == VariableAggregation.NONE:
+            return np.asarray(self._copies()[0]).astype(self._dtype)
+        return self._host().copy()
+
+    def _update(self, kind: str, value: Any) -> None:
+        if _step.tracing_for(self._strategy):
+            _step.write(self, kind, value)
+            return
+        if kind != "assign" and self._aggregation == VariableAggregation.SUM:
+            raise ValueError(f"SyncOnReadVariable does not support `{kind}` in cross-replica "
+                             "context when aggregation is set to VariableAggregation.SUM "
+                             f"(variable {self._name!r}); use assign, or update it inside run")
+        new = self._convert(value)
+        if kind == "assign":
+            self._restore_value(new)
+            return
+        delta = self._strategy.extended._replicate(new if kind == "assign_add" else -new)
+        self._set_device_value(self._device_value + delta)
+
+    def _restore_value(self, value: np.ndarray) -> None:
+        if self._aggregation == VariableAggregation.SUM:
+            value = np.asarray(value / self._strategy.num_replicas_in_sync).astype(self._dtype)
+        self._set_device_value(self._place(value))
+
+    def __repr__(self) -> str:
+        return (f"<TPUSyncOnReadVariable {self._name!r} shape={self.shape} dtype={self.dtype} "
+                f"replicas={self._strategy.num_replicas_in_sync} "
+                f"aggregation={self._aggregation.name}>")
+
+    __hash__ = object.__hash__
 
 _registered: list[bool] = []
 
@@ -177,8 +262,10 @@ def register_pytree() -> None:
         return
     import jax
 
-    jax.tree_util.register_pytree_node(
-        TPUMirroredVariable, lambda v: ((v.value() if _step.read(v) is not None
-                                         else v._device_value,), None),
-        lambda _, children: children[0])
+    for cls in (TPUMirroredVariable, TPUSyncOnReadVariable):
+        jax.tree_util.register_pytree_node(
+            cls, lambda v: ((v.value() if _step.read(v) is not None
+                             else jax.numpy.asarray(v._host()) if v._per_replica
+                             else v._device_value,), None),
+            lambda _, children: children[0])
     _registered.append(True)
