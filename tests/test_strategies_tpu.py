@@ -224,11 +224,14 @@ def test_sync_on_read_variables_count_per_replica_and_aggregate_on_read(tmp_path
                               trainable=False, name="correct")
         mean = ds.Variable(np.zeros(2, np.float32), synchronization="ON_READ",
                            aggregation="MEAN", trainable=False, name="mean")
+        first = ds.Variable(0.0, synchronization="ON_READ", aggregation="ONLY_FIRST_REPLICA",
+                            trainable=False, name="first")
 
     def count(x):
         correct.assign_add(jax.numpy.sum(x))  # this replica's copy, no communication
         mean.assign(jax.numpy.full(2, ds.get_replica_context().replica_id_in_sync_group,
                                    np.float32))
+        first.assign(ds.get_replica_context().replica_id_in_sync_group + 7.0)
         return correct.value()  # this replica's running count
 
     batches = [np.arange(8, dtype=np.float32), np.ones(8, np.float32)]
@@ -238,6 +241,7 @@ def test_sync_on_read_variables_count_per_replica_and_aggregate_on_read(tmp_path
     assert [float(c) for c in s.experimental_local_results(local)] == [3, 7, 11, 15]
     assert float(correct.numpy()) == 28 + 8  # SUM over replicas, on read
     assert mean.numpy().tolist() == [1.5, 1.5]
+    assert float(first.numpy()) == 7.0
     path = ds.Checkpoint(correct=correct).write(str(tmp_path / "m.npz"))
     correct.assign(4.0)  # cross-replica: spread so that the aggregate reads 4
     assert float(correct.numpy()) == 4.0

@@ -57,3 +57,12 @@ def _replicated_like(global_array: Any) -> Any:
     from jax.sharding import NamedSharding, PartitionSpec
 
     return NamedSharding(global_array.sharding.mesh, PartitionSpec())
+
+
+def first_row(global_array: Any) -> Any:
+    """Global replica 0's row, replicated (works when that row lives in another process)."""
+    jax = _jax.require()
+    fn = _REDUCERS.get("first")
+    if fn is None:
+        fn = _REDUCERS["first"] = jax.jit(lambda x: x[0])
+    return jax.device_put(fn(global_array), _replicated_like(global_array))

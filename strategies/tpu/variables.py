@@ -209,7 +209,7 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
 
         agg = self._aggregation
         if agg == VariableAggregation.ONLY_FIRST_REPLICA:
-            value = np.asarray(self._device_value[0])  # global replica 0's copy
+            value = np.asarray(reductions.first_row(self._device_value))
         elif agg == VariableAggregation.NONE:
             raise ValueError(f"Cannot read SyncOnReadVariable {self._name!r} in a cross-replica "
                              "context: its aggregation is NONE; create it with aggregation="
