@@ -431,6 +431,20 @@ def test_cluster_resolver_wraps_the_local_devices(caplog):
         ds.TPUClusterResolver(zone="us-central1-b")
 
 
+@in_process
+@pytest.mark.timeout(120)
+def test_example_trains_digits(capsys):
+    import runpy
+
+    examples = os.path.join(os.path.dirname(HERE), "examples")
+    main = runpy.run_path(os.path.join(examples, "train_digits_tpu.py"))["main"]
+    accuracy = main(["--cpu-devices", "0", "--replicas", "4", "--epochs", "2",
+                     "--steps-per-execution", "3"])
+    out = capsys.readouterr().out
+    assert "TPUStrategy: 4 replicas" in out and "epoch   2" in out
+    assert accuracy >= 0.9, out
+
+
 # Without JAX, and in a fresh interpreter --------------------------------------------------------
 
 NO_JAX_SCRIPT = textwrap.dedent("""
