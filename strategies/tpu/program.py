@@ -172,6 +172,7 @@ class Program:
                                check_vma=True)
         # The variables' old buffers are donated: XLA may write the new values in place.
         self._jitted = jax.jit(mapped, donate_argnums=(0, 1))
+        self._compiled: Any = None
 
     def _replica_step(self, state: tuple[tuple[Any, ...], tuple[Any, ...]], sharded: list[Any],
                       replicated: list[Any], valid: Any) -> Any:
@@ -230,12 +231,24 @@ class Program:
                 tuple(v._device_value for v in self._on_read),
                 tuple(prepared.sharded), tuple(prepared.replicated), prepared.valid)
 
+    def compile(self, prepared: Prepared) -> bool:
+        """Traces ``fn`` and compiles the program (ahead of time, one trace). Returns False,
+        without compiling, when the trace created variables: the program must then be built
+        again with them as inputs."""
+        version = self._ext._variables_version
+        traced = self._jitted.trace(*self._args(prepared))
+        if self._ext._variables_version != version:
+            return False
+        self._compiled = traced.lower().compile()
+        return True
+
     def trace_only(self, prepared: Prepared) -> None:
         """Traces the program without compiling or running it."""
         _jax.require().eval_shape(self._jitted, *self._args(prepared))
 
     def __call__(self, prepared: Prepared) -> Any:
-        mirrored, on_read, arrays, checks = self._jitted(*self._args(prepared))
+        run = self._compiled if self._compiled is not None else self._jitted
+        mirrored, on_read, arrays, checks = run(*self._args(prepared))
         for var, value in zip(self.record["mirrored"] + self.record["on_read"],
                               mirrored + on_read):
             var._set_device_value(value)

@@ -254,6 +254,15 @@ class TPUExtended(StrategyExtended):
             program = self._programs.get(key)
         if program is None:
             program = Program(self, fn, prepared, variables, scan)
+            if not program.compile(prepared):
+                # The trace created variables (optimizer slots on first use): compile once,
+                # with them as inputs and outputs.
+                variables = self._live_variables()
+                key = (fn, prepared.key, self._variables_version, len(inputs) if scan else None)
+                program = Program(self, fn, prepared, variables, scan)
+                if not program.compile(prepared):
+                    raise RuntimeError(f"{getattr(fn, '__name__', fn)!r} creates new variables "
+                                       "each time it is traced; create them in scope()")
         outputs = program(prepared)
         self._programs[key] = program
         self._programs.move_to_end(key)
