@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> float:
     rng = np.random.default_rng(1)
     with strategy.scope():
         params = {
-            "w1": Variable((rng.normal(size=(64, args.hidden)) * 0.1).astype(np.float32), name="w1"),
+            "w1": Variable((rng.normal(size=(64, args.hidden)) * 0.1).astype(np.float32),
+                           name="w1"),
             "b1": Variable(np.zeros(args.hidden, np.float32), name="b1"),
             "w2": Variable((rng.normal(size=(args.hidden, 10)) * 0.1).astype(np.float32),
                            name="w2"),

@@ -83,7 +83,7 @@ def test_digits_mlp_reaches_single_device_parameters(replicas, opt, lr):
     assert not np.allclose(got["w1"], p0["w1"])
 
 
-# The gradient trap ---------------------------------------------------------------------------------
+# The gradient trap -----------------------------------------------------------------------------
 
 def _one_sgd_step(s: ds.TPUStrategy, x: np.ndarray) -> np.ndarray:
     with s.scope():

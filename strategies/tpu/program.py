@@ -61,7 +61,7 @@ class Prepared:
 
 
 def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]]],
-             scan: bool) -> Prepared:
+            scan: bool) -> Prepared:
     """Places the arguments of one call (``scan``: of several steps, stacked on a new axis 1 for
     per-replica values and axis 0 for replicated ones)."""
     out = Prepared()
