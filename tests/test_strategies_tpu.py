@@ -162,6 +162,16 @@ def test_collectives_reduce_gather_and_local_results():
     assert float(s.reduce("SUM", v, axis=0)) == 18
     assert float(s.reduce("MEAN", v, axis=0)) == 18 / 8
     assert np.asarray(s.gather(v, axis=0)).tolist() == [0, 0, 1, 2, 2, 4, 3, 6]
+    # extended's cross-replica members
+    ext = s.extended
+    assert np.asarray(ext.reduce_to("SUM", v, "/cpu:0")).tolist() == [6, 12]
+    assert [np.asarray(r).tolist() for r in ext.batch_reduce_to(
+        "MEAN", [(v, None), (total, None)])] == [[1.5, 3], [6, 12]]
+    assert np.asarray(ext.broadcast_to(np.arange(3), None)).tolist() == [0, 1, 2]
+    with s.scope():
+        w = ds.Variable(np.ones(2, np.float32))
+    ext.update(w, lambda var, d: var.assign_add(d), args=(np.full(2, 2, np.float32),))
+    assert w.numpy().tolist() == [3, 3]
     # tf's rules for values that are not distributed
     assert np.asarray(s.reduce("MEAN", np.ones(2, np.float32))).tolist() == [1, 1]
     with pytest.raises(ValueError, match="SUM"):
@@ -294,6 +304,26 @@ def test_uneven_last_batch_is_padded_and_masked():
     np.testing.assert_array_equal(np.concatenate([p[:n] for p, n in zip(parts, [3, 3, 2, 2])]),
                                   x[64:])
     assert_params_close({k: v.numpy() for k, v in variables.items()}, want)
+
+
+@in_process
+def test_datasets_from_function_pad_the_replicas_whose_pipeline_ended():
+    s = strategy(4)
+    contexts = []
+
+    def dataset_fn(ctx):
+        contexts.append(ctx)
+        return [np.full((2, 3), i, np.float32) for i in range(6)]  # 6 per-replica batches
+
+    def fn(x):
+        ctx = ds.get_replica_context()
+        return ctx.experimental_valid_rows, jax.numpy.sum(x)
+
+    outs = [s.run(fn, args=(x,)) for x in s.distribute_datasets_from_function(dataset_fn)]
+    assert contexts[0].num_replicas_in_sync == 4 and contexts[0].num_input_pipelines == 1
+    rows, sums = outs[-1]  # the second step got batches 4 and 5, then the pipeline ended
+    assert [int(r) for r in s.experimental_local_results(rows)] == [2, 2, 0, 0]
+    assert [float(t) for t in s.experimental_local_results(sums)] == [24, 30, 0, 0]
 
 
 # Checkpoints: one format for every strategy -----------------------------------------------------
