@@ -437,6 +437,9 @@ def test_untraceable_functions_raise_errors_that_name_the_limit():
     assert float(jax.numpy.sum(w)) == 2.0
     grads = s.run(lambda: jax.grad(lambda v: jax.numpy.sum(v * 3))(w))
     assert [np.asarray(g).tolist() for g in s.experimental_local_results(grads)] == [[3, 3]] * 2
+    other = strategy(2)
+    with pytest.raises(ValueError, match="its own strategy's variables"):
+        other.run(lambda: w.value() + 1)
     with pytest.raises(NotImplementedError, match="merge_call"):
         s.run(lambda: ds.get_replica_context().merge_call(lambda strat: None))
     with pytest.raises(NotImplementedError, match="spmd"):

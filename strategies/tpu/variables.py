@@ -101,6 +101,11 @@ class TPUMirroredVariable(MirroredVariable):
         traced = _step.read(self)
         if traced is not None:
             return traced
+        trace = _step.current()
+        if trace is not None:
+            raise ValueError(f"variable {self._name!r} belongs to {self._strategy!r}, but a step "
+                             f"of {trace.strategy!r} is being compiled; a step can only use its "
+                             "own strategy's variables")
         return _readonly(self._host())
 
     def _read_cross_replica(self) -> np.ndarray:
