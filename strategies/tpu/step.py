@@ -128,6 +128,10 @@ class StepTrace:
             raise ValueError(f"cannot update variable {var.name!r} of shape {var.shape} with a "
                              f"value of shape {value.shape}")
         value = value.astype(self._jax_dtype(var))
+        if not var._per_replica and is_varying(value):
+            raise ValueError(f"the new value of mirrored variable {var.name!r} may differ "
+                             "between replicas (it depends on per-replica data); all-reduce it "
+                             "first, or assign through the variable's aggregation")
         if var._per_replica and not is_varying(value):
             value = _lax().pcast(value, AXIS, to="varying")  # the carry keeps one type
         self._values[id(var)] = value
