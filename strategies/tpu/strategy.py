@@ -147,9 +147,8 @@ class TPUExtended(StrategyExtended):
         # unlike MultiWorkerMirroredStrategy nothing is broadcast.
         cls = TPUSyncOnReadVariable if synchronization == VariableSynchronization.ON_READ \
             else TPUMirroredVariable
-        var = cls(self._container_strategy(),
-                                  np.array(initial, copy=True, order="C"), name, trainable,
-                                  aggregation, synchronization)
+        var = cls(self._container_strategy(), np.array(initial, copy=True, order="C"), name,
+                  trainable, aggregation, synchronization)
         self._created.add(var)
         self._variables.append(weakref.ref(var))
         self._variables_version += 1
@@ -297,7 +296,7 @@ class TPUStrategy(Strategy):
             devices of this job; in a multi-process job it joins the processes with
             ``jax.distributed.initialize`` first).
         experimental_device_assignment: which devices are replicas: None (all of them), a
-            number ``n`` (the first n devices of each... of the job, in process order), or a
+            number ``n`` (the first n devices of the job, in process order), or a
             sequence of ``jax.Device``. tf's ``DeviceAssignment`` objects are accepted when
             they have ``num_replicas`` (the first that many devices).
         experimental_spmd_xla_partitioning: model parallelism inside a replica; not
