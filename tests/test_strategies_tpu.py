@@ -507,6 +507,15 @@ def test_without_jax_the_rest_works_and_tpu_strategy_names_the_extra():
 
 
 @needs_jax
+def test_a_jax_without_shard_map_is_refused_by_name(monkeypatch):
+    from pycollective.strategies.tpu import _jax
+
+    monkeypatch.delattr(jax.lax, "pcast")
+    with pytest.raises(ImportError, match="newer JAX.*jax.lax.pcast"):
+        _jax.require()
+
+
+@needs_jax
 @pytest.mark.timeout(240)
 def test_rerun_in_fresh_process():
     if WHY_NOT is None:
