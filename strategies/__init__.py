@@ -158,3 +158,8 @@ __all__ += [
     "Server",
     "ShardedVariable",
 ]
+
+# TPUStrategy (strategies/tpu/): JAX/XLA, imported lazily (pip install "pycollective[tpu]").
+from .tpu import TPUClusterResolver, TPUStrategy  # noqa: E402
+
+__all__ += ["TPUClusterResolver", "TPUStrategy"]

@@ -172,6 +172,10 @@ class Optimizer:
         self._bind(strategy)
         variables = [v for _, v in pairs]
         grads = [g for g, _ in pairs]
+        compiled = getattr(strategy.extended, "_compiled_apply_gradients", None)
+        if compiled is not None:  # TPUStrategy: the update is part of the compiled XLA step
+            compiled(self, grads, variables, skip_gradients_aggregation)
+            return self.iterations
         ctx = _context.get_replica_context()
         in_replica = ctx is not None and ctx.strategy is strategy
         if in_replica:
@@ -287,6 +291,23 @@ class Optimizer:
         """Updates ``var`` (one replica's copy) in place."""
         raise NotImplementedError
 
+    def _functional_update(self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any,
+                           xp: Any) -> tuple[Any, dict[str, Any]]:
+        """The same rule as ``_update_step`` without mutation, for compiled steps
+        (TPUStrategy): returns ``(new_var, new_slots)``. ``xp`` is the array module (jax.numpy);
+        ``lr`` and ``step`` may be traced scalars."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no functional update rule, so it cannot update "
+            "variables inside a compiled TPUStrategy step; use SGD or Adam, or define "
+            "_functional_update")
+
+    def _check_functional(self, owner: type) -> None:
+        if self._overrides_update_step(owner):
+            raise NotImplementedError(
+                f"{type(self).__name__} overrides _update_step, which a compiled TPUStrategy "
+                "step cannot run (it updates numpy arrays in place); override "
+                "_functional_update too, with the same arithmetic on jax arrays")
+
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "learning_rate": self.learning_rate,
                 "gradient_aggregation": self.gradient_aggregation.name,
@@ -324,6 +345,16 @@ class SGD(Optimizer):
             var += mom * m - lr_t * grad
         else:
             var += m
+
+    def _functional_update(self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any,
+                           xp: Any) -> tuple[Any, dict[str, Any]]:
+        self._check_functional(SGD)
+        if self.momentum == 0:
+            return var - lr * grad, {}
+        m = self.momentum * slots["momentum"] - lr * grad
+        if self.nesterov:
+            return var + (self.momentum * m - lr * grad), {"momentum": m}
+        return var + m, {"momentum": m}
 
     def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
         if self._overrides_update_step(SGD):
@@ -369,6 +400,15 @@ class Adam(Optimizer):
         return "adam", fused_update.Hyper(lr=self._step_size(self._lr(step), step),
                                           beta_1=self.beta_1, beta_2=self.beta_2,
                                           epsilon=self.epsilon)
+
+    def _functional_update(self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any,
+                           xp: Any) -> tuple[Any, dict[str, Any]]:
+        self._check_functional(Adam)
+        t = (step + 1).astype(var.dtype)
+        alpha = lr * xp.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+        m = slots["m"] + (grad - slots["m"]) * (1 - self.beta_1)
+        v = slots["v"] + (grad * grad - slots["v"]) * (1 - self.beta_2)
+        return var - alpha * m / (xp.sqrt(v) + self.epsilon), {"m": m, "v": v}
 
     def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
                      lr: float, step: int) -> None:
