@@ -75,6 +75,9 @@ def _forwarded() -> dict[str, Forwarded]:
         "bench-ps": Forwarded(
             "parameter-server pull/push bandwidth and training steps per second",
             "pycollective.bench.ps_bench"),
+        "bench-tpu": Forwarded(
+            "TPUStrategy on forced host devices vs MirroredStrategy; XLA psum vs our allreduce",
+            "pycollective.bench.tpu_bench"),
         "bench-figures": Forwarded(
             "remake the pictures in docs/ (each labelled with its command, machine and date)",
             "pycollective.bench.figures"),
