@@ -65,7 +65,7 @@ from .mirrored import MirroredStrategy
 from .multi_worker import MultiWorkerMirroredStrategy
 from .optimizers import SGD, Adam, Optimizer
 from .reduce_util import ReduceOp
-from .rendezvous import ReplicaFailed
+from .collective_slots import ReplicaFailed
 from .strategy import ReplicaContext, Strategy, StrategyExtended
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (

@@ -46,7 +46,7 @@ SEND_ALONE_BYTES = 256 << 10
 
 
 def default_timeout() -> float:
-    """Seconds a collective (and a rendezvous) may wait: PYCOLLECTIVE_TIMEOUT or 300."""
+    """Seconds a collective (and a replicas' collective slot) may wait: PYCOLLECTIVE_TIMEOUT or 300."""
     return _config.default_timeout()
 
 

@@ -303,5 +303,5 @@ def _check_key(name: str) -> None:
 def _require_cross_replica(what: str) -> None:
     frame = _context.current_frame()
     if frame is not None and frame.replica_context is not None \
-            and frame.replica_context._rendezvous is not None:
+            and frame.replica_context._collective_slots is not None:
         raise RuntimeError(f"Checkpoint.{what}() must be called outside strategy.run()")

@@ -3,7 +3,7 @@
 A strategy owns a collective backend (:mod:`.backend`) and a CrossDeviceOps (the algorithm).
 ``run(fn)`` runs ``fn`` once per local replica, each on its own thread (replica 0 on the
 caller's, the others on long-lived replica threads), in its own ReplicaContext. Replica-context
-collectives meet in a rendezvous (:mod:`.rendezvous`): the last replica to arrive runs the
+collectives meet in collective slots (:mod:`.collective_slots`): the last replica to arrive runs the
 collective once for all (the native code releases the GIL) and every replica picks its own
 result.
 """
@@ -31,7 +31,7 @@ from .input_lib import (
 )
 from .reduce_util import ReduceOp, parse_reduce_op
 from ._replica_threads import ReplicaThreads
-from .rendezvous import ReplicaFailed, ReplicaRendezvous
+from .collective_slots import ReplicaFailed, CollectiveSlots
 from .values import DistributedValues, Mirrored, PerReplica, local_results, regroup, select_replica
 from .variables import (
     ComponentVariable,
@@ -54,7 +54,7 @@ class ReplicaContext:
         self._strategy = strategy
         self._replica_id = int(replica_id_in_sync_group)
         self._local_id = self._replica_id - strategy.extended._first_replica_id
-        self._rendezvous: ReplicaRendezvous | None = None
+        self._collective_slots: CollectiveSlots | None = None
 
     def __repr__(self) -> str:
         return (f"ReplicaContext(replica {self._replica_id} of "
@@ -81,9 +81,9 @@ class ReplicaContext:
         return (self._strategy.extended.worker_devices[self._local_id],)
 
     def _exchange(self, what: str, value: Any, fn: Callable[[list[Any]], Sequence[Any]]) -> Any:
-        if self._rendezvous is None:  # the default context: one replica, no threads
+        if self._collective_slots is None:  # the default context: one replica, no threads
             return fn([value])[0]
-        return self._rendezvous.exchange(self._local_id, what, value, fn)
+        return self._collective_slots.exchange(self._local_id, what, value, fn)
 
     def all_reduce(self, reduce_op: Any, value: Any,
                    options: CommunicationOptions | None = None) -> Any:
@@ -353,7 +353,7 @@ class Strategy:
     def _require_cross_replica(self, what: str) -> None:
         frame = _context.current_frame()
         if frame is not None and frame.replica_context is not None \
-                and frame.replica_context._rendezvous is not None:
+                and frame.replica_context._collective_slots is not None:
             raise RuntimeError(f"strategy.{what}() must be called in a cross-replica context "
                                "(outside strategy.run); inside run use get_replica_context()."
                                "all_reduce/all_gather or merge_call")
@@ -464,7 +464,7 @@ class StrategyExtended:
         strategy = self._container_strategy()
         frame = _context.current_frame()
         if frame is not None and frame.replica_context is not None \
-                and frame.replica_context._rendezvous is not None:
+                and frame.replica_context._collective_slots is not None:
             raise RuntimeError("strategy.run() was called inside a replica function; nested "
                                "run() is not supported: call the function directly")
         if frame is not None and frame.strategy is not strategy \
@@ -488,11 +488,11 @@ class StrategyExtended:
         first = self._first_replica_id
         n_sync = self._num_replicas_in_sync
         names = [f"replica {first + r}" for r in range(n)]
-        rendezvous = ReplicaRendezvous(n, self._timeout, names)
+        slots = CollectiveSlots(n, self._timeout, names)
         contexts = []
         for r in range(n):
             ctx = ReplicaContext(strategy, first + r)
-            ctx._rendezvous = rendezvous
+            ctx._collective_slots = slots
             contexts.append(ctx)
         per_args = [select_replica(r, args) for r in range(n)]
         # fn(**kwargs) unpacks into a fresh dict: empty kwargs need no copy per replica.
@@ -507,9 +507,9 @@ class StrategyExtended:
                 results[r] = fn(*per_args[r], **per_kwargs[r])
             except BaseException as exc:  # noqa: BLE001 - re-raised by the caller of run()
                 errors[r] = exc
-                rendezvous.abort(r, exc)
+                slots.abort(r, exc)
             else:
-                rendezvous.replica_done(r)
+                slots.replica_done(r)
             finally:
                 try:
                     _context.pop(frame)
@@ -527,7 +527,7 @@ class StrategyExtended:
             try:
                 self._replica_threads.run([functools.partial(replica_main, r) for r in range(n)])
             except BaseException as exc:
-                rendezvous.cancel(f"run() was interrupted in the calling thread: {exc!r}")
+                slots.cancel(f"run() was interrupted in the calling thread: {exc!r}")
                 raise
         failed = [(r, e) for r, e in enumerate(errors) if e is not None]
         if failed:

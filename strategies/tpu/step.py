@@ -192,7 +192,7 @@ class StepTrace:
 
 class _InStep:
     """Marks a TPUReplicaContext as inside ``run`` (the checks for cross-replica-only calls
-    look for a rendezvous)."""
+    look for collective slots)."""
 
 
 class TPUReplicaContext(ReplicaContext):
@@ -204,7 +204,7 @@ class TPUReplicaContext(ReplicaContext):
         self._trace = trace
         self._replica_id = None
         self._local_id = None
-        self._rendezvous = _InStep()  # type: ignore[assignment]
+        self._collective_slots = _InStep()  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"TPUReplicaContext({self._strategy.num_replicas_in_sync} replicas, traced)"

@@ -8,7 +8,7 @@ its own result.
 
 Nothing waits forever:
 
-- a replica that raises aborts the rendezvous: the replicas waiting in a slot get
+- a replica that raises aborts every slot: the replicas waiting in a slot get
   :class:`ReplicaFailed` naming it, at once;
 - a replica that returns from its function while others wait in a slot it never joined fails
   that slot at once (the classic "one replica took another branch" hang);
@@ -61,7 +61,7 @@ class _Slot:
         self.taken = 0
 
 
-class ReplicaRendezvous:
+class CollectiveSlots:
     """Slots for the ``num_replicas`` local replica threads of one ``run()`` call.
 
     Args:
@@ -80,7 +80,7 @@ class ReplicaRendezvous:
         self._next = [0] * num_replicas
         self._slots: dict[int, _Slot] = {}
         self._done: set[int] = set()
-        self._failure: BaseException | None = None  # rendezvous-wide: nobody may wait any more
+        self._failure: BaseException | None = None  # every slot: nobody may wait any more
 
     @property
     def num_replicas(self) -> int:
