@@ -102,6 +102,28 @@ class ProcessGroup:
         """Starts an allreduce on the group's worker thread; ``.wait()`` gives the result."""
         return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True)
 
+    def reduce_scatter_async(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
+                             out: Any = None, timeout: float | None = None) -> Work:
+        """:meth:`reduce_scatter` on the group's worker thread."""
+        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout, asynchronous=True)
+
+    def allgather_async(self, x: Any, algo: str = "auto", out: Any = None,
+                        timeout: float | None = None) -> Work:
+        """:meth:`allgather` on the group's worker thread."""
+        return self._run("allgather", x, "sum", algo, 0, False, out, timeout, asynchronous=True)
+
+    def broadcast_async(self, x: Any, root: int = 0, algo: str = "auto", inplace: bool = False,
+                        out: Any = None, timeout: float | None = None) -> Work:
+        """:meth:`broadcast` on the group's worker thread."""
+        return self._run("broadcast", x, "sum", algo, root, inplace, out, timeout,
+                         asynchronous=True)
+
+    def reduce_async(self, x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
+                     inplace: bool = False, out: Any = None,
+                     timeout: float | None = None) -> Work:
+        """:meth:`reduce` on the group's worker thread."""
+        return self._run("reduce", x, op, algo, root, inplace, out, timeout, asynchronous=True)
+
     def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
                        out: Any = None, timeout: float | None = None) -> Any:
         """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly)."""
