@@ -250,10 +250,12 @@ class ProcessGroup:
         me, other = self.members[self.rank], self.members[peer]
         pair = sorted((me, other))
         ex = _exchange.point_to_point(x, sending, tag, pair.index(other), self._where)
-        # The two ranks form a group of their own: its sequence numbers count only their
-        # messages, whatever collectives the rest of the world runs meanwhile.
-        return self._exchange(ex, pair.index(me if sending else other), timeout, asynchronous,
-                              pair, _named_group_id(f"pair/{pair[0]}/{pair[1]}"))
+        # The two ranks form a group of their own, one per direction: its sequence numbers
+        # count only the messages from this sender to this receiver, so sends and receives
+        # each side issues in either order still pair up, whatever else runs meanwhile.
+        source, dest = (me, other) if sending else (other, me)
+        return self._exchange(ex, pair.index(source), timeout, asynchronous, pair,
+                              _named_group_id(f"p2p/{source}->{dest}"))
 
     def _exchange(self, ex: _exchange.Exchange, root: int, timeout: float | None,
                   asynchronous: bool = False, members: list[int] | None = None,

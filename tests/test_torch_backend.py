@@ -1,0 +1,200 @@
+"""The torch.distributed backend "pycollective": every collective and dtype against gloo's
+result in the same processes (2, 3 and 4 ranks), DDP against gloo, and the error cases. Each
+world size is one spawned job under a hard deadline that runs many checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch backend needs torch (pip install "
+                            "pycollective[torch])")
+
+from multiproc import run_ranks  # noqa: E402
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+
+
+def _init(rank, n, timeout=30.0, **kwargs):
+    """The default group on "pycollective" (torch's TCPStore on the harness's free port) and
+    a gloo group over the same ranks, to compare with."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import pycollective.torch  # noqa: F401  (registers the backend)
+
+    port = os.environ["PYCOLLECTIVE_MASTER_PORT"]
+    dist.init_process_group("pycollective", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n, timeout=datetime.timedelta(seconds=timeout), **kwargs)
+    return dist.new_group(backend="gloo")
+
+
+def _values(dtype, shape, seed):
+    """Small integers in the tensor's dtype: every sum, product, min and max over <= 4 ranks is
+    exact in every dtype, so pycollective and gloo must agree bitwise whatever their order."""
+    g = torch.Generator().manual_seed(seed)
+    low = 0 if dtype == torch.uint8 else -3
+    return torch.randint(low, 4, shape, generator=g).to(dtype)
+
+
+def _same(mine, theirs, what):
+    if mine is None or theirs is None:  # gather's non-roots
+        assert mine is None and theirs is None, what
+        return
+    if isinstance(mine, (list, tuple)):
+        assert len(mine) == len(theirs), what
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            _same(a, b, f"{what}[{i}]")
+        return
+    assert mine.dtype == theirs.dtype and mine.shape == theirs.shape, (what, mine, theirs)
+    assert torch.equal(mine, theirs), f"{what}: pycollective {mine} != gloo {theirs}"
+
+
+def _check_dtype(rank, n, gloo, name, seed):
+    """Every collective in one dtype, through pycollective (the default group) and gloo."""
+    import torch.distributed as dist
+
+    dtype = getattr(torch, name)
+    checks = 0
+
+    def both(label, make, call, compare=True):
+        """make() -> fresh arguments; call(args, group) runs the collective. The two results
+        must match bitwise (where `compare`: reduce leaves non-roots' tensors unspecified)."""
+        nonlocal checks
+        mine, theirs = make(), make()
+        call(mine, None)
+        call(theirs, gloo)
+        if compare:
+            _same(mine, theirs, f"rank {rank} {name} {label}")
+            checks += 1
+
+    for count in (1, 7, 1000):
+        x = _values(dtype, (count,), seed + 100 * rank + count)
+        ops = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT,
+               "MIN": dist.ReduceOp.MIN, "MAX": dist.ReduceOp.MAX}
+        for label, op in ops.items():
+            both(f"all_reduce {label} {count}", lambda: x.clone(),
+                 lambda t, g, op=op: dist.all_reduce(t, op=op, group=g))
+        for root in range(n):
+            both(f"broadcast root {root}", lambda: x.clone(),
+                 lambda t, g, root=root: dist.broadcast(t, root, group=g))
+            both(f"reduce root {root}", lambda: x.clone(),
+                 lambda t, g, root=root: dist.reduce(t, root, group=g), rank == root)
+        both("all_gather", lambda: [torch.zeros_like(x) for _ in range(n)],
+             lambda outs, g: dist.all_gather(outs, x, group=g))
+        both("all_gather_into_tensor", lambda: torch.zeros(n * count, dtype=dtype),
+             lambda out, g: dist.all_gather_into_tensor(out, x, group=g))
+        chunks = [_values(dtype, (count,), seed + 7 * rank + p) for p in range(n)]
+        both("reduce_scatter", lambda: torch.zeros_like(x),
+             lambda out, g: dist.reduce_scatter(out, chunks, group=g))
+        both("reduce_scatter_tensor", lambda: torch.zeros_like(x),
+             lambda out, g: dist.reduce_scatter_tensor(out, torch.cat(chunks), group=g))
+        both("all_to_all", lambda: [torch.zeros_like(x) for _ in range(n)],
+             lambda outs, g: dist.all_to_all(outs, chunks, group=g))
+        both("all_to_all_single", lambda: torch.zeros(n * count, dtype=dtype),
+             lambda out, g: dist.all_to_all_single(out, torch.cat(chunks), group=g))
+        # Uneven splits: rank r sends (r + p) % 3 + 1 rows of 2 to rank p.
+        sends = [(rank + p) % 3 + 1 for p in range(n)]
+        recvs = [(p + rank) % 3 + 1 for p in range(n)]
+        rows = _values(dtype, (sum(sends), 2), seed + rank)
+        both("all_to_all_single uneven", lambda: torch.zeros(sum(recvs), 2, dtype=dtype),
+             lambda out, g: dist.all_to_all_single(out, rows, recvs, sends, group=g))
+        for root in (0, n - 1):
+            both(f"gather root {root}",
+                 lambda: [torch.zeros_like(x) for _ in range(n)] if rank == root else None,
+                 lambda outs, g, root=root: dist.gather(x, outs, root, group=g))
+            both(f"scatter root {root}", lambda: torch.zeros_like(x),
+                 lambda out, g, root=root: dist.scatter(out, chunks if rank == root else None,
+                                                        root, group=g))
+    if dtype.is_floating_point:
+        # AVG (gloo has none: compare with its SUM / n) and PREMUL_SUM (gloo: SUM of x * f).
+        x = torch.randn(301, generator=torch.Generator().manual_seed(seed + rank)).to(dtype)
+        mine, theirs = x.clone(), x.clone()
+        dist.all_reduce(mine, op=dist.ReduceOp.AVG)
+        dist.all_reduce(theirs, group=gloo)
+        tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-6)
+        torch.testing.assert_close(mine, theirs / n, rtol=tol, atol=tol)
+        mine, theirs = x.clone(), x * 0.5
+        dist.all_reduce(mine, op=dist._make_nccl_premul_sum(0.5))
+        dist.all_reduce(theirs, group=gloo)
+        torch.testing.assert_close(mine, theirs, rtol=tol, atol=tol)
+        checks += 2
+    return checks
+
+
+def _collectives(rank, n):
+    import torch.distributed as dist
+
+    gloo = _init(rank, n)
+    assert dist.get_backend() == "pycollective"
+    checks = sum(_check_dtype(rank, n, gloo, name, seed) for seed, name in enumerate(DTYPES))
+
+    # Non-contiguous tensors (a transposed view): copied in and back out, same result.
+    base = _values(torch.float32, (6, 4), rank)
+    mine, theirs = base.clone().t(), base.clone().t()
+    assert not mine.is_contiguous()
+    dist.all_reduce(mine)
+    dist.all_reduce(theirs, group=gloo)
+    _same(mine, theirs, "non-contiguous all_reduce")
+    outs = [torch.zeros(6, 4).t() for _ in range(n)]
+    dist.all_gather(outs, base.t())
+    _same(outs, [_values(torch.float32, (6, 4), p).t() for p in range(n)], "non-contiguous ag")
+
+    # all_reduce_coalesced, and async Work: wait(timeout), is_completed, get_future.
+    ts = [_values(torch.float64, (5,), rank), _values(torch.float64, (2, 3), rank + 9)]
+    want = [t.clone() for t in ts]
+    for t in want:
+        dist.all_reduce(t, group=gloo)
+    dist.all_reduce_coalesced(ts)
+    _same(ts, want, "all_reduce_coalesced")
+    t = _values(torch.int64, (100,), rank)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    assert isinstance(fut, torch.futures.Future)
+    (got,) = fut.wait()
+    assert work.wait(timeout=__import__("datetime").timedelta(seconds=10))
+    assert work.is_completed() and got is t
+    want = _values(torch.int64, (100,), rank)
+    dist.all_reduce(want, group=gloo)
+    _same(t, want, "async all_reduce")
+    chained = dist.all_reduce(torch.ones(3), async_op=True).get_future().then(
+        lambda f: f.value()[0] * 2)
+    assert chained.wait().tolist() == [2.0 * n] * 3
+
+    # send/recv around the ring (even ranks send first), and barrier.
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    got = torch.zeros(10, dtype=torch.int32)
+    if rank % 2 == 0:
+        dist.send(torch.full((10,), rank, dtype=torch.int32), nxt)
+        dist.recv(got, prv)
+    else:
+        dist.recv(got, prv)
+        dist.send(torch.full((10,), rank, dtype=torch.int32), nxt)
+    assert (got == prv).all()
+    # isend then irecv on every rank: point-to-point calls run in issue order per process.
+    back = torch.zeros(4)
+    reqs = [dist.isend(torch.arange(4.0) + rank, nxt), dist.irecv(back, prv)]
+    for req in reqs:
+        req.wait()
+    assert back.tolist() == (torch.arange(4.0) + prv).tolist()
+    dist.barrier()
+
+    # Sub-groups: torch's new_group over pycollective (members only call the backend).
+    evens = [r for r in range(n) if r % 2 == 0]
+    sub = dist.new_group(evens, backend="pycollective")
+    if rank in evens:
+        s = torch.tensor([float(rank)])
+        dist.all_reduce(s, group=sub)
+        assert s.item() == sum(evens)
+        assert dist.get_rank(sub) == evens.index(rank)
+    dist.barrier()
+    dist.destroy_process_group()
+    return checks
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collectives_match_gloo(n):
+    results = run_ranks(_collectives, n, timeout=150)
+    assert len(set(results)) == 1 and results[0] > 100 * len(DTYPES) // 4
