@@ -198,3 +198,108 @@ def _collectives(rank, n):
 def test_collectives_match_gloo(n):
     results = run_ranks(_collectives, n, timeout=150)
     assert len(set(results)) == 1 and results[0] > 100 * len(DTYPES) // 4
+
+
+def _model(seed):
+    """An MLP with a branch that forward() skips when asked (find_unused_parameters)."""
+    import torch.nn as nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+            self.head = nn.Linear(64, 4)
+            self.spare = nn.Linear(64, 4)
+
+        def forward(self, x, use_spare=True):
+            h = self.body(x)
+            return self.head(h) + (self.spare(h) if use_spare else 0)
+
+    torch.manual_seed(seed)
+    return Net()
+
+
+def _train(model, group, rank, steps, accumulate, use_spare, hook, **ddp_kwargs):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, process_group=group, **ddp_kwargs)
+    if hook is not None:
+        ddp.register_comm_hook(group, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+    for _ in range(steps):
+        opt.zero_grad()
+        for micro in range(accumulate):
+            x, y = torch.randn(16, 32, generator=g), torch.randn(16, 4, generator=g)
+            if micro < accumulate - 1:
+                with ddp.no_sync():  # gradients accumulate locally, no allreduce
+                    torch.nn.functional.mse_loss(ddp(x, use_spare), y).backward()
+            else:
+                torch.nn.functional.mse_loss(ddp(x, use_spare), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _ddp(rank, n):
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    gloo = _init(rank, n)
+    configs = {
+        "buckets": dict(accumulate=1, use_spare=True, hook=None, bucket_cap_mb=0.01),
+        "no_sync": dict(accumulate=3, use_spare=True, hook=None),
+        "unused": dict(accumulate=1, use_spare=False, hook=None, find_unused_parameters=True),
+        "fp16_hook": dict(accumulate=1, use_spare=True, hook=default_hooks.fp16_compress_hook),
+    }
+    spread = {}
+    for name, cfg in configs.items():
+        mine = _train(_model(7), None, rank, 6, **cfg)
+        theirs = _train(_model(7), gloo, rank, 6, **cfg)
+        tol = 2e-3 if cfg["hook"] is not None else 1e-5
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+        # Training moved the parameters, identically on every rank (bitwise).
+        flat = torch.cat([p.reshape(-1) for p in mine])
+        assert not torch.equal(flat, torch.cat([p.reshape(-1) for p in _model(7).parameters()]))
+        everyone = [torch.empty_like(flat) for _ in range(n)]
+        dist.all_gather(everyone, flat)
+        assert all(torch.equal(e, flat) for e in everyone), name
+        spread[name] = max((a - b).abs().max().item() for a, b in zip(mine, theirs))
+    spread["fsdp2"] = _fsdp2_spread(rank, gloo)
+    dist.destroy_process_group()
+    return spread
+
+
+def _fsdp2(rank, mesh):
+    """Three steps of an FSDP2 (fully_shard) MLP on `mesh`; the full parameters after."""
+    import torch.nn as nn
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    for layer in (m[0], m[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        opt.zero_grad()
+        m(torch.randn(8, 16, generator=g)).square().mean().backward()
+        opt.step()
+    return [p.full_tensor().detach() for p in m.parameters()]
+
+
+def _fsdp2_spread(rank, gloo):
+    """FSDP2 over the default ("pycollective") mesh against a mesh on the gloo group."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    mine = _fsdp2(rank, init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
+    theirs = _fsdp2(rank, DeviceMesh.from_group(gloo, "cpu"))
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    return max((a - b).abs().max().item() for a, b in zip(mine, theirs))
+
+
+def test_ddp_matches_gloo():
+    spreads = run_ranks(_ddp, 2, timeout=120)
+    assert set(spreads[0]) == {"buckets", "no_sync", "unused", "fp16_hook", "fsdp2"}

@@ -48,6 +48,21 @@ class ProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "pycollective"
 
+    # torch keeps a group's name on its C++ backends, and a ProcessGroup written in Python
+    # has none: without these, `group.group_name` raises "ProcessGroup name not set" (which
+    # DeviceMesh, hence FSDP2, reads). torch sets the name from Python right after creation.
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+        super()._set_group_name(name)
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_name", None)
+        if name is None:
+            raise RuntimeError(f"{self._where}: this group has no name yet (torch names it "
+                               "when new_group/init_process_group returns)")
+        return name
+
     @property
     def pycollective_group(self) -> pc.ProcessGroup:
         """The pycollective group underneath (for pycollective's own API on the same ranks)."""
