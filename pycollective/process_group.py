@@ -395,6 +395,10 @@ class _World:
         return exc
 
     def close(self, timeout: float) -> None:
+        if self.comm.aborted:
+            # A failed group's ranks may be gone or never reach shutdown: waiting for them
+            # would only delay this rank's exit (and destroy_process_group()) by `timeout`.
+            timeout = min(timeout, 1.0)
         try:
             self.client.barrier("pycollective/shutdown", timeout=timeout)
         except Exception:  # a failed group still shuts down; peers may be gone

@@ -303,3 +303,113 @@ def _fsdp2_spread(rank, gloo):
 def test_ddp_matches_gloo():
     spreads = run_ranks(_ddp, 2, timeout=120)
     assert set(spreads[0]) == {"buckets", "no_sync", "unused", "fp16_hook", "fsdp2"}
+
+
+def _dead_peer(rank, n):
+    """Rank n-1 dies between two all_reduces; the others must fail fast, naming it."""
+    import time
+
+    import torch.distributed as dist
+
+    _init(rank, n, timeout=60)
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    if rank == n - 1:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        for _ in range(100):
+            dist.all_reduce(t)
+            time.sleep(0.05)
+    except RuntimeError as exc:
+        return [type(exc).__name__, str(exc), time.monotonic() - start]
+    return ["no error", "", 0.0]
+
+
+def test_dead_peer_fails_every_survivor_fast():
+    n = 3
+    results = run_ranks(_dead_peer, n, timeout=90, expect_exit={n - 1: 3})
+    for kind, msg, seconds in results[:-1]:
+        assert kind == "DistBackendError", (kind, msg)
+        assert f"rank {n - 1}" in msg, msg
+        assert seconds < 15, (seconds, msg)  # the torch timeout is 60 s
+
+
+def _errors(rank, n):
+    import datetime
+    import glob
+    import time
+
+    import torch.distributed as dist
+
+    import pycollective as pc
+
+    out = {}
+    shm_before = set(glob.glob("/dev/shm/*"))
+    _init(rank, n, timeout=3)
+    # Arguments refused before anything moves, on the calling rank.
+    for label, call in {
+        "dtype": lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bool)),
+        "op": lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=dist.ReduceOp.BAND),
+    }.items():
+        try:
+            call()
+            out[label] = "no error"
+        except (TypeError, ValueError) as exc:
+            out[label] = str(exc)
+    # A call that times out: rank 1 is late to the second all_reduce. init's timeout (3 s)
+    # is the collective's deadline; Work.wait(timeout=) is a shorter one.
+    t = torch.ones(10)
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=0.5))
+            out["wait"] = "no error"
+        except RuntimeError as exc:
+            out["wait"] = str(exc)
+        start = time.monotonic()
+        try:
+            work.wait()
+            out["timeout"] = "no error"
+        except RuntimeError as exc:
+            out["timeout"] = str(exc)
+        out["timeout_s"] = time.monotonic() - start
+    else:
+        time.sleep(6)
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as exc:
+            out["late"] = str(exc)
+    before_destroy = time.monotonic()
+    dist.destroy_process_group()
+    out["destroy1_s"] = time.monotonic() - before_destroy
+    out["released"] = not pc.is_initialized()
+    # The same process forms a new group (a new generation of keys in a fresh store), and a
+    # mismatched call fails on both ranks, naming the other.
+    os.environ["PYCOLLECTIVE_MASTER_PORT"] = os.environ["SECOND_PORT"]
+    _init(rank, n, timeout=20)
+    try:
+        dist.all_reduce(torch.ones(10 + rank))
+        out["mismatch"] = "no error"
+    except RuntimeError as exc:
+        out["mismatch"] = f"{type(exc).__name__}: {exc}"
+    before_destroy = time.monotonic()
+    dist.destroy_process_group()
+    out["destroy_s"] = time.monotonic() - before_destroy
+    time.sleep(0.5)
+    out["shm_left"] = sorted(set(glob.glob("/dev/shm/*pyc*")) - shm_before)
+    return out
+
+
+def test_errors():
+    from multiproc import free_port
+
+    r0, r1 = run_ranks(_errors, 2, timeout=90, env={"SECOND_PORT": str(free_port())})
+    for r in (r0, r1):
+        assert "bool" in r["dtype"] and "rank" in r["dtype"], r["dtype"]
+        assert "BAND" in r["op"] or "not supported" in r["op"], r["op"]
+        assert r["released"] and not r["shm_left"], r
+        assert "DistBackendError" in r["mismatch"] and "element count" in r["mismatch"], r
+    assert "still running" in r0["wait"], r0
+    assert "timed out" in r0["timeout"] and r0["timeout_s"] < 5, r0
+    assert "rank" in r1["late"], r1
