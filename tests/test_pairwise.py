@@ -96,6 +96,7 @@ def _mismatch(rank, n):
     try:
         if rank == 0:
             pc.send(np.zeros(4, np.float32), 1)
+            pc.barrier()  # fails once rank 1 aborted the group: both leave at once
         else:
             pc.recv(np.zeros(5, np.float32), 0)
     except pc.CollectiveError as exc:

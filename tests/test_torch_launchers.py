@@ -19,7 +19,7 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _run(command):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(EXAMPLE))
     env.pop("PYCOLLECTIVE_TOKEN", None)  # the token comes from torch's store or the launcher
-    res = subprocess.run(command + [EXAMPLE, "--epochs", "3"], capture_output=True, text=True,
+    res = subprocess.run(command + [EXAMPLE, "--epochs", "2"], capture_output=True, text=True,
                          timeout=120, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     line = [ln for ln in res.stdout.splitlines() if "test accuracy" in ln][-1]
