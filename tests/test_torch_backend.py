@@ -388,6 +388,7 @@ def _errors(rank, n):
     # mismatched call fails on both ranks, naming the other.
     os.environ["PYCOLLECTIVE_MASTER_PORT"] = os.environ["SECOND_PORT"]
     _init(rank, n, timeout=20)
+    assert dist.all_reduce(torch.ones(3), async_op=True).get_future().wait()[0].sum() == 3 * n
     try:
         dist.all_reduce(torch.ones(10 + rank))
         out["mismatch"] = "no error"
@@ -397,6 +398,9 @@ def _errors(rank, n):
     dist.destroy_process_group()
     out["destroy_s"] = time.monotonic() - before_destroy
     time.sleep(0.5)
+    import threading
+
+    out["threads_left"] = [t.name for t in threading.enumerate() if "pycollective" in t.name]
     out["shm_left"] = sorted(set(glob.glob("/dev/shm/*pyc*")) - shm_before)
     return out
 
@@ -408,7 +412,7 @@ def test_errors():
     for r in (r0, r1):
         assert "bool" in r["dtype"] and "rank" in r["dtype"], r["dtype"]
         assert "BAND" in r["op"] or "not supported" in r["op"], r["op"]
-        assert r["released"] and not r["shm_left"], r
+        assert r["released"] and not r["shm_left"] and not r["threads_left"], r
         assert "DistBackendError" in r["mismatch"] and "element count" in r["mismatch"], r
     assert "still running" in r0["wait"], r0
     assert "timed out after 2 s" in r0["timeout"] and r0["timeout_s"] < 4, r0

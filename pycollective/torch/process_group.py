@@ -22,7 +22,7 @@ import pycollective as pc
 from pycollective.errors import CollectiveError
 from pycollective.torch import rendezvous
 from pycollective.torch.ops import Staging, reduce_op, scaled
-from pycollective.torch.work import Work, backend_error, seconds
+from pycollective.torch.work import Work, backend_error, seconds, stop_completer
 
 
 def create_backend(opts: Any, backend_options: Any = None) -> "ProcessGroup":
@@ -88,6 +88,16 @@ class ProcessGroup(dist.ProcessGroup):
         except CollectiveError as exc:
             raise backend_error(exc) from None
         return Work([], outputs, staging.finish())
+
+    def _host_only(self, what: str, *tensors: Any) -> None:
+        """The pairwise collectives move host memory; NCCL (device tensors) has none of them."""
+        for t in tensors:
+            if t is not None and t.device.type != "cpu":
+                raise TypeError(
+                    f"{self._where}: {what} runs on CPU tensors only, got one on {t.device}; "
+                    "device tensors are supported by all_reduce, broadcast, reduce, all_gather, "
+                    "all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor (copy the "
+                    "tensor to the CPU for this call)")
 
     def _one(self, tensors: list, what: str) -> torch.Tensor:
         if len(tensors) != 1:
@@ -227,9 +237,20 @@ class ProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{self._where}: allgather takes {self.size()} outputs, got "
                              f"{len(outs)}")
         staging = Staging()
-        bufs = [staging.output(o) for o in outs]
         src = staging.input(x)
         g = self._group
+        if x.device.type != "cpu":
+            # Device tensors go through NCCL, which has no pairwise exchange: gather into one
+            # buffer and copy the blocks out (DDP's parameter check on CUDA comes this way).
+            gathered = torch.empty((len(outs),) + tuple(x.shape), dtype=x.dtype, device=x.device)
+            staging._back.extend((o, gathered[p]) for p, o in enumerate(outs))
+
+            def step(asynchronous: bool, timeout: float) -> Any:
+                run = g.allgather_async if asynchronous else g.allgather
+                return run(src, out=gathered, timeout=timeout)
+
+            return self._start(opts, [list(outs)], staging, [step])
+        bufs = [staging.output(o) for o in outs]
 
         def step(asynchronous: bool, timeout: float) -> Any:
             if asynchronous:
@@ -269,6 +290,7 @@ class ProcessGroup(dist.ProcessGroup):
     def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
         opts = opts or dist.GatherOptions()
         x = self._one(inputs, "gather")
+        self._host_only("gather", x)
         root = opts.rootRank
         staging = Staging()
         outs = None
@@ -285,6 +307,7 @@ class ProcessGroup(dist.ProcessGroup):
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
         opts = opts or dist.ScatterOptions()
         out = self._one(outputs, "scatter")
+        self._host_only("scatter", out)
         root = opts.rootRank
         staging = Staging()
         chunks = None
@@ -302,6 +325,7 @@ class ProcessGroup(dist.ProcessGroup):
         """inputs[p] goes to rank p; outputs[p] receives rank p's (pairwise exchange, each
         tensor sent and received in place)."""
         opts = opts or dist.AllToAllOptions()
+        self._host_only("all_to_all", *outputs, *inputs)
         staging = Staging()
         outs = [staging.output(o) for o in outputs]
         ins = [staging.input(i) for i in inputs]
@@ -318,6 +342,7 @@ class ProcessGroup(dist.ProcessGroup):
         """all_to_all_single: blocks of dim 0, even or by the split sizes (pairwise exchange
         straight between the two tensors)."""
         opts = opts or dist.AllToAllOptions()
+        self._host_only("all_to_all_single", input, output)
         staging = Staging()
         src = staging.input(input)
         buf = staging.output(output)
@@ -335,6 +360,7 @@ class ProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> Work:
         t = self._one(tensors, "send")
+        self._host_only("send", t)
         src = Staging().input(t)
         g = self._group
         return self._start(None, [t], Staging(), [
@@ -342,6 +368,7 @@ class ProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> Work:
         t = self._one(tensors, "recv")
+        self._host_only("recv", t)
         staging = Staging()
         buf = staging.output(t)
         g = self._group
@@ -368,6 +395,7 @@ class ProcessGroup(dist.ProcessGroup):
         (and rank 0 its coordination service); sub-groups own nothing."""
         if self._owned:
             self._owned = False
+            stop_completer()
             rendezvous.leave(min(self._timeout, 30.0))
 
     def abort(self) -> None:

@@ -142,5 +142,15 @@ def _completer() -> queue.SimpleQueue:
 
 
 def _complete_forever(q: queue.SimpleQueue) -> None:
-    while True:
-        q.get()._complete(raise_error=False)
+    while (work := q.get()) is not None:
+        work._complete(raise_error=False)
+
+
+def stop_completer() -> None:
+    """Ends the futures thread once it settled what it was given (destroy_process_group); the
+    next get_future() starts a new one."""
+    global _queue
+    with _queue_lock:
+        if _queue is not None:
+            _queue.put(None)
+            _queue = None
