@@ -179,6 +179,11 @@ def _collectives(rank, n):
     for req in reqs:
         req.wait()
     assert back.tolist() == (torch.arange(4.0) + prv).tolist()
+    ops = [dist.P2POp(dist.isend, torch.full((6,), 1.0 + rank), nxt),
+           dist.P2POp(dist.irecv, back2 := torch.zeros(6), prv)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    assert (back2 == 1.0 + prv).all()
     dist.barrier()
 
     # Sub-groups: torch's new_group over pycollective (members only call the backend).
