@@ -54,6 +54,11 @@ class Staging:
         self._back.append((t, c))
         return c
 
+    def copy_back(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copies `src` into `dst` once the collective completed (results computed elsewhere:
+        a scaled copy, a slice of a flattened or gathered buffer)."""
+        self._back.append((dst, src))
+
     def finish(self) -> Callable[[], None] | None:
         if not self._back:
             return None

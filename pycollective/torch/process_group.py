@@ -115,7 +115,7 @@ class ProcessGroup(dist.ProcessGroup):
             buf = staging.output(t)
             if factor is not None:  # the sum runs on a scaled copy, copied back into t
                 buf = scaled(buf, factor)
-                staging._back.append((t, buf))
+                staging.copy_back(t, buf)
             steps.append(self._allreduce_step(buf, op))
         return self._start(opts, list(tensors), staging, steps)
 
@@ -143,7 +143,7 @@ class ProcessGroup(dist.ProcessGroup):
         staging = Staging()
         offset = 0
         for t in tensors:
-            staging._back.append((t, flat[offset:offset + t.numel()].view(t.shape)))
+            staging.copy_back(t, flat[offset:offset + t.numel()].view(t.shape))
             offset += t.numel()
         return self._start(opts, list(tensors), staging, [self._allreduce_step(flat, op)])
 
@@ -155,7 +155,7 @@ class ProcessGroup(dist.ProcessGroup):
         buf = staging.output(t)
         if factor is not None:
             buf = scaled(buf, factor)
-            staging._back.append((t, buf))
+            staging.copy_back(t, buf)
         g, root = self._group, opts.rootRank
 
         def step(asynchronous: bool, timeout: float) -> Any:
@@ -243,7 +243,8 @@ class ProcessGroup(dist.ProcessGroup):
             # Device tensors go through NCCL, which has no pairwise exchange: gather into one
             # buffer and copy the blocks out (DDP's parameter check on CUDA comes this way).
             gathered = torch.empty((len(outs),) + tuple(x.shape), dtype=x.dtype, device=x.device)
-            staging._back.extend((o, gathered[p]) for p, o in enumerate(outs))
+            for p, o in enumerate(outs):
+                staging.copy_back(o, gathered[p])
 
             def step(asynchronous: bool, timeout: float) -> Any:
                 run = g.allgather_async if asynchronous else g.allgather
