@@ -199,9 +199,11 @@ def _collectives(rank, n):
     return checks
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_collectives_match_gloo(n):
-    results = run_ranks(_collectives, n, timeout=150)
+@pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "tcp"), (4, "shm")])
+def test_collectives_match_gloo(n, transport):
+    """shm is what ranks on one host get; tcp (forced) is what ranks on other hosts get."""
+    results = run_ranks(_collectives, n, timeout=150,
+                        env={"PYCOLLECTIVE_TRANSPORT": transport})
     assert len(set(results)) == 1 and results[0] > 100 * len(DTYPES) // 4
 
 
