@@ -78,6 +78,9 @@ def _forwarded() -> dict[str, Forwarded]:
         "bench-tpu": Forwarded(
             "TPUStrategy on forced host devices vs MirroredStrategy; XLA psum vs our allreduce",
             "pycollective.bench.tpu_bench"),
+        "bench-torch": Forwarded(
+            "torch.distributed all_reduce and DDP steps through 'pycollective' and 'gloo'",
+            "pycollective.bench.torch_bench"),
         "bench-figures": Forwarded(
             "remake the pictures in docs/ (each labelled with its command, machine and date)",
             "pycollective.bench.figures"),

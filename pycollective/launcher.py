@@ -144,7 +144,8 @@ def rank_environments(
     host_ids: Sequence[str] | None = None,
     base: Mapping[str, str] | None = None,
 ) -> list[dict[str, str]]:
-    """Builds each rank's environment: PYCOLLECTIVE_*, the token and TF_CONFIG.
+    """Builds each rank's environment: PYCOLLECTIVE_*, the token, TF_CONFIG and torch's
+    env:// variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
     Args:
         nprocs: Number of ranks.
@@ -158,7 +159,9 @@ def rank_environments(
     # All ranks share one token; a token already in the environment wins so
     # that a user can join ranks started elsewhere.
     token = base_env.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
-    ports = _free_ports(nprocs)
+    # One port per TF_CONFIG worker, and one for torch.distributed's TCPStore (env://), so that
+    # init_process_group("pycollective") works under `pycollective run` as under torchrun.
+    *ports, torch_port = _free_ports(nprocs + 1)
     hosts = list(host_ids) if host_ids is not None else ["localhost"] * nprocs
     workers = [f"127.0.0.1:{port}" for port in ports]
     environments = []
@@ -177,6 +180,12 @@ def rank_environments(
             TF_CONFIG=json.dumps(
                 {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
             ),
+            RANK=str(rank),
+            WORLD_SIZE=str(nprocs),
+            LOCAL_RANK=str(same_host.index(rank)),
+            LOCAL_WORLD_SIZE=str(len(same_host)),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(torch_port),
         )
         if host_ids is not None:
             env["PYCOLLECTIVE_HOST_ID"] = hosts[rank]

@@ -16,8 +16,10 @@ import atexit
 import os
 import secrets
 import threading
-from typing import Any
+import zlib
+from typing import Any, Callable, Sequence
 
+from pycollective import _exchange
 from pycollective._calls import KINDS, Prepared, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
@@ -45,7 +47,7 @@ class Work:
     ``is_completed()`` polls. The inputs must stay untouched until it completes.
     """
 
-    def __init__(self, native: Any, calls: list[Prepared], group: "ProcessGroup", what: str):
+    def __init__(self, native: Any, calls: list[Any], group: "ProcessGroup", what: str):
         self._native, self._calls, self._group, self._what = native, calls, group, what
 
     def is_completed(self) -> bool:
@@ -100,6 +102,28 @@ class ProcessGroup:
         """Starts an allreduce on the group's worker thread; ``.wait()`` gives the result."""
         return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True)
 
+    def reduce_scatter_async(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
+                             out: Any = None, timeout: float | None = None) -> Work:
+        """:meth:`reduce_scatter` on the group's worker thread."""
+        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout, asynchronous=True)
+
+    def allgather_async(self, x: Any, algo: str = "auto", out: Any = None,
+                        timeout: float | None = None) -> Work:
+        """:meth:`allgather` on the group's worker thread."""
+        return self._run("allgather", x, "sum", algo, 0, False, out, timeout, asynchronous=True)
+
+    def broadcast_async(self, x: Any, root: int = 0, algo: str = "auto", inplace: bool = False,
+                        out: Any = None, timeout: float | None = None) -> Work:
+        """:meth:`broadcast` on the group's worker thread."""
+        return self._run("broadcast", x, "sum", algo, root, inplace, out, timeout,
+                         asynchronous=True)
+
+    def reduce_async(self, x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
+                     inplace: bool = False, out: Any = None,
+                     timeout: float | None = None) -> Work:
+        """:meth:`reduce` on the group's worker thread."""
+        return self._run("reduce", x, op, algo, root, inplace, out, timeout, asynchronous=True)
+
     def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
                        out: Any = None, timeout: float | None = None) -> Any:
         """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly)."""
@@ -119,6 +143,51 @@ class ProcessGroup:
                inplace: bool = False, out: Any = None, timeout: float | None = None) -> Any:
         """Rank ``root`` gets the reduction; other ranks get None."""
         return self._run("reduce", x, op, algo, root, inplace, out, timeout)
+
+    def alltoall(self, x: Any, out: Any = None, send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, timeout: float | None = None) -> Any:
+        """Rank r's block p goes to rank p; rank r gets block r of every rank, in rank order.
+
+        ``x`` is split along axis 0, evenly or into ``send_counts`` rows per rank; the result
+        (``out``, or a new tensor) holds ``recv_counts`` rows from each rank (default: an even
+        split). Lists work too: ``x[p]`` goes to rank p, ``out[p]`` receives from rank p.
+        Every block moves straight between the ranks' buffers (pairwise exchange)."""
+        return self._exchange(_exchange.alltoall(x, out, send_counts, recv_counts, self.size,
+                                                 self._where), 0, timeout)
+
+    def alltoall_async(self, x: Any, out: Any = None, send_counts: Sequence[int] | None = None,
+                       recv_counts: Sequence[int] | None = None,
+                       timeout: float | None = None) -> Work:
+        """:meth:`alltoall` on the group's worker thread; ``.wait()`` gives the result."""
+        return self._exchange(_exchange.alltoall(x, out, send_counts, recv_counts, self.size,
+                                                 self._where), 0, timeout, asynchronous=True)
+
+    def gather(self, x: Any, root: int = 0, out: Any = None, timeout: float | None = None,
+               asynchronous: bool = False) -> Any:
+        """Rank ``root`` gets every rank's tensor: stacked, shape (size, *x.shape), or into
+        ``out`` (one such tensor, or a list of ``size`` tensors). Other ranks get None."""
+        root = self._check_root(root)
+        return self._exchange(_exchange.gather(x, root, out, self.rank, self.size, self._where),
+                              root, timeout, asynchronous)
+
+    def scatter(self, x: Any, out: Any, root: int = 0, timeout: float | None = None,
+                asynchronous: bool = False) -> Any:
+        """Rank p's ``out`` gets the root's ``x[p]`` (``x``: a list of ``size`` tensors or one
+        tensor whose axis 0 has length size; ignored, may be None, on other ranks)."""
+        root = self._check_root(root)
+        return self._exchange(_exchange.scatter(x, root, out, self.rank, self.size, self._where),
+                              root, timeout, asynchronous)
+
+    def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None,
+             asynchronous: bool = False) -> Any:
+        """Sends ``x`` to group rank ``dst``, which calls :meth:`recv` with the same shape, dtype
+        and tag. Point-to-point calls between two ranks match in the order they were made."""
+        return self._point_to_point(x, dst, True, tag, timeout, asynchronous)
+
+    def recv(self, x: Any, src: int, tag: int = 0, timeout: float | None = None,
+             asynchronous: bool = False) -> Any:
+        """Receives into ``x`` (contiguous, writable) what group rank ``src`` sent; returns x."""
+        return self._point_to_point(x, src, False, tag, timeout, asynchronous)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank of the group called barrier()."""
@@ -167,6 +236,42 @@ class ProcessGroup:
         self._native_run(native_args)
         return call.result()
 
+    def _check_root(self, root: int) -> int:
+        if not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")
+        return root
+
+    def _point_to_point(self, x: Any, peer: int, sending: bool, tag: int,
+                        timeout: float | None, asynchronous: bool) -> Any:
+        what = "dst" if sending else "src"
+        if not isinstance(peer, int) or not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(f"{self._where}: {what} must be another rank of the group in "
+                             f"[0, {self.size}), got {peer!r}")
+        me, other = self.members[self.rank], self.members[peer]
+        pair = sorted((me, other))
+        ex = _exchange.point_to_point(x, sending, tag, pair.index(other), self._where)
+        # The two ranks form a group of their own, one per direction: its sequence numbers
+        # count only the messages from this sender to this receiver, so sends and receives
+        # each side issues in either order still pair up, whatever else runs meanwhile.
+        source, dest = (me, other) if sending else (other, me)
+        return self._exchange(ex, pair.index(source), timeout, asynchronous, pair,
+                              _named_group_id(f"p2p/{source}->{dest}"))
+
+    def _exchange(self, ex: _exchange.Exchange, root: int, timeout: float | None,
+                  asynchronous: bool = False, members: list[int] | None = None,
+                  group_id: int | None = None) -> Any:
+        """Runs a pairwise collective (csrc/algorithms/pairwise.cc) on this group, or on the
+        pair `members` (send/recv)."""
+        args = (_exchange.KINDS[ex.kind], ex.sends, ex.recvs, ex.count, ex.code, root,
+                ex.shape_hash, self._timeout(timeout),
+                self.members if members is None else members,
+                self.group_id if group_id is None else group_id)
+        if asynchronous:
+            return Work(self._world.comm.exchange(*args, True), [ex], self,
+                        f"{ex.kind} of {ex.count} elements")
+        self._run_native(self._world.comm.exchange, *args, False)
+        return ex.result()
+
     def _run_nccl(self, kind: str, x: Any, reduce_op: ReduceOp, algo: str, root: int,
                   inplace: bool, out: Any, asynchronous: bool) -> Any:
         """Device tensors run over NCCL (one communicator per group and device, its unique id
@@ -199,7 +304,8 @@ class _World:
     service on rank 0), and what the coordinator said when a rank failed."""
 
     def __init__(self, spec: ClusterSpec, timeout: float, transport: str | None,
-                 ifname: str | None, connect_timeout: float):
+                 ifname: str | None, connect_timeout: float,
+                 announce: Callable[[str], None] | None = None):
         self.spec = spec
         self.timeout = timeout
         self.groups = 0
@@ -221,7 +327,8 @@ class _World:
         try:
             self.client, peers, self.service = rendezvous(
                 spec, endpoints, connect_timeout,
-                heartbeat_timeout=env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0))
+                heartbeat_timeout=env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0),
+                announce=announce)
             try:
                 session = self._session(spec.rank, connect_timeout)
                 hosts = [p.host_id for p in peers]
@@ -288,6 +395,10 @@ class _World:
         return exc
 
     def close(self, timeout: float) -> None:
+        if self.comm.aborted:
+            # A failed group's ranks may be gone or never reach shutdown: waiting for them
+            # would only delay this rank's exit (and destroy_process_group()) by `timeout`.
+            timeout = min(timeout, 1.0)
         try:
             self.client.barrier("pycollective/shutdown", timeout=timeout)
         except Exception:  # a failed group still shuts down; peers may be gone
@@ -310,7 +421,8 @@ _lock = threading.Lock()
 
 def init(rank: int | None = None, world_size: int | None = None, master: str | None = None,
          token: str | None = None, timeout: float | None = None, transport: str | None = None,
-         ifname: str | None = None, connect_timeout: float | None = None) -> ProcessGroup:
+         ifname: str | None = None, connect_timeout: float | None = None,
+         announce: Callable[[str], None] | None = None) -> ProcessGroup:
     """Joins the default process group and returns it.
 
     Without arguments the group comes from the environment of the launcher in use:
@@ -320,16 +432,22 @@ def init(rank: int | None = None, world_size: int | None = None, master: str | N
     collective (``PYCOLLECTIVE_TIMEOUT``); ``transport`` forces "shm" or "tcp" for every peer
     (``PYCOLLECTIVE_TRANSPORT``); ``ifname`` picks the interface TCP links use
     (``PYCOLLECTIVE_IFNAME``); ``connect_timeout`` bounds forming the group (60 s).
+
+    ``announce`` (rank 0) lets another channel carry the coordinator's address: rank 0's
+    service then listens on ``master``'s port, which may be 0 (the OS picks a free one), and
+    ``announce("host:port")`` is called before rank 0 waits for the others, who pass that
+    address as ``master`` (pycollective.torch does this through torch.distributed's store).
     """
     global _world
     with _lock:
         if _world is not None:
             raise RuntimeError("pycollective.init() was already called in this process; call "
                                "pycollective.shutdown() first")
-        spec = ClusterSpec.from_env(rank=rank, world_size=world_size, master=master, token=token)
+        spec = ClusterSpec.from_env(rank=rank, world_size=world_size, master=master, token=token,
+                                    announced=announce is not None)
         _world = _World(spec, default_timeout() if timeout is None else float(timeout), transport,
                         ifname, connect_timeout if connect_timeout is not None else
-                        env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0))
+                        env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0), announce)
         return _world.world
 
 
@@ -354,17 +472,32 @@ def _default() -> ProcessGroup:
     return _world.world
 
 
-def new_group(ranks: list[int]) -> ProcessGroup | None:
+def new_group(ranks: list[int], name: str | None = None) -> ProcessGroup | None:
     """A sub-group of the default group. Every rank must call new_group with the same ranks in
-    the same order (members and non-members alike); non-members get None."""
+    the same order (members and non-members alike); non-members get None.
+
+    With ``name`` only the members call it: the group's identity (which keeps its sequence
+    numbers apart from other groups') comes from the name, which must be the same on every
+    member and unique among the groups of the world (e.g. the name a framework gave the group).
+    """
     world = _default()._world
     members = sorted(set(int(r) for r in ranks))
     if not members or members[0] < 0 or members[-1] >= world.spec.world_size:
         raise ValueError(f"new_group ranks must be in [0, {world.spec.world_size}), got {ranks}")
+    if name is not None:
+        if world.comm.rank not in members:
+            return None
+        return ProcessGroup(world, members, _named_group_id(f"group/{name}"))
     world.groups += 1
     if world.comm.rank not in members:
         return None
     return ProcessGroup(world, members, world.groups)
+
+
+def _named_group_id(name: str) -> int:
+    """A group id from a name, the same on every rank: 30 bits of its CRC with bit 30 set, so it
+    never equals the small counters new_group() without a name hands out."""
+    return (zlib.crc32(name.encode()) & 0x3FFFFFFF) | 0x40000000
 
 
 def _group(group: ProcessGroup | None) -> ProcessGroup:
@@ -424,6 +557,37 @@ def reduce(x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto"
            inplace: bool = False, out: Any = None, group: ProcessGroup | None = None,
            timeout: float | None = None) -> Any:
     return _group(group).reduce(x, root, op, algo, inplace, out, timeout)
+
+
+def alltoall(x: Any, out: Any = None, send_counts: Sequence[int] | None = None,
+             recv_counts: Sequence[int] | None = None, group: ProcessGroup | None = None,
+             timeout: float | None = None) -> Any:
+    """See :meth:`ProcessGroup.alltoall`."""
+    return _group(group).alltoall(x, out, send_counts, recv_counts, timeout)
+
+
+def gather(x: Any, root: int = 0, out: Any = None, group: ProcessGroup | None = None,
+           timeout: float | None = None) -> Any:
+    """See :meth:`ProcessGroup.gather`."""
+    return _group(group).gather(x, root, out, timeout)
+
+
+def scatter(x: Any, out: Any, root: int = 0, group: ProcessGroup | None = None,
+            timeout: float | None = None) -> Any:
+    """See :meth:`ProcessGroup.scatter`."""
+    return _group(group).scatter(x, out, root, timeout)
+
+
+def send(x: Any, dst: int, tag: int = 0, group: ProcessGroup | None = None,
+         timeout: float | None = None) -> None:
+    """See :meth:`ProcessGroup.send`."""
+    _group(group).send(x, dst, tag, timeout)
+
+
+def recv(x: Any, src: int, tag: int = 0, group: ProcessGroup | None = None,
+         timeout: float | None = None) -> Any:
+    """See :meth:`ProcessGroup.recv`."""
+    return _group(group).recv(x, src, tag, timeout)
 
 
 def barrier(group: ProcessGroup | None = None, timeout: float | None = None) -> None:

@@ -158,3 +158,20 @@ def test_summary_says_which_algorithm_auto_ran():
                             row("auto", 2.1e-5, chose="halving_doubling")])
     assert any("auto 2.10x of best (it runs halving_doubling, 2.00x of best)" in line
                for line in other)
+
+
+def test_torch_bench_runs_and_checks(tmp_path):
+    """bench/torch_bench.py: both backends in one set of processes, results checked, the goal
+    lines printed (timings are not asserted)."""
+    pytest.importorskip("torch", reason="the torch backend benchmark needs torch")
+    out = tmp_path / "torch.json"
+    res = subprocess.run([sys.executable, "-m", "pycollective.bench.torch_bench", "--worlds",
+                          "2", "-b", "4K", "-e", "64K", "-f", "16", "-n", "8", "--budget",
+                          "0.05", "--ddp-steps", "2", "--batch", "4", "--json", str(out)],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert len(summary) == 3 and all("goal" in line for line in summary), summary
+    rows = json.loads(out.read_text())["results"]["2"]["allreduce"]
+    assert {r["backend"] for r in rows} == {"pycollective", "gloo"}
+    assert all(r["wrong"] == 0 for r in rows)

@@ -23,3 +23,12 @@ def test_algorithm_names():
         "inline",
         "auto",
     ]
+
+
+def test_import_needs_no_torch():
+    """pycollective imports torch lazily: only pycollective.torch (the backend) needs it."""
+    import subprocess
+    import sys
+
+    code = "import sys, pycollective; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

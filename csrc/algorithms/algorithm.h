@@ -19,6 +19,19 @@ class Exchange;
 //   allgather       in[count] -> out[size * count]
 //   broadcast       root: in[count] -> everyone's out[count] (in == out allowed)
 //   reduce          in[count] -> out[count] at root only (out unused elsewhere)
+//   pairwise kinds  (alltoall, gather, scatter, send/recv; isPairwise): in/out unused, `peers`
+//                   holds what goes to and comes from each group rank (count: see PeerBuffer)
+
+// One rank's buffers for one peer of a pairwise exchange: `sendCount` elements at `send` go to
+// the peer, `recvCount` elements from it land at `recv` (0: nothing moves that way). The entry
+// for this rank itself is a local copy (its two counts must agree).
+struct PeerBuffer {
+  const void* send = nullptr;
+  size_t sendCount = 0;
+  void* recv = nullptr;
+  size_t recvCount = 0;
+};
+
 struct CollectiveArgs {
   CollectiveKind kind = CollectiveKind::kAllreduce;
   const void* in = nullptr;
@@ -34,6 +47,8 @@ struct CollectiveArgs {
   // through the same Exchange calls (copy, scratch, reduce), which then use DeviceOps.
   int device = -1;
   void* stream = nullptr;       // with device >= 0: the stream in/out are ordered on
+  // Pairwise kinds: one entry per group rank (owned by the caller for the whole call).
+  const PeerBuffer* peers = nullptr;
 };
 
 class Algorithm {

@@ -19,7 +19,7 @@ namespace {
 const std::vector<const Algorithm*>& registry() {
   static const std::vector<const Algorithm*> all = {
       &ring::algorithm(), &halving_doubling::algorithm(), &hierarchical::algorithm(),
-      &reduce_to_one::algorithm(), &direct::algorithm()};
+      &reduce_to_one::algorithm(), &direct::algorithm(), &pairwise::algorithm()};
   return all;
 }
 
@@ -41,13 +41,29 @@ struct Choice {
   std::string table;  // the cost table, for the log
 };
 
+// Pairwise kinds run only on the pairwise algorithm, and it runs nothing else: one schedule per
+// collective, so the others need not know these kinds exist.
+std::string kindMismatch(const Algorithm* a, const CollectiveArgs& args) {
+  const bool pairwiseAlgo = a == &pairwise::algorithm();
+  if (isPairwise(args.kind) == pairwiseAlgo) return "";
+  if (pairwiseAlgo)
+    return std::string("it runs alltoall, gather, scatter and send/recv only, not ") +
+           collectiveName(args.kind);
+  return std::string(collectiveName(args.kind)) + " runs only on the pairwise algorithm";
+}
+
+std::string whyNot(const Algorithm* a, const Group& group, const CollectiveArgs& args) {
+  std::string why = kindMismatch(a, args);
+  return why.empty() ? a->unsupported(group, args) : why;
+}
+
 // The tuned table's entry for this call, if the call spans the whole communicator (the table was
 // measured at that size) and the entry's algorithm can run it.
 const Algorithm* tunedChoice(const Group& group, const CollectiveArgs& args) {
   const TunedChoice* pick = tunedEntry(group, args);
   if (pick == nullptr) return nullptr;
   for (const Algorithm* a : registry())
-    if (pick->algo == a->name() && a->unsupported(group, args).empty()) return a;
+    if (pick->algo == a->name() && whyNot(a, group, args).empty()) return a;
   return nullptr;
 }
 
@@ -57,7 +73,7 @@ Choice chooseAuto(const Group& group, const CollectiveArgs& args, bool withTable
   double best = std::numeric_limits<double>::infinity();
   std::ostringstream table;
   for (const Algorithm* a : registry()) {
-    if (!a->unsupported(group, args).empty()) {
+    if (!whyNot(a, group, args).empty()) {
       if (withTable) table << " " << a->name() << "=n/a";
       continue;
     }
@@ -121,7 +137,10 @@ double bestModelCost(const Group& group, const CollectiveArgs& args) {
 
 std::vector<std::string> algorithmNames() {
   std::vector<std::string> names;
-  for (const Algorithm* a : registry()) names.push_back(a->name());
+  // pairwise is left out: it runs only alltoall, gather, scatter and send/recv, which choose it
+  // themselves; the names listed are those algo= accepts for the other collectives.
+  for (const Algorithm* a : registry())
+    if (a != &pairwise::algorithm()) names.push_back(a->name());
   names.push_back(kInlineAlgorithm);
   names.push_back("auto");
   return names;
@@ -186,7 +205,7 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
     for (const Algorithm* a : registry())
       if (algoName == a->name()) algo = a;
     PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());
-    std::string why = algo->unsupported(group, args);
+    std::string why = whyNot(algo, group, args);
     PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
              collectiveName(args.kind), " here: ", why);
   }

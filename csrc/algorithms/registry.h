@@ -50,5 +50,6 @@ namespace halving_doubling { const Algorithm& algorithm(); }
 namespace hierarchical { const Algorithm& algorithm(); }
 namespace reduce_to_one { const Algorithm& algorithm(); }
 namespace direct { const Algorithm& algorithm(); }
+namespace pairwise { const Algorithm& algorithm(); }
 
 }  // namespace pycollective

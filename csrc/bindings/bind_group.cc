@@ -1,6 +1,7 @@
 // The native side of a process group: links made by the transports, a Communicator over them,
 // and synchronous or asynchronous collectives on it. Connections are made (and authenticated)
 // in Python; this layer takes over sockets and shared-memory names.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -167,6 +168,53 @@ void bindGroup(py::module_& m) {
           py::arg("shape_hash"), py::arg("segment_bytes"), py::arg("timeout"),
           py::arg("members"), py::arg("group_id"),
           "Runs a collective now on this thread (after any queued async work); GIL released.")
+      .def(
+          "exchange",
+          [](Communicator& c, int kind, const std::vector<py::object>& sends,
+             const std::vector<py::object>& recvs, size_t count, int dtype, int root,
+             uint32_t shapeHash, double timeout, std::vector<int> members, int groupId,
+             bool asynchronous) -> py::object {
+            PC_CHECK(isPairwise(static_cast<CollectiveKind>(kind)), "exchange runs alltoall, "
+                     "gather, scatter or send/recv, not collective ", kind);
+            PC_CHECK(sends.size() == members.size() && recvs.size() == members.size(),
+                     "exchange needs one send and one receive entry per group rank (",
+                     members.size(), "), got ", sends.size(), " and ", recvs.size());
+            // The per-peer table lives as long as the call (the async lambda holds it); the
+            // arrays themselves are kept alive by the Python caller until the Work completes.
+            auto peers = std::make_shared<std::vector<PeerBuffer>>(members.size());
+            for (size_t p = 0; p < members.size(); ++p) {
+              PeerBuffer& b = (*peers)[p];
+              if (!sends[p].is_none()) {
+                auto arr = py::reinterpret_borrow<py::array>(sends[p]);
+                b.send = arr.data();
+                b.sendCount = static_cast<size_t>(arr.size());
+              }
+              if (!recvs[p].is_none()) {
+                auto arr = py::reinterpret_borrow<py::array>(recvs[p]);
+                b.recv = arr.mutable_data();
+                b.recvCount = static_cast<size_t>(arr.size());
+              }
+            }
+            CollectiveArgs a = makeArgs(kind, 0, 0, count, dtype, 0, root, shapeHash, 0, timeout);
+            a.peers = peers->data();
+            Communicator* comm = &c;
+            auto fn = [comm, a, peers, members, groupId] {
+              runCollective(*comm, members, groupId, a, "pairwise");
+            };
+            if (asynchronous) return py::cast(c.executor().submit(fn));
+            {
+              py::gil_scoped_release release;
+              c.executor().run(fn);
+            }
+            return py::none();
+          },
+          py::arg("kind"), py::arg("sends"), py::arg("recvs"), py::arg("count"),
+          py::arg("dtype"), py::arg("root"), py::arg("shape_hash"), py::arg("timeout"),
+          py::arg("members"), py::arg("group_id"), py::arg("asynchronous"),
+          "A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous "
+          "array or None) goes to group rank p, recvs[p] receives from it. `count` is the "
+          "element count every rank's header carries (the same on all ranks). Returns Work if "
+          "asynchronous, else None once done.")
       .def(
           "explain",
           [](Communicator& c, int kind, size_t count, int dtype, int op) {

@@ -20,7 +20,8 @@ CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int
                         int root, uint32_t shapeHash, size_t segmentBytes, double timeout) {
   PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
   PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
-  PC_CHECK(kind >= 0 && kind <= static_cast<int>(CollectiveKind::kBarrier), "unknown collective ",
+  PC_CHECK(kind >= 0 && kind <= static_cast<int>(CollectiveKind::kSendRecv) &&
+               kind != static_cast<int>(CollectiveKind::kAllreduceUpdate), "unknown collective ",
            kind);
   CollectiveArgs a;
   a.kind = static_cast<CollectiveKind>(kind);

@@ -93,7 +93,11 @@ void runInline(const std::vector<CollectiveArgs>& args) {
     case CollectiveKind::kBarrier:
       return;  // one thread: everyone is already here
     case CollectiveKind::kAllreduceUpdate:
-      break;  // a process-group collective (optim/allreduce_update.h)
+    case CollectiveKind::kAlltoall:
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter:
+    case CollectiveKind::kSendRecv:
+      break;  // process-group collectives (optim/allreduce_update.h, algorithms/pairwise.cc)
   }
   PC_ASSERT(false, "inline cannot run ", collectiveName(a.kind));
 }

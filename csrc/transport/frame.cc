@@ -15,6 +15,10 @@ const char* collectiveName(CollectiveKind kind) {
     case CollectiveKind::kReduce: return "reduce";
     case CollectiveKind::kBarrier: return "barrier";
     case CollectiveKind::kAllreduceUpdate: return "allreduce_update";
+    case CollectiveKind::kAlltoall: return "alltoall";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kSendRecv: return "send/recv";
   }
   return "?";
 }
@@ -37,8 +41,10 @@ std::string describeCall(const FrameHeader& h) {
   auto kind = static_cast<CollectiveKind>(h.kind);
   if (reducesData(kind))
     os << ", op " << opName(static_cast<ReduceOp>(h.op));
-  if (kind == CollectiveKind::kBroadcast || kind == CollectiveKind::kReduce)
+  if (kind == CollectiveKind::kBroadcast || kind == CollectiveKind::kReduce ||
+      kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter)
     os << ", root " << h.root;
+  if (kind == CollectiveKind::kSendRecv) os << ", from group rank " << h.root;
   if (kind == CollectiveKind::kAllreduceUpdate) os << ", update rule " << updateRuleName(h.root);
   os << ")";
   return os.str();

@@ -19,12 +19,25 @@ enum class CollectiveKind : uint8_t {
   // An allreduce consumed by an optimizer step as it is made (optim/allreduce_update.h):
   // reduce-scatter of the gradients, then allgather of the updated state.
   kAllreduceUpdate = 6,
+  // Pairwise exchanges (algorithms/pairwise.cc): every rank sends its own buffer to each peer
+  // and receives each peer's into its own (CollectiveArgs::peers says which and how much).
+  kAlltoall = 7,
+  kGather = 8,     // every rank's buffer to the root
+  kScatter = 9,    // one buffer from the root to each rank
+  kSendRecv = 10,  // point to point in a group of two: `root` (group rank) sends to the other
 };
 const char* collectiveName(CollectiveKind kind);
 // Whether the collective combines the ranks' data with a reduction op.
 inline bool reducesData(CollectiveKind kind) {
   return kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
          kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllreduceUpdate;
+}
+
+// Collectives made of one message per pair of ranks, each with its own buffers and sizes; only
+// the pairwise algorithm runs them.
+inline bool isPairwise(CollectiveKind kind) {
+  return kind == CollectiveKind::kAlltoall || kind == CollectiveKind::kGather ||
+         kind == CollectiveKind::kScatter || kind == CollectiveKind::kSendRecv;
 }
 
 struct FrameHeader {

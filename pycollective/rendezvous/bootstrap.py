@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+from typing import Callable
 
 from .client import CoordinationClient, PeerInfo
 from .cluster import ClusterSpec, format_address, is_loopback, parse_address
@@ -15,6 +16,7 @@ def rendezvous(
     endpoints: dict[str, str],
     timeout: float,
     heartbeat_timeout: float = 10.0,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[CoordinationClient, list[PeerInfo], CoordinationService | None]:
     """Starts the coordinator on rank 0, then registers this rank and returns the peers.
 
@@ -27,6 +29,8 @@ def rendezvous(
         timeout: Seconds to wait for the coordinator and for every rank.
         heartbeat_timeout: Seconds of silence after which the service
             declares a rank failed (rank 0 only).
+        announce: Rank 0 only: called with the service's ``host:port`` once it listens,
+            before waiting for the others (how a launcher's own store passes the address on).
 
     Returns:
         ``(client, peers, service)``: this rank's client, the peer table
@@ -61,6 +65,12 @@ def rendezvous(
             heartbeat_timeout=heartbeat_timeout,
         )
         _, port = parse_address(service.start())
+        if announce is not None:
+            try:
+                announce(format_address(spec.master_addr, port))
+            except BaseException:
+                service.stop(grace=0)
+                raise
         # Rank 0 reaches its own service over loopback: no name resolution,
         # and it works whatever interface master_addr names.
         address = format_address(_loopback_for(bind_host), port)

@@ -63,6 +63,8 @@ class ClusterSpec:
         token: Shared secret that authenticates every control and data
             connection; None only when ``world_size == 1``.
         source: Where the values came from, for error messages and logs.
+        announced: Rank 0 tells the others the coordinator's address itself (``init(announce=)``,
+            e.g. through torch.distributed's store), so its port may be 0 (the OS picks one).
     """
 
     rank: int
@@ -74,6 +76,7 @@ class ClusterSpec:
     host_id: str
     token: str | None
     source: str
+    announced: bool = False
 
     def __post_init__(self) -> None:
         where = f"(from {self.source})"
@@ -96,7 +99,8 @@ class ClusterSpec:
             raise ValueError(f"the coordinator address (master_addr) is empty {where}")
         if not 0 <= self.master_port <= 65535:
             raise ValueError(f"master_port {self.master_port} is not a TCP port {where}")
-        if self.master_port == 0 and self.world_size > 1:
+        if self.master_port == 0 and self.world_size > 1 and not (self.announced and
+                                                                 self.rank == 0):
             raise ValueError(
                 f"master_port is 0 but world_size is {self.world_size} {where}: the other "
                 "ranks cannot find an OS-chosen port; give every rank the same port"
@@ -127,6 +131,7 @@ class ClusterSpec:
         world_size: int | None = None,
         master: str | None = None,
         token: str | None = None,
+        announced: bool = False,
     ) -> ClusterSpec:
         """Builds the spec from explicit arguments and the launcher environment.
 
@@ -136,6 +141,7 @@ class ClusterSpec:
             world_size: Overrides the world size found in the environment.
             master: Overrides the coordinator address, as ``"host:port"``.
             token: Overrides ``PYCOLLECTIVE_TOKEN``.
+            announced: See the attribute: rank 0 publishes the coordinator's address itself.
 
         Returns:
             The spec. With no launcher environment and no arguments this is a
@@ -198,6 +204,7 @@ class ClusterSpec:
             host_id=env.get("PYCOLLECTIVE_HOST_ID") or socket.gethostname(),
             token=final_token,
             source=source,
+            announced=announced,
         )
 
 

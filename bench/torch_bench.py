@@ -1,0 +1,234 @@
+"""torch.distributed through "pycollective" against "gloo", in the same processes.
+
+    python -m pycollective.bench.torch_bench                 # 2 and 4 ranks, 4 KiB .. 64 MiB
+    python -m pycollective.bench.torch_bench --worlds 2 --json out.json
+
+For each world size, one set of rank processes (under a hard deadline) forms the default group
+on "pycollective" and a gloo group over the same ranks, then times, in interleaved rounds so
+both share the machine's noise: ``torch.distributed.all_reduce`` (float32 sum, in place) at
+each size, and DistributedDataParallel training steps of an ~11M-parameter MLP. Times are the
+slowest rank's per iteration (median); busbw follows nccl-tests. Every all_reduce result is
+checked first. The summary compares with the goals of issue #14.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from .metrics import human_bytes, parse_size
+from .report import table
+from .rows import Row
+from .timing import summarize, time_interleaved
+
+_PKG = __package__  # "bench" in a checkout, "pycollective.bench" when installed
+BACKENDS = ("pycollective", "gloo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pycollective.bench.torch_bench",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", default="2,4", help="comma-separated rank counts")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
+    p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument("-n", "--iters", type=int, default=200)
+    p.add_argument("--budget", type=float, default=1.5,
+                   help="seconds of all_reduce timing per size and backend at most")
+    p.add_argument("--ddp-steps", type=int, default=12,
+                   help="timed DDP steps per backend (0: skip DDP)")
+    p.add_argument("--ddp-worlds", default="2", help="rank counts that time DDP")
+    p.add_argument("--batch", type=int, default=32, help="DDP batch per rank")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--worker", metavar="JOB", help=argparse.SUPPRESS)
+    return p
+
+
+# -- one rank ---------------------------------------------------------------------------------
+
+def mlp(width: int = 2048):
+    """~11.0M parameters: 1024 -> 2048 -> 2048 -> 2048 -> 256."""
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 256))
+
+
+def _worker(job_path: str) -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import pycollective.torch  # noqa: F401  (registers the backend)
+
+    with open(job_path) as f:
+        job = json.load(f)
+    rank, world = int(os.environ["BENCH_RANK"]), job["world"]
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("pycollective", init_method=f"tcp://127.0.0.1:{job['port']}",
+                            rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    groups = {"pycollective": None, "gloo": gloo}
+
+    def slowest(samples: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float64))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        return t.numpy()
+
+    out: dict = {"allreduce": [], "ddp": {}}
+    for nbytes in job["sizes"]:
+        count = nbytes // 4
+        wrong = {}
+        for name, group in groups.items():  # the result first: rank r contributes r + 1
+            t = torch.full((count,), float(rank + 1))
+            dist.all_reduce(t, group=group)
+            wrong[name] = int((t != world * (world + 1) / 2).sum())
+        # Zeros: the timed loop reduces the same buffer again and again without overflowing.
+        bufs = {name: torch.zeros(count) for name in groups}
+        calls = {name: (lambda b=bufs[name], g=group: dist.all_reduce(b, group=g))
+                 for name, group in groups.items()}
+        samples = time_interleaved(calls, job["iters"], 3, job["budget"], max_over_ranks=slowest)
+        for name in groups:
+            s = summarize(samples[name])
+            out["allreduce"].append({"backend": name, "nbytes": nbytes, "count": count,
+                                     "median_s": s.median, "p10_s": s.p10, "p90_s": s.p90,
+                                     "iters": s.iters, "wrong": wrong[name]})
+        if rank == 0:
+            print(f"done allreduce {human_bytes(nbytes)} on {world} ranks", flush=True)
+
+    if job["ddp_steps"] > 0:
+        g = torch.Generator().manual_seed(rank)
+        x, y = torch.randn(job["batch"], 1024, generator=g), torch.randn(job["batch"], 256,
+                                                                          generator=g)
+        steps = {}
+        for name, group in groups.items():
+            torch.manual_seed(0)
+            model = DDP(mlp(), process_group=group)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+            def step(model=model, opt=opt) -> None:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+
+            steps[name] = step
+        params = sum(p.numel() for p in mlp().parameters())
+        samples = time_interleaved(steps, job["ddp_steps"], 2, 1e9, rounds=4,
+                                   max_over_ranks=slowest)
+        out["ddp"] = {name: {"median_s": summarize(s).median, "p10_s": summarize(s).p10,
+                             "p90_s": summarize(s).p90, "steps": len(s), "params": params}
+                      for name, s in samples.items()}
+        if rank == 0:
+            print(f"done DDP on {world} ranks", flush=True)
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(job["result"], "w") as f:
+            json.dump(out, f)
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(world: int, job: dict, deadline_s: float) -> dict:
+    """One set of `world` rank processes under a hard deadline; rank 0's figures."""
+    tmp = tempfile.mkdtemp(prefix="pycol-torch-bench-")
+    job = dict(job, world=world, port=_free_port(), result=os.path.join(tmp, "result.json"))
+    path = os.path.join(tmp, "job.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    procs = [subprocess.Popen([sys.executable, "-m", f"{_PKG}.torch_bench", "--worker", path],
+                              env=dict(os.environ, BENCH_RANK=str(r)),
+                              stdout=subprocess.PIPE if r else None, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True) for r in range(world)]
+    deadline = time.monotonic() + deadline_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if failed or not os.path.exists(job["result"]):
+        logs = "\n".join((p.stdout.read() or "")[-2000:] for p in procs[1:] if p.stdout)
+        raise SystemExit(f"{world} ranks: ranks {failed} failed or ran past {deadline_s:.0f} s\n"
+                         f"{logs}")
+    with open(job["result"]) as f:
+        return json.load(f)
+
+
+def report(results: dict[int, dict]) -> list[str]:
+    """The table of all_reduce rows, the DDP lines, and each goal of issue #14: met or not."""
+    rows = [Row("allreduce", d["nbytes"], d["count"], "float32", d["backend"],
+                "shm" if d["backend"] == "pycollective" else "tcp", world, d["median_s"],
+                d["p10_s"], d["p90_s"], d["wrong"], peer=d["backend"] == "gloo")
+            for world, res in results.items() for d in res["allreduce"]]
+    table(rows, sys.stdout)
+    lines = []
+    for world, res in results.items():
+        by = {(d["backend"], d["nbytes"]): Row("allreduce", d["nbytes"], d["count"], "float32",
+                                              d["backend"], "", world, d["median_s"],
+                                              d["p10_s"], d["p90_s"])
+              for d in res["allreduce"]}
+        sizes = sorted({n for _, n in by})
+        big, small = sizes[-1], sizes[0]
+        ratio = by["pycollective", big].busbw / by["gloo", big].busbw
+        lines.append(f"{world} ranks, all_reduce {human_bytes(big)}: busbw "
+                     f"{by['pycollective', big].busbw / 1e9:.2f} GB/s vs gloo "
+                     f"{by['gloo', big].busbw / 1e9:.2f} GB/s = {ratio:.2f}x (goal >= 3x: "
+                     f"{'met' if ratio >= 3 else 'not met'})")
+        lat = by["pycollective", small].median_s / by["gloo", small].median_s
+        lines.append(f"{world} ranks, all_reduce {human_bytes(small)}: "
+                     f"{by['pycollective', small].median_s * 1e6:.1f} us vs gloo "
+                     f"{by['gloo', small].median_s * 1e6:.1f} us = {lat:.3f}x (goal <= 0.1x: "
+                     f"{'met' if lat <= 0.1 else 'not met'})")
+        ddp = res.get("ddp") or {}
+        if ddp:
+            p, g = ddp["pycollective"], ddp["gloo"]
+            r = p["median_s"] / g["median_s"]
+            lines.append(f"{world} ranks, DDP step ({p['params'] / 1e6:.1f}M-parameter MLP): "
+                         f"{p['median_s'] * 1e3:.0f} ms ({1 / p['median_s']:.2f} steps/s) vs "
+                         f"gloo {g['median_s'] * 1e3:.0f} ms ({1 / g['median_s']:.2f} steps/s) "
+                         f"= {r:.2f}x (goal <= 0.8x: {'met' if r <= 0.8 else 'not met'})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        _worker(args.worker)
+        return 0
+    sizes, s = [], args.minbytes
+    while s <= args.maxbytes:
+        sizes.append(s)
+        s *= args.stepfactor
+    ddp_worlds = {int(w) for w in args.ddp_worlds.split(",") if w}
+    results = {}
+    for world in (int(w) for w in args.worlds.split(",")):
+        job = {"sizes": sizes, "iters": args.iters, "budget": args.budget,
+               "ddp_steps": args.ddp_steps if world in ddp_worlds else 0, "batch": args.batch}
+        results[world] = run_world(world, job, 120 + 4 * args.budget * len(sizes) * 2
+                                   + (60 + 10 * args.ddp_steps) * world)
+    lines = report(results)
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "summary": lines}, f, indent=1)
+    wrong = sum(d["wrong"] for res in results.values() for d in res["allreduce"])
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
