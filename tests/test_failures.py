@@ -161,13 +161,15 @@ def _mismatch(rank, n, what):
     ("count", "element count: here"),
     ("fused", "collective: here"),
     ("rule", "update rule: here"),
+    ("rule", "nesterov"),  # the rule is named, not numbered (the optimizer layer names it)
+    ("algo", "reduce_to_one"),  # the algorithm is named (the registry names it)
 ])
 def test_mismatched_calls_fail_on_every_rank(what, text):
     res = run_ranks(_mismatch, 2, what, timeout=40)
     for r, (name, msg, seconds) in enumerate(res):
         assert name in ("ProtocolError", "RemoteError", "Aborted"), (r, res[r])
         assert text in msg, (r, msg)
-        assert seconds < 5
+        assert seconds < 20  # at once, not at the collective timeout (60 s); room for load
 
 
 def _wrong_token(rank, n):

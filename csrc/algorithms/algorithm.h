@@ -40,6 +40,7 @@ struct CollectiveArgs {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
+  uint8_t updateRule = 0;       // allreduce_update: the optimizer rule (its own header field)
   uint32_t shapeHash = 0;
   size_t segmentBytes = 0;      // pipeline segment; 0 = PYCOLLECTIVE_SEGMENT_BYTES
   double timeoutSeconds = 0;    // 0 = the communicator's timeout

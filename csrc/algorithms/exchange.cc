@@ -22,6 +22,7 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
   s.header.op = static_cast<uint8_t>(args.op);
   s.header.algo = algoIndex;
   s.header.root = args.root;
+  s.header.updateRule = args.updateRule;
   bool reduces = reducesData(args.kind);
   s.dtype = args.dtype;
   s.elemSize = elementSize(args.dtype);

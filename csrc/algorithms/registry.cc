@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "reduce/reduce.h"
+#include "transport/frame.h"
 
 namespace pycollective {
 
@@ -151,6 +152,9 @@ const char* algorithmName(uint8_t index) {
   if (index == 255) return "barrier";
   return index < all.size() ? all[index]->name() : "?";
 }
+
+// Frame errors (transport/frame.h) name the header's algorithm index through this.
+[[maybe_unused]] const bool kAlgorithmNamerRegistered = (registerAlgorithmNamer(&algorithmName), true);
 
 const LinkCost& costOf(const Group& group) {
   const auto& hosts = group.comm().hostOf();

@@ -10,7 +10,7 @@
 
 namespace pycollective {
 
-// Names users can pass as algo=, "inline" (in-process replicas only, comm/inline_collective.h)
+// Names users can pass as algo=, "inline" (in-process replicas only, local/inline_collective.h)
 // and "auto" included, in a stable order.
 std::vector<std::string> algorithmNames();
 constexpr const char* kInlineAlgorithm = "inline";

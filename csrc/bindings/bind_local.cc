@@ -3,7 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
-#include "comm/local_group.h"
+#include "local/local_group.h"
 #include "core/error.h"
 
 namespace py = pybind11;

@@ -28,7 +28,7 @@ void updateOne(Group& group, int groupId, UpdateRule rule, DType dtype, const Up
   args.count = tensor.count;
   args.dtype = dtype;
   args.op = ReduceOp::kSum;
-  args.root = static_cast<int>(rule);
+  args.updateRule = static_cast<uint8_t>(rule);
   args.shapeHash = shapeHash;
   args.timeoutSeconds = timeoutSeconds;
 

@@ -7,10 +7,19 @@
 #include "core/thread_pool.h"
 #include "optim/update_kernels.h"
 #include "reduce/reduce.h"
+#include "transport/frame.h"
 
 namespace pycollective {
 
 namespace {
+
+const char* updateRuleName(uint8_t rule) {
+  static const char* const kNames[] = {"sgd", "momentum", "nesterov", "adam"};
+  return rule < 4 ? kNames[rule] : "an unknown rule";
+}
+
+// Frame errors (transport/frame.h) name the header's update rule through this.
+[[maybe_unused]] const bool kUpdateRuleNamerRegistered = (registerUpdateRuleNamer(&updateRuleName), true);
 
 // A piece is one thread's share (a job of the pool); a block is what one pass keeps in cache:
 // the summed gradient and copy 0's new state of a block stay in L1/L2 between being computed

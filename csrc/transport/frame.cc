@@ -1,8 +1,7 @@
 #include "transport/frame.h"
 
+#include <atomic>
 #include <sstream>
-
-#include "algorithms/registry.h"
 
 namespace pycollective {
 
@@ -25,13 +24,26 @@ const char* collectiveName(CollectiveKind kind) {
 
 namespace {
 
-// allreduce_update carries its optimizer rule (optim/replicated_update.h UpdateRule) in `root`.
-std::string updateRuleName(int32_t rule) {
-  static const char* const kNames[] = {"sgd", "momentum", "nesterov", "adam"};
-  return rule >= 0 && rule < 4 ? kNames[rule] : "rule " + std::to_string(rule);
+std::atomic<HeaderFieldNamer> algorithmNamer{nullptr};
+std::atomic<HeaderFieldNamer> updateRuleNamer{nullptr};
+
+std::string nameOf(const std::atomic<HeaderFieldNamer>& namer, const char* what, uint8_t index) {
+  HeaderFieldNamer f = namer.load(std::memory_order_acquire);
+  return f != nullptr ? std::string(f(index)) : std::string(what) + " " + std::to_string(index);
 }
 
+std::string algorithmName(uint8_t index) { return nameOf(algorithmNamer, "algorithm", index); }
+std::string updateRuleName(uint8_t rule) { return nameOf(updateRuleNamer, "rule", rule); }
+
 }  // namespace
+
+void registerAlgorithmNamer(HeaderFieldNamer namer) {
+  algorithmNamer.store(namer, std::memory_order_release);
+}
+
+void registerUpdateRuleNamer(HeaderFieldNamer namer) {
+  updateRuleNamer.store(namer, std::memory_order_release);
+}
 
 std::string describeCall(const FrameHeader& h) {
   std::ostringstream os;
@@ -45,7 +57,8 @@ std::string describeCall(const FrameHeader& h) {
       kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter)
     os << ", root " << h.root;
   if (kind == CollectiveKind::kSendRecv) os << ", from group rank " << h.root;
-  if (kind == CollectiveKind::kAllreduceUpdate) os << ", update rule " << updateRuleName(h.root);
+  if (kind == CollectiveKind::kAllreduceUpdate)
+    os << ", update rule " << updateRuleName(h.updateRule);
   os << ")";
   return os.str();
 }
@@ -68,11 +81,8 @@ std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got) 
   if (expected.count == got.count && expected.shapeHash != got.shapeHash)
     os << "; shape: the same element count in a different shape";
   field("op", opName(static_cast<ReduceOp>(expected.op)), opName(static_cast<ReduceOp>(got.op)));
-  if (static_cast<CollectiveKind>(expected.kind) == CollectiveKind::kAllreduceUpdate &&
-      expected.kind == got.kind)
-    field("update rule", updateRuleName(expected.root), updateRuleName(got.root));
-  else
-    field("root", std::to_string(expected.root), std::to_string(got.root));
+  field("root", std::to_string(expected.root), std::to_string(got.root));
+  field("update rule", updateRuleName(expected.updateRule), updateRuleName(got.updateRule));
   std::string fields = os.str();
   if (fields.empty()) {
     // Same call: only the step or size can differ, which is a pycollective bug.

@@ -52,10 +52,19 @@ struct FrameHeader {
   uint8_t dtype = 0;
   uint8_t op = 0;
   uint8_t algo = 0;         // index in the algorithm registry
-  int32_t root = 0;         // broadcast/reduce: the root; allreduce_update: the update rule
-  uint32_t reserved = 0;
+  int32_t root = 0;         // broadcast/reduce/gather/scatter: the root; send/recv: the sender
+  uint8_t updateRule = 0;   // allreduce_update: the optimizer rule (optim/replicated_update.h)
+  uint8_t reserved[3] = {0, 0, 0};
 };
 static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
+
+// The header carries indices that belong to the layers above (the algorithm registry, the
+// optimizer's update rules). Error messages name them through functions those layers register
+// at start-up, so that the transport depends on nothing above it; unregistered, an index is
+// printed as a number.
+using HeaderFieldNamer = const char* (*)(uint8_t index);
+void registerAlgorithmNamer(HeaderFieldNamer namer);
+void registerUpdateRuleNamer(HeaderFieldNamer namer);
 
 // One line describing the call a header belongs to: "allreduce#17 (ring, float32, 4096 elems)".
 std::string describeCall(const FrameHeader& h);

@@ -52,8 +52,8 @@ kernel_objects=("${objects[@]}")
 compile tests/native/test_reduce.cc
 "$cxx" "${common[@]}" "${objects[@]}" -o "$out/test_reduce"
 
-# The shm transport test: the kernels (it reduces out of the ring) plus the transport. frame.cc
-# needs algorithmName(), which test_shm.cc stubs instead of linking the algorithm registry.
+# The shm transport test: the kernels (it reduces out of the ring) plus the transport, and
+# nothing above it (frame.cc names algorithms only through a namer the registry registers).
 objects=("${kernel_objects[@]}")
 compile csrc/core/logging.cc
 compile csrc/transport/frame.cc

@@ -24,7 +24,7 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/chunking.h"
-#include "comm/local_group.h"
+#include "local/local_group.h"
 #include "core/error.h"
 #include "cuda/device_ops.h"
 #include "reduce/reduce.h"

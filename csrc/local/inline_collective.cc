@@ -1,4 +1,4 @@
-#include "comm/inline_collective.h"
+#include "local/inline_collective.h"
 
 #include <cstring>
 

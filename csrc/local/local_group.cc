@@ -1,9 +1,9 @@
-#include "comm/local_group.h"
+#include "local/local_group.h"
 
 #include <algorithm>
 
 #include "algorithms/registry.h"
-#include "comm/inline_collective.h"
+#include "local/inline_collective.h"
 #include "core/error.h"
 #include "cuda/device_ops.h"
 #include "transport/inproc.h"
