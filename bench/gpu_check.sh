@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one run, on a machine with an NVIDIA GPU (a few minutes on one GPU):
 #   1. build pycollective with PYCOLLECTIVE_CUDA=ON (editable install into build/gpu-check);
-#   2. the device-path check without CUDA (tests/native/run_device_path.sh, fake device);
+#   2. the device-path check without CUDA (ctest's device_path, fake device);
 #   3. every GPU test: pytest -m "gpu or nccl" over tests/, plus the NCCL loader tests;
 #   4. the GPU benchmark (bench/gpu_bench.py): kernels vs device copy on 1 GiB float32/bf16,
 #      4 replicas on one GPU over device buffers, NCCL through our binding vs CuPy's.
@@ -65,7 +65,7 @@ print(pc._C.cuda_describe())") || status=1
 
 step "device path on a fake device (no CUDA involved)"
 t0=$SECONDS
-tests/native/run_device_path.sh
+SANITIZE= BUILD_DIR=build/gpu-check-ctest bash .ci/native_tests.sh
 record device-path $? $((SECONDS - t0))
 
 step "GPU tests"

@@ -779,8 +779,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "--bench") return runBench();
-  if (!mode.empty()) {
-    std::fprintf(stderr, "usage: %s [--print-simd | --bench]\n", argv[0]);
+  if (mode == "--require-simd" && argc > 2) {
+    // ctest runs one test per kernel set (PYCOLLECTIVE_SIMD=LEVEL); a CPU without that set
+    // falls back to a lower one, and the test is skipped (77), not run twice at one level.
+    if (std::string(simdLevel()) != argv[2]) {
+      std::printf("skipped: this CPU runs '%s', not '%s'\n", simdLevel(), argv[2]);
+      return 77;
+    }
+  } else if (!mode.empty()) {
+    std::fprintf(stderr, "usage: %s [--print-simd | --bench | --require-simd LEVEL]\n", argv[0]);
     return 2;
   }
   alarm(600);  // nothing here may hang: a deadlock kills the test instead
