@@ -114,24 +114,104 @@ def test_gradient_is_per_replica_and_averaged_once(replicas):
     np.testing.assert_allclose(w, 1.0 - per_replica.mean(axis=0), rtol=1e-6)
 
 
+def _sgd_step_on_argument(s, x: np.ndarray):
+    """jax.grad with respect to parameters passed as a (replicated) argument of run, JAX style;
+    the gradient goes to apply_gradients (MEAN) and to an explicit all_reduce(MEAN)."""
+    with s.scope():
+        w = ds.Variable(np.ones(3, np.float32), name="w")
+        opt = ds.SGD(1.0)
+
+    def step(params, xb):
+        g = jax.grad(lambda p: jax.numpy.sum(p * jax.numpy.asarray(xb)))(params)
+        opt.apply_gradients([(g, w)])
+        return ds.get_replica_context().all_reduce("MEAN", g)
+
+    batch = next(iter(s.experimental_distribute_dataset([x])))
+    mean = s.run(step, args=(np.ones(3, np.float32), batch))
+    return w.numpy(), np.asarray(s.experimental_local_results(mean)[0])
+
+
+@in_process
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_gradient_with_respect_to_an_argument_is_per_replica(replicas):
+    """Parameters passed as an argument of run (not a variable) must be per-replica values too:
+    the same step gives what MirroredStrategy gives."""
+    x = np.arange(replicas * 2 * 3, dtype=np.float32).reshape(replicas * 2, 3)
+    want = x.reshape(replicas, 2, 3).sum(axis=1).mean(axis=0)
+    w, mean = _sgd_step_on_argument(strategy(replicas), x)
+    np.testing.assert_allclose(mean, want, rtol=1e-6)
+    np.testing.assert_allclose(w, 1.0 - want, rtol=1e-6)
+    mw, mmean = _sgd_step_on_argument(
+        ds.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)]), x)
+    np.testing.assert_allclose(w, mw, rtol=1e-6)
+    np.testing.assert_allclose(mean, mmean, rtol=1e-6)
+
+
+@in_process
+def test_apply_gradients_of_plain_gradients_in_cross_replica_context():
+    """A plain (non-distributed) gradient applied outside run is applied as it is, with or
+    without skip_gradients_aggregation (it is the same on every replica)."""
+    s = strategy(4)
+    with s.scope():
+        w = ds.Variable(np.ones(3, np.float32), name="w")
+        opt = ds.SGD(1.0)
+    g = np.array([1.0, 2.0, 3.0], np.float32)
+    opt.apply_gradients([(g, w)])
+    np.testing.assert_allclose(w.numpy(), 1.0 - g)
+    opt.apply_gradients([(g, w)], skip_gradients_aggregation=True)
+    np.testing.assert_allclose(w.numpy(), 1.0 - 2 * g)
+
+
 @in_process
 def test_the_trap_is_caught(monkeypatch):
-    """The check above fails when variables are read as invariant values: the trap is real and
-    the test sees it."""
-    from jax import lax
-
+    """The checks above fail when variables or arguments enter the step as invariant values:
+    the trap is real and the tests see it."""
     from pycollective.strategies.tpu import step as tpu_step
 
     replicas = 4
-    s = strategy(replicas)
-    monkeypatch.setattr(tpu_step, "read", lambda var: (
-        tpu_step.current().get(var) if tpu_step.tracing_for(var.distribute_strategy) else None))
     x = np.arange(replicas * 2 * 3, dtype=np.float32).reshape(replicas * 2, 3)
-    w, _ = _one_sgd_step(s, x)
     mean_grad = x.reshape(replicas, 2, 3).sum(axis=1).mean(axis=0)
+    with monkeypatch.context() as m:  # variables read as invariant values
+        m.setattr(tpu_step, "read", lambda var: (
+            tpu_step.current().get(var) if tpu_step.tracing_for(var.distribute_strategy)
+            else None))
+        w, _ = _one_sgd_step(strategy(replicas), x)
     np.testing.assert_allclose(w, 1.0 - replicas * mean_grad, rtol=1e-6)  # N times
-    assert not np.allclose(w, 1.0 - mean_grad)
-    assert lax.pcast  # the fix relies on lax.pcast(..., to="varying")
+    with monkeypatch.context() as m:  # replicated arguments passed as invariant values
+        m.setattr(tpu_step, "as_per_replica", lambda value: value)
+        w, mean = _sgd_step_on_argument(strategy(replicas), x)
+    np.testing.assert_allclose(mean, replicas * mean_grad, rtol=1e-6)
+    np.testing.assert_allclose(w, 1.0 - replicas * mean_grad, rtol=1e-6)
+    # and without the patches the same steps give the true gradient
+    w, _ = _one_sgd_step(strategy(replicas), x)
+    np.testing.assert_allclose(w, 1.0 - mean_grad, rtol=1e-6)
+    w, mean = _sgd_step_on_argument(strategy(replicas), x)
+    np.testing.assert_allclose(mean, mean_grad, rtol=1e-6)
+
+
+@in_process
+def test_arrays_read_from_a_variable_survive_the_next_step():
+    """A step donates the variables' buffers; what jnp.asarray(v) or a pytree leaf of v handed
+    out before must still be readable after it (a copy, not the donated buffer)."""
+    s = strategy(4)
+    x = np.arange(4 * 2 * 3, dtype=np.float32).reshape(8, 3)
+    with s.scope():
+        w = ds.Variable(np.ones(3, np.float32), name="w")
+        opt = ds.SGD(1.0)
+    snap = jax.numpy.asarray(w)
+    leaf = jax.tree_util.tree_leaves(w)[0]
+    doubled = jax.jit(lambda v: v * 2)(w)
+
+    def step(xb):
+        opt.apply_gradients([(jax.grad(lambda v: jax.numpy.sum(v * xb))(w.value()), w)])
+
+    batch = next(iter(s.experimental_distribute_dataset([x])))
+    s.run(step, args=(batch,))
+    s.run(step, args=(batch,))
+    np.testing.assert_array_equal(np.asarray(snap), np.ones(3))
+    np.testing.assert_array_equal(np.asarray(leaf), np.ones(3))
+    np.testing.assert_array_equal(np.asarray(doubled), 2 * np.ones(3))
+    assert not np.allclose(w.numpy(), 1.0)
 
 
 # Replica-context collectives and cross-replica reductions -------------------------------------
@@ -261,7 +341,7 @@ def test_sync_on_read_variables_count_per_replica_and_aggregate_on_read(tmp_path
     with s.scope():
         total = ds.Variable(0.0, synchronization="ON_READ", aggregation="SUM", trainable=False)
     s.run_steps(lambda x: total.assign_add(jax.numpy.sum(x)),
-                s.experimental_distribute_dataset(batches), steps=2)
+                iter(s.experimental_distribute_dataset(batches)), steps=2)
     assert float(total.numpy()) == 36.0
 
 
@@ -304,6 +384,49 @@ def test_uneven_last_batch_is_padded_and_masked():
     np.testing.assert_array_equal(np.concatenate([p[:n] for p, n in zip(parts, [3, 3, 2, 2])]),
                                   x[64:])
     assert_params_close({k: v.numpy() for k, v in variables.items()}, want)
+
+
+@in_process
+@pytest.mark.filterwarnings("ignore:.*experimental_valid_rows")
+def test_reduce_and_gather_along_the_batch_axis_leave_the_padding_out():
+    """5 rows over 4 replicas (2, 1, 1, 1, padded to 2): reduce/gather along axis 0 of a
+    result with the batch's rows give what MirroredStrategy gives on the unpadded split."""
+    x = np.arange(1, 6, dtype=np.float32)
+    xy = np.arange(10, dtype=np.float32).reshape(5, 2)
+    got = {}
+    for s in (strategy(4), ds.MirroredStrategy([f"/cpu:{i}" for i in range(4)])):
+        b = next(iter(s.experimental_distribute_dataset([(x, xy)])))
+        out, out2 = s.run(lambda v, w: (v * 1.0, w + 0.0), args=b)
+        got[type(s).__name__] = [np.asarray(r) for r in (
+            s.reduce("MEAN", out, axis=0), s.reduce("SUM", out, axis=0),
+            s.reduce("MEAN", out2, axis=0), s.reduce("MEAN", out2, axis=-2),
+            s.gather(out, axis=0), s.gather(out2, axis=0),
+            s.reduce("MEAN", b[0], axis=0), s.gather(b[1], axis=0))]
+    tpu, mirrored = got["TPUStrategy"], got["MirroredStrategy"]
+    assert float(tpu[0]) == 3.0 and float(tpu[1]) == 15.0
+    np.testing.assert_array_equal(tpu[4], x)
+    np.testing.assert_array_equal(tpu[5], xy)
+    for t, m in zip(tpu, mirrored):
+        np.testing.assert_allclose(t, m, rtol=1e-6)
+
+
+@in_process
+def test_an_unmasked_step_on_a_padded_batch_warns_once():
+    s = strategy(4)
+    padded = next(iter(s.experimental_distribute_dataset([np.ones((5, 3), np.float32)])))
+    even = next(iter(s.experimental_distribute_dataset([np.ones((8, 3), np.float32)])))
+    with pytest.warns(UserWarning, match="experimental_valid_rows"):
+        s.run(lambda b: jax.numpy.mean(b), args=(padded,))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.run(lambda b: jax.numpy.mean(b), args=(padded,))  # once per strategy
+        s2 = strategy(4)
+        s2.run(lambda b: jax.numpy.mean(b), args=(even,))  # nothing padded
+        s2.run(lambda b: jax.numpy.sum(jax.numpy.where(  # masked
+            jax.numpy.arange(2) < ds.get_replica_context().experimental_valid_rows,
+            jax.numpy.sum(b, axis=1), 0.0)), args=(padded,))
 
 
 @in_process
@@ -398,6 +521,22 @@ def test_run_steps_scans_a_block_of_steps():
         s.extended.steps_per_execution = 0
 
 
+@in_process
+def test_run_steps_needs_an_iterator():
+    """A dataset would restart at its first element on every call (and a loop until None would
+    never end): run_steps refuses it and names what to pass."""
+    s = strategy(4)
+    data = [np.full((4, 1), i, np.float32) for i in range(6)]
+    dataset = s.experimental_distribute_dataset(data)
+    with pytest.raises(TypeError, match=r"iter\(dataset\)"):
+        s.run_steps(lambda b: jax.numpy.max(b), dataset, steps=2)
+    it = iter(dataset)
+    seen = []
+    while (out := s.run_steps(lambda b: jax.numpy.max(b), it, steps=2)) is not None:
+        seen.append(float(s.experimental_local_results(out)[0]))
+    assert seen == [1, 3, 5]
+
+
 # What a compiled step cannot do ---------------------------------------------------------------
 
 @in_process
@@ -462,6 +601,32 @@ def test_cluster_resolver_wraps_the_local_devices(caplog):
         ds.TPUClusterResolver(tpu="grpc://10.0.0.2:8470")
     with pytest.raises(ValueError, match="Cloud"):
         ds.TPUClusterResolver(zone="us-central1-b")
+
+
+@in_process
+def test_what_tpu_strategy_cannot_honour_is_refused_by_name():
+    class DeviceAssignment:  # tf's, with two cores per replica (model parallelism)
+        num_replicas = 2
+        num_cores_per_replica = 2
+
+    with pytest.raises(NotImplementedError, match="num_cores_per_replica=2.*model parallelism"):
+        ds.TPUStrategy(experimental_device_assignment=DeviceAssignment())
+    DeviceAssignment.num_cores_per_replica = 1
+    assert ds.TPUStrategy(
+        experimental_device_assignment=DeviceAssignment()).num_replicas_in_sync == 2
+    s = strategy(2)
+    data = [np.ones((4, 1), np.float32)]
+    for options, field in [(ds.InputOptions(experimental_fetch_to_device=False),
+                            "experimental_fetch_to_device"),
+                           (ds.InputOptions(experimental_place_dataset_on_device=True),
+                            "experimental_place_dataset_on_device"),
+                           (ds.InputOptions(experimental_per_replica_buffer_size=4),
+                            "experimental_per_replica_buffer_size")]:
+        with pytest.raises(NotImplementedError, match=field):
+            s.experimental_distribute_dataset(data, options=options)
+        with pytest.raises(NotImplementedError, match=field):
+            s.distribute_datasets_from_function(lambda ctx: data, options=options)
+    s.experimental_distribute_dataset(data, options=ds.InputOptions())  # the defaults
 
 
 @in_process
