@@ -389,6 +389,24 @@ def test_uneven_last_batch_is_padded_and_masked():
 
 
 @in_process
+@pytest.mark.parametrize("replicas", [1, 4])
+def test_non_distributed_values_reduce_as_under_mirrored_strategy(replicas):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for s in (strategy(replicas), ds.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])):
+        mean = np.asarray(s.reduce("MEAN", x))
+        along = np.asarray(s.reduce("MEAN", x, axis=0))
+        np.testing.assert_allclose(mean, x)
+        np.testing.assert_allclose(along, x.mean(axis=0))
+        if replicas == 1:  # one local replica: the value is that replica's value
+            np.testing.assert_allclose(np.asarray(s.reduce("SUM", x)), x)
+            np.testing.assert_allclose(np.asarray(s.reduce("SUM", x, axis=1)), x.sum(axis=1))
+        else:
+            for axis in (None, 0):
+                with pytest.raises(ValueError, match="cannot be reduced with ReduceOp.SUM"):
+                    s.reduce("SUM", x, axis=axis)
+
+
+@in_process
 @pytest.mark.filterwarnings("ignore:.*experimental_valid_rows")
 def test_reduce_and_gather_along_the_batch_axis_leave_the_padding_out():
     """5 rows over 4 replicas (2, 1, 1, 1, padded to 2): reduce/gather along axis 0 of a
@@ -771,6 +789,9 @@ LIGHT_SCRIPT = textwrap.dedent("""
     total = s.run(step, args=(batch,))
     assert [np.asarray(c).tolist() for c in s.experimental_local_results(total)] == [[4, 6]]
     assert w.numpy().tolist() == [-2, -3], w.numpy()
+    # one replica per process: a plain value is that replica's (every strategy's rule)
+    assert float(np.asarray(s.reduce("SUM", np.float32(rank + 1)))) == 3.0
+    assert float(np.asarray(s.reduce("MEAN", np.float32(rank + 1)))) == 1.5
     print(f"OK process {rank}", flush=True)
 """)
 

@@ -24,8 +24,8 @@ from .. import _context, _nest, _tensors
 from ..communication import CommunicationOptions
 from ..input_lib import DistributedDatasetsFromFunction, InputOptions
 from ..reduce_util import ReduceOp, parse_reduce_op
-from ..strategy import Strategy, StrategyExtended
-from ..values import DistributedValues, Mirrored
+from ..strategy import Strategy, StrategyExtended, non_distributed_reduce_rule
+from ..values import DistributedValues, Mirrored, PerReplica
 from ..variables import DistributedVariable, VariableAggregation, VariableSynchronization
 from . import _jax, reductions, step
 from .cluster_resolver import TPUClusterResolver
@@ -49,7 +49,6 @@ class TPUExtended(StrategyExtended):
         from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
         register_pytree()
-        self._container_strategy_ref = container_strategy
         self._resolver = resolver
         self._jax_devices = list(devices)
         self._mesh = Mesh(np.array(self._jax_devices), (step.AXIS,),
@@ -66,22 +65,20 @@ class TPUExtended(StrategyExtended):
             raise ValueError("each process's devices must be a contiguous run of the device "
                              f"assignment; process {me} has positions {local}")
         self._local_positions = local
-        self._devices = tuple(f"/job:{resolver.task_type}/replica:0/task:{d.process_index}/"
-                              f"device:{d.platform.upper()}:{d.id}" for d in self._jax_devices
-                              if d.process_index == me)
-        self._options = CommunicationOptions()
-        self._created: weakref.WeakSet[DistributedVariable] = weakref.WeakSet()
+        # No collective backend: the base's shared state only (devices, options, variables
+        # created, the run lock).
+        self._init_common(container_strategy,
+                          [f"/job:{resolver.task_type}/replica:0/task:{d.process_index}/"
+                           f"device:{d.platform.upper()}:{d.id}" for d in self._jax_devices
+                           if d.process_index == me], None)
         self._variables: list[weakref.ref[TPUMirroredVariable]] = []
         self._variables_version = 0
         self._programs: collections.OrderedDict[Any, Program] = collections.OrderedDict()
-        self._run_lock = threading.Lock()
         # Held while a program runs (it donates the variables' buffers) and by cross-replica
         # reads and updates of the variables on the host: one thread's update never sees
         # another's step half done.
         self._device_lock = threading.RLock()
         self._warned_unmasked = False
-        self._default_replica_context = None
-        self._replica_threads = None
         self.steps_per_execution = steps_per_execution
 
     # Topology -----------------------------------------------------------------------------------
@@ -429,8 +426,11 @@ class TPUStrategy(Strategy):
         devices, not gathered to the host); returns a replicated ``jax.Array``.
 
         ``axis=None`` reduces elementwise across replicas; with an ``axis``, along it too (MEAN
-        counts every replica's elements). A non-distributed value is the same on every replica:
-        MEAN (``axis=None``) returns it, SUM over several replicas is an error (tf's rules).
+        counts every replica's elements; along axis 0 of a padded batch, its real rows only).
+        A non-distributed value follows every strategy's rules
+        (``strategies.strategy.non_distributed_reduce_rule``): with one replica in this process
+        it is that replica's value, reduced across processes; otherwise it is the same on
+        every replica: MEAN returns it, SUM over several replicas is an error.
         """
         op = parse_reduce_op(reduce_op)
         self._require_cross_replica("reduce")
@@ -448,17 +448,13 @@ class TPUStrategy(Strategy):
             if isinstance(x, DistributedValues):
                 return reductions.reduce_global(self._extended._global(x), op, axis,
                                                 self._extended._valid_rows(x))
-            arr = np.asarray(x)
-            if axis is None:
-                if op == ReduceOp.SUM and n > 1:
-                    raise ValueError(f"A non-DistributedValues value cannot be reduced with "
-                                     f"ReduceOp.SUM over {n} replicas; pass a PerReplica "
-                                     "value (e.g. the result of strategy.run) or use "
-                                     "ReduceOp.MEAN")
+            arr = host_array(x)
+            rule = non_distributed_reduce_rule(op, axis, n, self._extended._num_local_replicas)
+            if rule == "per_replica":  # this process's one replica's value
+                return reductions.reduce_global(
+                    self._extended._global(PerReplica([arr])), op, axis)
+            if rule == "same":
                 return self._extended._replicate(arr)
-            if op == ReduceOp.SUM and n > 1:
-                raise ValueError("ReduceOp.SUM of a non-distributed value over several "
-                                 "replicas is ambiguous; pass a PerReplica value")
             return self._extended._replicate(arr.mean(axis=axis).astype(arr.dtype))
 
         return _nest.map_structure(leaf, value)
