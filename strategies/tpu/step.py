@@ -10,8 +10,9 @@ The gradient trap. A replicated input is *invariant* over the mesh axis in shard
 varying-axes typing, and the transpose of using an invariant value in per-replica (varying)
 arithmetic is a ``psum``: ``jax.grad`` with respect to an invariant parameter returns the SUM of
 every replica's gradient. An all-reduce on top would then count it N times. So a replica
-function reads each variable as a *varying* copy (``pcast(..., to="varying")``), exactly as each
-MirroredStrategy replica reads its own copy: ``jax.grad`` gives this replica's gradient, and
+function reads each variable, and gets each replicated array argument of ``run``, as a
+*varying* copy (``pcast(..., to="varying")``), exactly as each MirroredStrategy replica reads
+its own copy: ``jax.grad`` gives this replica's gradient, and
 ``apply_gradients``/``all_reduce`` reduce it once. The step's state stays invariant: updates
 are computed from the invariant value and all-reduced (invariant) values.
 """
