@@ -278,8 +278,7 @@ class Program:
         _jax.require().eval_shape(self._jitted, *self._args(prepared))
 
     def __call__(self, prepared: Prepared) -> Any:
-        run = self._compiled if self._compiled is not None else self._jitted
-        mirrored, on_read, arrays, checks = run(*self._args(prepared))
+        mirrored, on_read, arrays, checks = self._compiled(*self._args(prepared))
         for var, value in zip(self.record["mirrored"] + self.record["on_read"],
                               mirrored + on_read):
             var._set_device_value(value)
