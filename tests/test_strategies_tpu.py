@@ -216,6 +216,46 @@ def test_arrays_read_from_a_variable_survive_the_next_step():
     assert not np.allclose(w.numpy(), 1.0)
 
 
+@in_process
+def test_reads_from_another_thread_wait_for_the_running_step():
+    """A step donates the variables' buffers: a cross-replica read on another thread while
+    steps run must see the old or the new value, never a deleted array."""
+    import threading
+
+    s = strategy(4)
+    with s.scope():
+        w = ds.Variable(np.zeros(256, np.float32), name="w")
+        opt = ds.SGD(1.0)
+    batch = next(iter(s.experimental_distribute_dataset([np.ones((8, 256), np.float32)])))
+
+    def step(xb):
+        opt.apply_gradients([(jax.grad(lambda v: jax.numpy.sum(v * xb))(w.value()), w)])
+
+    s.run(step, args=(batch,))  # compiled before the race
+    errors, done = [], threading.Event()
+
+    def reader():
+        while not done.is_set():
+            try:
+                np.asarray(w)
+                np.asarray(jax.numpy.asarray(w))
+                w.assign_add(np.zeros(256, np.float32))
+            except Exception as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(exc)
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for _ in range(200):
+            s.run(step, args=(batch,))
+    finally:
+        done.set()
+        t.join()
+    assert not errors, errors[0]
+    assert float(w.numpy()[0]) == -2.0 * 201
+
+
 # Replica-context collectives and cross-replica reductions -------------------------------------
 
 @in_process

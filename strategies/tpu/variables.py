@@ -81,8 +81,9 @@ class TPUMirroredVariable(MirroredVariable):
         return self._strategy.extended._replicate(value)
 
     def _set_device_value(self, array: Any) -> None:
-        self._device = array
-        self._host_cache = None
+        with self._lock():
+            self._device = array
+            self._host_cache = None
 
     # Reading ------------------------------------------------------------------------------------
 
@@ -219,7 +220,9 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
     def _copies(self) -> tuple[Any, ...]:
         from .values import TPUPerReplica
 
-        return TPUPerReplica(self._device_value, self._strategy.extended._local_positions).values
+        with self._lock():
+            return TPUPerReplica(self._device_value,
+                                 self._strategy.extended._local_positions).values
 
     @property
     def _arrays(self) -> list[np.ndarray]:
