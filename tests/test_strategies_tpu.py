@@ -847,6 +847,14 @@ LIGHT_SCRIPT = textwrap.dedent("""
     # one replica per process: a plain value is that replica's (every strategy's rule)
     assert float(np.asarray(s.reduce("SUM", np.float32(rank + 1)))) == 3.0
     assert float(np.asarray(s.reduce("MEAN", np.float32(rank + 1)))) == 1.5
+    # per-replica values of different sizes in each process: both pad to the most rows of
+    # either (each padding to its own would build two programs of different shapes: a hang)
+    uneven = s.experimental_distribute_values_from_function(
+        lambda ctx: np.ones((3 if rank == 0 else 1, 2), np.float32))
+    ctx = ds.get_replica_context
+    sums = s.run(lambda v: ctx().all_gather(v, axis=0).sum() + 0 * ctx().experimental_valid_rows,
+                 args=(uneven,))
+    assert float(np.asarray(s.reduce("SUM", sums))) == 16.0  # 8 on each replica
     print(f"OK process {rank}", flush=True)
 """)
 
