@@ -704,6 +704,9 @@ def test_what_tpu_strategy_cannot_honour_is_refused_by_name():
             s.experimental_distribute_dataset(data, options=options)
         with pytest.raises(NotImplementedError, match=field):
             s.distribute_datasets_from_function(lambda ctx: data, options=options)
+    with pytest.raises(NotImplementedError, match="PER_REPLICA"):
+        s.experimental_distribute_dataset(data, options=ds.InputOptions(
+            experimental_replication_mode=ds.InputReplicationMode.PER_REPLICA))
     s.experimental_distribute_dataset(data, options=ds.InputOptions())  # the defaults
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _context, _nest, _tensors
 from ..communication import CommunicationOptions
-from ..input_lib import DistributedDatasetsFromFunction, InputOptions
+from ..input_lib import DistributedDatasetsFromFunction, InputOptions, InputReplicationMode
 from ..reduce_util import ReduceOp, parse_reduce_op
 from ..strategy import Strategy, StrategyExtended, non_distributed_reduce_rule
 from ..values import DistributedValues, Mirrored, PerReplica
@@ -485,6 +485,12 @@ class TPUStrategy(Strategy):
         ``options``: the batches are always split per worker and placed on the devices by
         ``run``; an InputOptions asking for anything else raises NotImplementedError."""
         _check_input_options(options, "experimental_distribute_dataset")
+        if options is not None \
+                and options.experimental_replication_mode != InputReplicationMode.PER_WORKER:
+            raise NotImplementedError(
+                "experimental_distribute_dataset splits global batches per worker; "
+                f"experimental_replication_mode={options.experimental_replication_mode.name} "
+                "needs distribute_datasets_from_function")
         return TPUDistributedDataset(self, dataset)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable[..., Iterable[Any]],
