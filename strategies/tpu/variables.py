@@ -226,7 +226,8 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
 
     @property
     def _arrays(self) -> list[np.ndarray]:
-        return [_readonly(np.asarray(c).astype(self._dtype)) for c in self._copies()]
+        with self._lock():  # the copies are views of the buffer that a step donates
+            return [_readonly(np.asarray(c).astype(self._dtype)) for c in self._copies()]
 
     def _host(self) -> np.ndarray:
         with self._lock():
@@ -251,7 +252,8 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
 
     def _checkpoint_value(self) -> np.ndarray:
         if self._aggregation == VariableAggregation.NONE:
-            return np.asarray(self._copies()[0]).astype(self._dtype)
+            with self._lock():
+                return np.asarray(self._copies()[0]).astype(self._dtype)
         return self._host().copy()
 
     def _update_now(self, kind: str, value: Any) -> None:
