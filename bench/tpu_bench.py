@@ -122,7 +122,8 @@ def bench_mlp(n: int, iters: int, hidden: int) -> tuple[float, float]:
         tpu_step(*batch)
 
     def run_block():
-        tpu.run_steps(block_step, tpu.experimental_distribute_dataset(blocks), steps=block)
+        tpu.run_steps(block_step, iter(tpu.experimental_distribute_dataset(blocks)),
+                      steps=block)
         jax.block_until_ready(t_vars[0].device_value)
 
     t_block, _ = _side_by_side(run_block, lambda: None, max(iters // block, 5))

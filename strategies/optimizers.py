@@ -404,8 +404,11 @@ class Adam(Optimizer):
     def _functional_update(self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any,
                            xp: Any) -> tuple[Any, dict[str, Any]]:
         self._check_functional(Adam)
-        t = (step + 1).astype(var.dtype)
-        alpha = lr * xp.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+        # t and the step size in float32 whatever the variable's dtype: in float16 or bfloat16
+        # beta ** t loses most of its digits (and t itself past 2048 or 256).
+        t = (step + 1).astype(xp.float32)
+        alpha = (lr * xp.sqrt(1 - xp.float32(self.beta_2) ** t)
+                 / (1 - xp.float32(self.beta_1) ** t)).astype(var.dtype)
         m = slots["m"] + (grad - slots["m"]) * (1 - self.beta_1)
         v = slots["v"] + (grad * grad - slots["v"]) * (1 - self.beta_2)
         return var - alpha * m / (xp.sqrt(v) + self.epsilon), {"m": m, "v": v}

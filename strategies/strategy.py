@@ -249,19 +249,16 @@ class Strategy:
         # Per leaf: how many reduced values it takes, and how it turns them into its result.
         finish: list[tuple[int, Callable[[list[Any]], Any]]] = []
         for leaf in flat:
-            if not isinstance(leaf, DistributedValues) and ext._num_local_replicas == 1:
-                leaf = PerReplica([leaf])  # one local replica: a plain value is its value
+            if not isinstance(leaf, DistributedValues):
+                rule = non_distributed_reduce_rule(op, axis, n_sync, ext._num_local_replicas)
+                if rule == "per_replica":
+                    leaf = PerReplica([leaf])
             if not isinstance(leaf, DistributedValues):
                 template = _plain(leaf)
-                if axis is None:  # tf's rule for a value that is the same on every replica
+                if rule == "same":
                     pairs.append((template, None))
                     finish.append((1, lambda res, t=template: _like_out(res[0], t)))
                     continue
-                if op == ReduceOp.SUM and n_sync > 1:
-                    raise ValueError(f"A non-DistributedValues value cannot be reduced with "
-                                     f"ReduceOp.SUM over {n_sync} replicas; pass a PerReplica "
-                                     "value (e.g. the result of strategy.run) or use "
-                                     "ReduceOp.MEAN")
                 arr = _tensors.to_numpy(template)
                 local = arr.mean(axis=axis) if op == ReduceOp.MEAN else arr.sum(axis=axis)
                 result = _like_out(np.asarray(local).astype(arr.dtype, copy=False), template)
@@ -375,12 +372,18 @@ class StrategyExtended:
                  options: CommunicationOptions | None = None) -> None:
         if len(devices) != backend.num_local_replicas:
             raise ValueError(f"{len(devices)} devices for {backend.num_local_replicas} replicas")
-        self._container_strategy_ref = container_strategy
+        self._init_common(container_strategy, devices, options)
         self._backend = backend
         self._cross_device_ops = cross_device_ops
+        self._timeout = self._options.timeout_seconds or backend.timeout
+
+    def _init_common(self, container_strategy: Strategy, devices: Sequence[str],
+                     options: CommunicationOptions | None) -> None:
+        """The state every StrategyExtended has, whatever runs its replicas (a strategy whose
+        replicas do not run on a collective backend, like TPUStrategy, calls only this)."""
+        self._container_strategy_ref = container_strategy
         self._devices = tuple(devices)
         self._options = options or CommunicationOptions()
-        self._timeout = self._options.timeout_seconds or backend.timeout
         self._created: weakref.WeakSet[DistributedVariable] = weakref.WeakSet()
         self._run_lock = threading.Lock()
         self._default_replica_context: ReplicaContext | None = None
@@ -615,6 +618,24 @@ class StrategyExtended:
                   synchronization)
         self._created.add(var)
         return var
+
+
+def non_distributed_reduce_rule(op: ReduceOp, axis: int | None, n_sync: int,
+                                num_local_replicas: int) -> str:
+    """How ``Strategy.reduce`` treats a value that is not distributed (tf's rules, shared by
+    every strategy): ``"per_replica"`` -- with one local replica the value is that replica's
+    value, reduced across workers like a PerReplica; ``"same"`` -- (``axis=None``) the value is
+    the same on every replica, so its MEAN is itself; ``"mean_along_axis"`` -- the MEAN of
+    every replica's equal elements is the mean along ``axis``. SUM of a value that is the same
+    on several replicas is ambiguous and raises ValueError."""
+    if num_local_replicas == 1:
+        return "per_replica"
+    if op == ReduceOp.SUM and n_sync > 1:
+        raise ValueError(f"A non-DistributedValues value cannot be reduced with "
+                         f"ReduceOp.SUM over {n_sync} replicas; pass a PerReplica "
+                         "value (e.g. the result of strategy.run) or use "
+                         "ReduceOp.MEAN")
+    return "same" if axis is None else "mean_along_axis"
 
 
 def _primary(value: Any) -> Any:

@@ -118,7 +118,12 @@ class TPUClusterResolver(ClusterResolver):
     # tf.distribute.cluster_resolver.ClusterResolver ------------------------------------------
 
     def cluster_spec(self) -> ClusterSpec:
-        """One ``job_name`` task per process (``{}`` for a single process)."""
+        """One ``job_name`` task per process (``{}`` for a single process).
+
+        Only the coordinator's host is known here (JAX's coordination service joins the
+        processes; their own addresses are never exchanged), so each task's entry is
+        ``"<coordinator host>:<process index>"``: it counts and orders the tasks, it is not an
+        address to connect to. Use ``master()`` for the one real address."""
         if self._process.world_size == 1:
             return ClusterSpec({})
         host = self._process.master_addr

@@ -9,7 +9,6 @@ size on every replica of every process. The replica function learns how many row
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,9 +29,6 @@ def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
 class TPUDistributedDataset(DistributedDataset):
     """A dataset of global batches, split across all replicas along axis 0 and padded (see the
     module docstring). Every leaf of an element becomes a :class:`PaddedPerReplica`."""
-
-    def __init__(self, strategy: Any, dataset: Iterable[Any]) -> None:
-        super().__init__(strategy, dataset)
 
     def __iter__(self) -> DistributedIterator:
         it = iter(self._dataset)

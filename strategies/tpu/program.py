@@ -57,6 +57,8 @@ class Prepared:
         self.replicated: list[Any] = []
         self.valid: Any = None
         self.has_valid = False
+        self.batch_rows = -1  # axis 0 of the padded batch that ``valid`` counts rows of
+        self.padded = False  # whether some replica here got padding rows
         self.key: Any = None
 
 
@@ -83,11 +85,16 @@ def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]
                 if not isinstance(value, DistributedValues) or len(value.values) != n_local:
                     raise ValueError(f"argument {j} of run: expected a per-replica value with "
                                      f"{n_local} components (one per local replica)")
-                comps, rows = _pad_components(value)
+            top = _agreed_rows(column)
+            for value in column:
+                comps, rows = _pad_components(value, top)
                 per_step.append(comps)
+                if rows is not None and any(n < comps[0].shape[0] for n in rows):
+                    out.padded = True
                 if first_pr < 0 and rows is not None:
                     valid_rows = [[] for _ in range(n_local)]
                     first_pr = j
+                    out.batch_rows = comps[0].shape[0]
                 if rows is not None and j == first_pr:
                     for r in range(n_local):
                         valid_rows[r].append(rows[r])
@@ -128,9 +135,28 @@ def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]
     return out
 
 
-def _pad_components(value: DistributedValues) -> tuple[list[np.ndarray], list[int] | None]:
-    """The components as arrays of one shape (uneven axis 0 padded with zero rows) and the
-    number of real rows of each (None for scalars)."""
+def _agreed_rows(column: list[DistributedValues]) -> int | None:
+    """The number of rows to pad one per-replica argument's components to, when they are not
+    padded already (``PaddedPerReplica``): the most rows of any replica, of every step. With
+    several processes, every process must build the same program, so they agree on the most
+    rows of any process (an all-gather of one int), not each its own."""
+    tops = [max(np.shape(c)[0] if np.ndim(c) else 0 for c in value.values)
+            for value in column if not isinstance(value, PaddedPerReplica)]
+    if not tops:
+        return None
+    top = max(tops)
+    jax = _jax.require()
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        top = int(np.max(multihost_utils.process_allgather(np.int32(top))))
+    return top
+
+
+def _pad_components(value: DistributedValues, top: int | None = None
+                    ) -> tuple[list[np.ndarray], list[int] | None]:
+    """The components as arrays of one shape (uneven axis 0 padded with zero rows, to ``top``
+    rows when given) and the number of real rows of each (None for scalars)."""
     from .input_lib import pad_rows
 
     comps = [host_array(c) for c in value.values]
@@ -144,7 +170,7 @@ def _pad_components(value: DistributedValues) -> tuple[list[np.ndarray], list[in
         raise ValueError(f"per-replica components of shapes {[c.shape for c in comps]}: a "
                          "compiled step needs one shape on every replica; only axis 0 (the "
                          "batch) may differ, and is then padded")
-    top = max(rows)
+    top = max(rows) if top is None else top
     return [pad_rows(c, top) for c in comps], rows
 
 
@@ -179,6 +205,10 @@ class Program:
         strategy = self._ext._container_strategy()
         trace = step.StepTrace(strategy, self._mirrored + self._on_read, state[0] + state[1],
                                valid if self._has_valid else None)
+        # Replicated arguments enter as per-replica (varying) copies, as variables do (see
+        # step.read): jax.grad with respect to one is then this replica's gradient, not the
+        # sum over replicas that the transpose of an invariant value would give.
+        replicated = [step.as_per_replica(x) for x in replicated]
         it_s, it_r = iter(sharded), iter(replicated)
         leaves = [next(it_s) if kind == "pr" else next(it_r) if kind == "rep" else static
                   for kind, static in self._kinds]
@@ -199,6 +229,7 @@ class Program:
         for var, value in zip(variables, values):
             groups[bool(var._per_replica)].append((var, value))
         self.record.update(result=result, kinds=kinds, checks=trace.check_names,
+                           valid_rows_read=trace.valid_rows_read,
                            mirrored=[v for v, _ in groups[0]], on_read=[v for v, _ in groups[1]])
         new_state = (tuple(x for _, x in groups[0]), tuple(x for _, x in groups[1]))
         return new_state, tuple(arrays), trace.checks()
@@ -247,8 +278,7 @@ class Program:
         _jax.require().eval_shape(self._jitted, *self._args(prepared))
 
     def __call__(self, prepared: Prepared) -> Any:
-        run = self._compiled if self._compiled is not None else self._jitted
-        mirrored, on_read, arrays, checks = run(*self._args(prepared))
+        mirrored, on_read, arrays, checks = self._compiled(*self._args(prepared))
         for var, value in zip(self.record["mirrored"] + self.record["on_read"],
                               mirrored + on_read):
             var._set_device_value(value)
@@ -260,12 +290,15 @@ class Program:
                     f"{', '.join(bad)}: the variable has aggregation NONE, but replicas passed "
                     "different values; replica 0's value was kept. Pass aggregation=SUM, MEAN "
                     "or ONLY_FIRST_REPLICA to Variable()")
-        return self._outputs(arrays)
+        return self._outputs(arrays, prepared)
 
-    def _outputs(self, arrays: tuple[Any, ...]) -> Any:
+    def _outputs(self, arrays: tuple[Any, ...], prepared: Prepared) -> Any:
         ext = self._ext
         it = iter(arrays)
         rows = ext._local_positions
+        valid = None
+        if prepared.has_valid:  # the last step's counts of real rows
+            valid = prepared.valid[:, -1] if self._scan else prepared.valid
         leaves = []
         for kind, static in self.record["kinds"]:
             if kind == "static":
@@ -275,7 +308,11 @@ class Program:
             if ext._num_replicas_in_sync == 1:
                 leaves.append(global_array[0])
             else:
-                leaves.append(TPUPerReplica(global_array, rows))
+                # A result whose axis 0 has the padded batch's size carries the counts of real
+                # rows, so that reduce/gather along axis 0 leave the padding out.
+                batch = (valid is not None and global_array.ndim >= 2
+                         and global_array.shape[1] == prepared.batch_rows)
+                leaves.append(TPUPerReplica(global_array, rows, valid if batch else None))
         return _nest.pack_sequence_as(self.record["result"], leaves)
 
 

@@ -10,8 +10,9 @@ The gradient trap. A replicated input is *invariant* over the mesh axis in shard
 varying-axes typing, and the transpose of using an invariant value in per-replica (varying)
 arithmetic is a ``psum``: ``jax.grad`` with respect to an invariant parameter returns the SUM of
 every replica's gradient. An all-reduce on top would then count it N times. So a replica
-function reads each variable as a *varying* copy (``pcast(..., to="varying")``), exactly as each
-MirroredStrategy replica reads its own copy: ``jax.grad`` gives this replica's gradient, and
+function reads each variable, and gets each replicated array argument of ``run``, as a
+*varying* copy (``pcast(..., to="varying")``), exactly as each MirroredStrategy replica reads
+its own copy: ``jax.grad`` gives this replica's gradient, and
 ``apply_gradients``/``all_reduce`` reduce it once. The step's state stays invariant: updates
 are computed from the invariant value and all-reduced (invariant) values.
 """
@@ -71,7 +72,13 @@ def read(var: DistributedVariable) -> Any:
     if trace is None or trace.strategy is not var.distribute_strategy:
         return None
     value = trace.get(var)
-    return value if var._per_replica else _lax().pcast(value, AXIS, to="varying")
+    return value if var._per_replica else as_per_replica(value)
+
+
+def as_per_replica(x: Any) -> Any:
+    """``x`` (invariant over the mesh axis) as a per-replica (varying) value: how a replica
+    function sees variables and replicated arguments of ``run``."""
+    return _lax().pcast(x, AXIS, to="varying")
 
 
 def write(var: DistributedVariable, kind: str, value: Any) -> None:
@@ -99,6 +106,7 @@ class StepTrace:
         self._vars: dict[int, DistributedVariable] = {id(v): v for v in variables}
         self._values: dict[int, Any] = {id(v): x for v, x in zip(variables, values)}
         self.valid_rows = valid_rows
+        self.valid_rows_read = False  # whether fn asked for experimental_valid_rows
         self.check_names: list[str] = []
         self._checks: list[Any] = []
 
@@ -227,6 +235,7 @@ class TPUReplicaContext(ReplicaContext):
         if self._trace.valid_rows is None:
             raise ValueError("experimental_valid_rows counts the rows of the first PerReplica "
                              "argument of strategy.run, and this run got none")
+        self._trace.valid_rows_read = True
         return self._trace.valid_rows
 
     def all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:

@@ -13,24 +13,25 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import _context, _nest, _tensors
 from ..communication import CommunicationOptions
-from ..input_lib import DistributedDatasetsFromFunction, InputOptions
+from ..input_lib import DistributedDatasetsFromFunction, InputOptions, InputReplicationMode
 from ..reduce_util import ReduceOp, parse_reduce_op
-from ..strategy import Strategy, StrategyExtended
-from ..values import DistributedValues, Mirrored
+from ..strategy import Strategy, StrategyExtended, non_distributed_reduce_rule
+from ..values import DistributedValues, Mirrored, PerReplica
 from ..variables import DistributedVariable, VariableAggregation, VariableSynchronization
 from . import _jax, reductions, step
 from .cluster_resolver import TPUClusterResolver
 from .input_lib import TPUDistributedDataset
 from .program import Program, canonical, host_array, prepare, same_shape_runs
-from .values import TPUPerReplica
+from .values import PaddedPerReplica, TPUPerReplica
 from .variables import TPUMirroredVariable, TPUSyncOnReadVariable, register_pytree
 
 logger = logging.getLogger("pycollective.strategies")
@@ -48,7 +49,6 @@ class TPUExtended(StrategyExtended):
         from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
         register_pytree()
-        self._container_strategy_ref = container_strategy
         self._resolver = resolver
         self._jax_devices = list(devices)
         self._mesh = Mesh(np.array(self._jax_devices), (step.AXIS,),
@@ -65,17 +65,20 @@ class TPUExtended(StrategyExtended):
             raise ValueError("each process's devices must be a contiguous run of the device "
                              f"assignment; process {me} has positions {local}")
         self._local_positions = local
-        self._devices = tuple(f"/job:{resolver.task_type}/replica:0/task:{d.process_index}/"
-                              f"device:{d.platform.upper()}:{d.id}" for d in self._jax_devices
-                              if d.process_index == me)
-        self._options = CommunicationOptions()
-        self._created: weakref.WeakSet[DistributedVariable] = weakref.WeakSet()
+        # No collective backend: the base's shared state only (devices, options, variables
+        # created, the run lock).
+        self._init_common(container_strategy,
+                          [f"/job:{resolver.task_type}/replica:0/task:{d.process_index}/"
+                           f"device:{d.platform.upper()}:{d.id}" for d in self._jax_devices
+                           if d.process_index == me], None)
         self._variables: list[weakref.ref[TPUMirroredVariable]] = []
         self._variables_version = 0
         self._programs: collections.OrderedDict[Any, Program] = collections.OrderedDict()
-        self._run_lock = threading.Lock()
-        self._default_replica_context = None
-        self._replica_threads = None
+        # Held while a program runs (it donates the variables' buffers) and by cross-replica
+        # reads and updates of the variables on the host: one thread's update never sees
+        # another's step half done.
+        self._device_lock = threading.RLock()
+        self._warned_unmasked = False
         self.steps_per_execution = steps_per_execution
 
     # Topology -----------------------------------------------------------------------------------
@@ -184,7 +187,8 @@ class TPUExtended(StrategyExtended):
         """Runs ``fn(var, *args, **kwargs)`` once: the variable is one replicated array, so an
         update through it reaches every replica."""
         self._require_cross_replica("update")
-        return fn(var, *args, **(kwargs or {}))
+        with self._device_lock:
+            return fn(var, *args, **(kwargs or {}))
 
     def value_container(self, value: Any) -> Any:
         return value
@@ -218,6 +222,15 @@ class TPUExtended(StrategyExtended):
                              "be reduced or gathered by TPUStrategy (a compiled program has "
                              "static shapes); pad them to one shape first")
         return self._shard_rows([c[None] for c in comps])
+
+    def _valid_rows(self, value: Any) -> Any:
+        """Each replica's number of real rows of a padded per-replica batch (a global int32
+        array ``(replicas,)``), or None when ``value`` is not padded."""
+        if isinstance(value, TPUPerReplica):
+            return value.valid_rows
+        if isinstance(value, PaddedPerReplica):
+            return self._shard_rows([np.array([n], np.int32) for n in value.valid_rows])
+        return None
 
     def _shard_rows(self, local_rows: list[Any]) -> Any:
         """A global array ``(replicas, ...)`` from this process's replicas' rows (each with a
@@ -266,7 +279,18 @@ class TPUExtended(StrategyExtended):
                 if not program.compile(prepared):
                     raise RuntimeError(f"{getattr(fn, '__name__', fn)!r} creates new variables "
                                        "each time it is traced; create them in scope()")
-        outputs = program(prepared)
+        with self._device_lock:
+            outputs = program(prepared)
+        if prepared.padded and not program.record.get("valid_rows_read") \
+                and not self._warned_unmasked:
+            self._warned_unmasked = True
+            warnings.warn(
+                f"{getattr(fn, '__name__', 'fn')}: a per-replica batch was padded with zero "
+                "rows to one static shape (an uneven batch), and the step never read "
+                "get_replica_context().experimental_valid_rows: a loss or metric over the "
+                "whole batch counts the padding rows as data. Mask them (rows below "
+                "experimental_valid_rows are real), or drop the uneven last batch",
+                UserWarning, stacklevel=5)
         self._programs[key] = program
         self._programs.move_to_end(key)
         while len(self._programs) > PROGRAM_CACHE_SIZE:
@@ -276,8 +300,12 @@ class TPUExtended(StrategyExtended):
 
 def _apply_in_step(opt: Any, grads: list[Any], variables: tuple[Any, ...],
                    distributed: tuple[bool, ...], skip: bool) -> None:
+    # A PerReplica gradient is reduced by the optimizer's aggregation (unless ``skip``). A
+    # plain gradient is the same value on every replica; it enters the step as a per-replica
+    # (varying) copy, and its MEAN is that value again, now known to be the same everywhere.
     ctx = _context.get_replica_context()
-    reduced = [g if not d or skip else ctx.all_reduce(opt.gradient_aggregation, g)
+    reduced = [ctx.all_reduce(ReduceOp.MEAN, g) if not d
+               else g if skip else ctx.all_reduce(opt.gradient_aggregation, g)
                for g, d in zip(grads, distributed)]
     opt.apply_gradients(zip(reduced, variables), skip_gradients_aggregation=True)
 
@@ -354,19 +382,28 @@ class TPUStrategy(Strategy):
         """
         return self._extended._call_for_each_replica(fn, args, kwargs or {})
 
-    def run_steps(self, fn: Callable[..., Any], iterator: Iterable[Any],
+    def run_steps(self, fn: Callable[..., Any], iterator: Iterator[Any],
                   steps: int | None = None) -> Any:
         """Runs ``fn(element)`` for the next ``steps`` elements of ``iterator`` (default
         ``extended.steps_per_execution``) in one compiled program: a ``lax.scan`` over the
         block, as Keras's ``steps_per_execution``. Returns the last step's results, or None
         when the iterator was already exhausted. A block cut short by the end of the data, or
         elements of another shape (an uneven last batch), run as their own (compiled) program.
+
+        ``iterator`` must be an iterator (``iter(dist_dataset)``), which each call advances; a
+        dataset would start again at its first element on every call.
         """
         self._require_cross_replica("run_steps")
         steps = self._extended.steps_per_execution if steps is None else steps
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
-        it = iter(iterator)
+        if not isinstance(iterator, Iterator):
+            raise TypeError(
+                f"run_steps needs an iterator, got {type(iterator).__name__}: pass "
+                "iter(dataset) (e.g. it = iter(strategy.experimental_distribute_dataset(...))) "
+                "and the same iterator to every call, which then continues where the last one "
+                "stopped; a dataset would restart at its first element each call")
+        it = iterator
         elements = []
         for _ in range(steps):
             try:
@@ -389,8 +426,11 @@ class TPUStrategy(Strategy):
         devices, not gathered to the host); returns a replicated ``jax.Array``.
 
         ``axis=None`` reduces elementwise across replicas; with an ``axis``, along it too (MEAN
-        counts every replica's elements). A non-distributed value is the same on every replica:
-        MEAN (``axis=None``) returns it, SUM over several replicas is an error (tf's rules).
+        counts every replica's elements; along axis 0 of a padded batch, its real rows only).
+        A non-distributed value follows every strategy's rules
+        (``strategies.strategy.non_distributed_reduce_rule``): with one replica in this process
+        it is that replica's value, reduced across processes; otherwise it is the same on
+        every replica: MEAN returns it, SUM over several replicas is an error.
         """
         op = parse_reduce_op(reduce_op)
         self._require_cross_replica("reduce")
@@ -406,18 +446,15 @@ class TPUStrategy(Strategy):
                 return self._extended._replicate(
                     (arr * n if op == ReduceOp.SUM else arr).astype(arr.dtype))
             if isinstance(x, DistributedValues):
-                return reductions.reduce_global(self._extended._global(x), op, axis)
-            arr = np.asarray(x)
-            if axis is None:
-                if op == ReduceOp.SUM and n > 1:
-                    raise ValueError(f"A non-DistributedValues value cannot be reduced with "
-                                     f"ReduceOp.SUM over {n} replicas; pass a PerReplica "
-                                     "value (e.g. the result of strategy.run) or use "
-                                     "ReduceOp.MEAN")
+                return reductions.reduce_global(self._extended._global(x), op, axis,
+                                                self._extended._valid_rows(x))
+            arr = host_array(x)
+            rule = non_distributed_reduce_rule(op, axis, n, self._extended._num_local_replicas)
+            if rule == "per_replica":  # this process's one replica's value
+                return reductions.reduce_global(
+                    self._extended._global(PerReplica([arr])), op, axis)
+            if rule == "same":
                 return self._extended._replicate(arr)
-            if op == ReduceOp.SUM and n > 1:
-                raise ValueError("ReduceOp.SUM of a non-distributed value over several "
-                                 "replicas is ambiguous; pass a PerReplica value")
             return self._extended._replicate(arr.mean(axis=axis).astype(arr.dtype))
 
         return _nest.map_structure(leaf, value)
@@ -431,7 +468,8 @@ class TPUStrategy(Strategy):
 
         def leaf(x: Any) -> Any:
             if isinstance(x, DistributedValues) and not isinstance(x, DistributedVariable):
-                return reductions.gather_global(self._extended._global(x), axis)
+                return reductions.gather_global(self._extended._global(x), axis,
+                                                self._extended._valid_rows(x))
             arr = np.asarray(x.read_value() if isinstance(x, DistributedVariable) else x)
             return self._extended._replicate(np.concatenate([arr] * n, axis=axis))
 
@@ -442,7 +480,17 @@ class TPUStrategy(Strategy):
                                         ) -> TPUDistributedDataset:
         """Distributes an iterable of global batches: each batch is split across all replicas
         along axis 0, and an uneven batch is padded with zero rows to ``ceil(B / replicas)``
-        rows per replica (see ``experimental_valid_rows``)."""
+        rows per replica (see ``experimental_valid_rows``).
+
+        ``options``: the batches are always split per worker and placed on the devices by
+        ``run``; an InputOptions asking for anything else raises NotImplementedError."""
+        _check_input_options(options, "experimental_distribute_dataset")
+        if options is not None \
+                and options.experimental_replication_mode != InputReplicationMode.PER_WORKER:
+            raise NotImplementedError(
+                "experimental_distribute_dataset splits global batches per worker; "
+                f"experimental_replication_mode={options.experimental_replication_mode.name} "
+                "needs distribute_datasets_from_function")
         return TPUDistributedDataset(self, dataset)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable[..., Iterable[Any]],
@@ -451,12 +499,40 @@ class TPUStrategy(Strategy):
         """Calls ``dataset_fn(InputContext)`` once per process (or per replica) for per-replica
         batches. A replica whose pipeline ended gets an empty batch, which ``run`` pads with
         zero rows (``experimental_valid_rows`` is 0 there)."""
+        _check_input_options(options, "distribute_datasets_from_function")
         return DistributedDatasetsFromFunction(self, dataset_fn, options)
+
+
+def _check_input_options(options: InputOptions | None, where: str) -> None:
+    """Raises for InputOptions fields that TPUStrategy's input cannot honour."""
+    if options is None:
+        return
+    unsupported = []
+    if options.experimental_fetch_to_device is False:
+        unsupported.append("experimental_fetch_to_device=False (run always puts the batch on "
+                           "the devices)")
+    if options.experimental_place_dataset_on_device:
+        unsupported.append("experimental_place_dataset_on_device=True (the dataset is read on "
+                           "the host)")
+    if options.experimental_per_replica_buffer_size != 1:
+        unsupported.append(f"experimental_per_replica_buffer_size="
+                           f"{options.experimental_per_replica_buffer_size} (no prefetching)")
+    if unsupported:
+        raise NotImplementedError(f"{where}: TPUStrategy cannot honour InputOptions "
+                                  f"{'; '.join(unsupported)}; leave these fields at their "
+                                  "defaults")
 
 
 def _assign_devices(devices: list[Any], assignment: Any) -> list[Any]:
     if assignment is None:
         return devices
+    cores = getattr(assignment, "num_cores_per_replica", 1)
+    if cores != 1:
+        raise NotImplementedError(
+            f"experimental_device_assignment with num_cores_per_replica={cores}: a replica "
+            "spanning several cores is model parallelism, which TPUStrategy does not support "
+            "(every replica is one device holding a full copy of each variable); use a "
+            "DeviceAssignment with num_cores_per_replica=1")
     if hasattr(assignment, "num_replicas"):
         assignment = int(assignment.num_replicas)
     if isinstance(assignment, int) and not isinstance(assignment, bool):

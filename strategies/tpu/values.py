@@ -16,12 +16,19 @@ class TPUPerReplica(PerReplica):
     ``values`` are this process's replicas' rows, each a ``jax.Array`` on its own device;
     ``strategy.reduce`` and ``strategy.gather`` reduce the global array with XLA collectives
     without copying it to the host.
+
+    ``valid_rows``: for a result of ``run`` whose axis 0 has the size of a padded batch (an
+    uneven batch, see ``experimental_valid_rows``), each replica's number of real rows (a global
+    int32 array ``(replicas,)``); ``reduce``/``gather`` along axis 0 leave the padding out.
+    Otherwise None.
     """
 
-    def __init__(self, global_array: Any, local_rows: Sequence[int]) -> None:
+    def __init__(self, global_array: Any, local_rows: Sequence[int],
+                 valid_rows: Any = None) -> None:
         self._global = global_array
         self._rows = tuple(local_rows)
         self._cache: tuple[Any, ...] | None = None
+        self.valid_rows = valid_rows
 
     @property
     def global_array(self) -> Any:

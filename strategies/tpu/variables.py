@@ -64,7 +64,10 @@ class TPUMirroredVariable(MirroredVariable):
 
     @property
     def device_value(self) -> Any:
-        """The replicated ``jax.Array`` (a global array over the strategy's mesh)."""
+        """The replicated ``jax.Array`` (a global array over the strategy's mesh) itself, not a
+        copy: it is valid until the next ``run``/``run_steps`` or update of the variable, which
+        may donate its buffer to the new value (reading it afterwards raises "Array has been
+        deleted"). For a value to keep, use ``jnp.asarray(v)`` (a copy) or ``v.numpy()``."""
         return self._device_value
 
     @property
@@ -78,16 +81,31 @@ class TPUMirroredVariable(MirroredVariable):
         return self._strategy.extended._replicate(value)
 
     def _set_device_value(self, array: Any) -> None:
-        self._device = array
-        self._host_cache = None
+        with self._lock():
+            self._device = array
+            self._host_cache = None
 
     # Reading ------------------------------------------------------------------------------------
 
+    def _lock(self) -> Any:
+        """Held while a step runs: the step donates the variables' buffers, so a read or update
+        from another thread waits for it."""
+        return self._strategy.extended._device_lock
+
     def _host(self) -> np.ndarray:
-        if self._host_cache is None:
-            # x64 off (JAX's default) stores int64/float64 as 32-bit: convert back.
-            self._host_cache = np.asarray(self._device_value).astype(self._dtype, copy=True)
-        return self._host_cache
+        with self._lock():
+            if self._host_cache is None:
+                # x64 off (JAX's default) stores int64/float64 as 32-bit: convert back.
+                self._host_cache = np.asarray(self._device_value).astype(self._dtype, copy=True)
+            return self._host_cache
+
+    def _device_copy(self) -> Any:
+        """A copy of the device value that no later step deletes (the step donates the
+        variable's own buffer)."""
+        with self._lock():
+            if self._per_replica:
+                return _step.jnp().asarray(self._host())
+            return _step.jnp().array(self._device_value, copy=True)
 
     @property
     def _arrays(self) -> list[np.ndarray]:
@@ -123,7 +141,7 @@ class TPUMirroredVariable(MirroredVariable):
 
     def __jax_array__(self) -> Any:
         traced = _step.read(self)
-        return traced if traced is not None else self._device_value
+        return traced if traced is not None else self._device_copy()
 
     # Writing ------------------------------------------------------------------------------------
 
@@ -131,6 +149,10 @@ class TPUMirroredVariable(MirroredVariable):
         if _step.tracing_for(self._strategy):
             _step.write(self, kind, value)
             return
+        with self._lock():
+            self._update_now(kind, value)
+
+    def _update_now(self, kind: str, value: Any) -> None:
         if isinstance(value, DistributedValues) and not isinstance(value, DistributedVariable):
             value = self._aggregate(value, kind)
         new = self._convert(value)
@@ -198,16 +220,20 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
     def _copies(self) -> tuple[Any, ...]:
         from .values import TPUPerReplica
 
-        return TPUPerReplica(self._device_value, self._strategy.extended._local_positions).values
+        with self._lock():
+            return TPUPerReplica(self._device_value,
+                                 self._strategy.extended._local_positions).values
 
     @property
     def _arrays(self) -> list[np.ndarray]:
-        return [_readonly(np.asarray(c).astype(self._dtype)) for c in self._copies()]
+        with self._lock():  # the copies are views of the buffer that a step donates
+            return [_readonly(np.asarray(c).astype(self._dtype)) for c in self._copies()]
 
     def _host(self) -> np.ndarray:
-        if self._host_cache is None:
-            self._host_cache = self._aggregate_copies()
-        return self._host_cache
+        with self._lock():
+            if self._host_cache is None:
+                self._host_cache = self._aggregate_copies()
+            return self._host_cache
 
     def _aggregate_copies(self) -> np.ndarray:
         from . import reductions
@@ -226,13 +252,11 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
 
     def _checkpoint_value(self) -> np.ndarray:
         if self._aggregation == VariableAggregation.NONE:
-            return np.asarray(self._copies()[0]).astype(self._dtype)
+            with self._lock():
+                return np.asarray(self._copies()[0]).astype(self._dtype)
         return self._host().copy()
 
-    def _update(self, kind: str, value: Any) -> None:
-        if _step.tracing_for(self._strategy):
-            _step.write(self, kind, value)
-            return
+    def _update_now(self, kind: str, value: Any) -> None:
         if kind != "assign" and self._aggregation == VariableAggregation.SUM:
             raise ValueError(f"SyncOnReadVariable does not support `{kind}` in cross-replica "
                              "context when aggregation is set to VariableAggregation.SUM "
@@ -269,8 +293,7 @@ def register_pytree() -> None:
 
     for cls in (TPUMirroredVariable, TPUSyncOnReadVariable):
         jax.tree_util.register_pytree_node(
-            cls, lambda v: ((v.value() if _step.read(v) is not None
-                             else jax.numpy.asarray(v._host()) if v._per_replica
-                             else v._device_value,), None),
+            cls, lambda v: ((v.value() if _step.read(v) is not None else v._device_copy(),),
+                            None),
             lambda _, children: children[0])
     _registered.append(True)
