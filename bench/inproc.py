@@ -7,7 +7,7 @@ output written once, 2*n*S bytes, at the copy bandwidth of n threads (measured h
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from pycollective._spawn import child_environment, python_module_command
 

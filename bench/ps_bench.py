@@ -30,7 +30,10 @@ import threading
 import time
 
 import numpy as np
+
+from pycollective._spawn import child_environment, python_module_command
 from pycollective.bench.ceilings import loopback_tcp_bandwidth
+from pycollective.launcher import _die_with_parent
 from pycollective.strategies import (
     SGD,
     ClusterCoordinator,
@@ -39,9 +42,6 @@ from pycollective.strategies import (
     SimpleClusterResolver,
     Variable,
 )
-
-from pycollective._spawn import child_environment, python_module_command
-from pycollective.launcher import _die_with_parent
 
 TOKEN = "ps-bench"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import csv
 import json
 from collections import defaultdict
-from typing import IO, Iterable
+from collections.abc import Iterable
+from typing import IO
 
 from .metrics import human_bytes
 from .rows import Row

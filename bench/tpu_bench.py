@@ -166,7 +166,8 @@ def bench_16mib(n: int, iters: int, mib: int, tensors: int) -> tuple[float, floa
 def bench_allreduce(n: int, iters: int, nbytes: int) -> tuple[float, float]:
     import jax
     from jax import lax
-    from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     import pycollective as pc
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{t_mir * 1e3:.2f} ms/step; TPUStrategy/Mirrored {t_tpu / t_mir:.2f}x")
     for nbytes in (int(s) for s in args.sizes.split(",")):
         t_xla, t_pc = bench_allreduce(n, args.iters, nbytes)
-        busbw = lambda t: nbytes * 2 * (n - 1) / n / t / 1e9  # noqa: E731
+        busbw = lambda t, nbytes=nbytes: nbytes * 2 * (n - 1) / n / t / 1e9  # noqa: E731
         print(f"all-reduce {nbytes} B x {n}: XLA CPU psum {t_xla * 1e6:.1f} us "
               f"({busbw(t_xla):.2f} GB/s busbw), LocalCommunicator.allreduce "
               f"{t_pc * 1e6:.1f} us ({busbw(t_pc):.2f} GB/s); XLA/pycollective "

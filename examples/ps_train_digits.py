@@ -25,6 +25,11 @@ import argparse
 import time
 
 import numpy as np
+
+# The data and the models are the ones the MirroredStrategy example trains (same folder).
+import train_digits  # noqa: E402
+from train_digits import MLP, SoftmaxRegression, load_data, softmax_cross_entropy  # noqa: E402
+
 from pycollective.strategies import (
     SGD,
     Adam,
@@ -33,11 +38,6 @@ from pycollective.strategies import (
     ParameterServerStrategy,
     ReduceOp,
 )
-
-
-# The data and the models are the ones the MirroredStrategy example trains (same folder).
-import train_digits  # noqa: E402
-from train_digits import MLP, SoftmaxRegression, load_data, softmax_cross_entropy  # noqa: E402
 
 try:  # workers cannot import this folder's modules: send the models by value, like __main__
     import cloudpickle

@@ -23,6 +23,7 @@ import argparse
 import time
 
 import numpy as np
+
 from pycollective.strategies import (
     SGD,
     Adam,

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from train_digits import batches, load_data
 
 import pycollective.torch  # noqa: F401  registers the "pycollective" backend
-from train_digits import batches, load_data
 
 
 def main(argv=None) -> float:
@@ -40,7 +40,7 @@ def main(argv=None) -> float:
                                     torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     rng = np.random.default_rng(0)  # the same batch order on every rank
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         for xb, yb in batches(x_train, y_train, args.batch_size, rng):
             mine = slice(rank, None, size)  # this rank's share of the global batch
             loss = F.cross_entropy(model(torch.from_numpy(xb[mine]).float()),

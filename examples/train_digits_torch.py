@@ -16,6 +16,8 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from train_digits import batches, load_data
+
 from pycollective.strategies import (
     Adam,
     MirroredStrategy,
@@ -24,7 +26,6 @@ from pycollective.strategies import (
     VariableAggregation,
     VariableSynchronization,
 )
-from train_digits import batches, load_data
 
 
 def main(argv=None) -> float:

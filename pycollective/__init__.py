@@ -14,6 +14,8 @@ See README.md and docs/ for process groups, launchers, strategies and benchmarks
 
 from __future__ import annotations
 
+from pycollective import nccl  # pc.nccl: NCCL communicators on CUDA devices
+
 # First: loads the extension, or explains why it is missing (see _ext's docstring).
 from pycollective._ext import _C
 from pycollective.errors import (
@@ -28,7 +30,6 @@ from pycollective.errors import (
     RemoteError,
 )
 from pycollective.local import LocalCommunicator
-from pycollective import nccl  # pc.nccl: NCCL communicators on CUDA devices
 from pycollective.process_group import (
     ProcessGroup,
     Work,
@@ -45,9 +46,9 @@ from pycollective.process_group import (
     local_size,
     new_group,
     rank,
+    recv,
     reduce,
     reduce_scatter,
-    recv,
     scatter,
     send,
     shutdown,

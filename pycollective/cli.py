@@ -37,11 +37,9 @@ class Subcommand:
 
 def _subcommands() -> list[Subcommand]:
     # Imported here so that `pycollective --help` stays fast as tools are added.
-    from . import launcher
+    from . import doctor, launcher
     from .bench import cli as bench
     from .bench import tune
-
-    from . import doctor
 
     return [
         Subcommand("run", launcher.HELP, launcher.add_arguments, launcher.main),

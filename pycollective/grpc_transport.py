@@ -7,8 +7,8 @@ Streams are authenticated with the cluster token like every other connection."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent import futures
-from typing import Iterator
 
 import grpc
 

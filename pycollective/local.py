@@ -6,15 +6,16 @@ algorithm code a multi-process group runs; the GIL is released for the whole col
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from pycollective import tuning
 from pycollective._calls import KINDS, Prepared, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_int
 from pycollective.device import is_device_tensor
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.tensors import adapt, shape_hash
-from pycollective import tuning
 
 
 class LocalCommunicator:

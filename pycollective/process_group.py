@@ -17,10 +17,11 @@ import os
 import secrets
 import threading
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from pycollective import _exchange
-from pycollective._calls import KINDS, Prepared, check_avg, prepare
+from pycollective import _exchange, tuning
+from pycollective._calls import KINDS, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
 from pycollective.device import is_device_tensor
@@ -28,7 +29,6 @@ from pycollective.errors import Aborted, CollectiveError, CollectiveTimeout, Rem
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.rendezvous import ClusterSpec, rendezvous
 from pycollective.tensors import adapt, shape_hash
-from pycollective import tuning
 from pycollective.transports import TcpListener, bind_address, open_links
 
 # Cost-model defaults per transport: (alpha s/message, beta s/byte, gamma s/byte reduced).
@@ -47,7 +47,7 @@ class Work:
     ``is_completed()`` polls. The inputs must stay untouched until it completes.
     """
 
-    def __init__(self, native: Any, calls: list[Any], group: "ProcessGroup", what: str):
+    def __init__(self, native: Any, calls: list[Any], group: ProcessGroup, what: str):
         self._native, self._calls, self._group, self._what = native, calls, group, what
 
     def is_completed(self) -> bool:
@@ -76,7 +76,7 @@ class ProcessGroup:
     :func:`new_group` (a subset). Ranks passed to collectives (``root=``) are ranks within the
     group."""
 
-    def __init__(self, world: "_World", members: list[int], group_id: int):
+    def __init__(self, world: _World, members: list[int], group_id: int):
         self._world = world
         self.members = members
         self.group_id = group_id

@@ -98,7 +98,7 @@ class TcpListener:
     endpoint: str
 
     @classmethod
-    def open(cls, ifname: str | None, master_addr: str) -> "TcpListener":
+    def open(cls, ifname: str | None, master_addr: str) -> TcpListener:
         bind = bind_address(ifname)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((bind, 0))
@@ -154,7 +154,7 @@ def _accept(listener: TcpListener, rank: int, expected: set[int], token: str, se
     while expected - set(out) and time.monotonic() < deadline:
         try:
             sock, addr = listener.sock.accept()
-        except socket.timeout:
+        except TimeoutError:
             continue
         except OSError as exc:
             errors.append(str(exc))

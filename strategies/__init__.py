@@ -41,6 +41,7 @@ from .cluster_resolver import (
     SimpleClusterResolver,
     TFConfigClusterResolver,
 )
+from .collective_slots import ReplicaFailed
 from .communication import (
     CollectiveCommunication,
     CommunicationImplementation,
@@ -65,7 +66,6 @@ from .mirrored import MirroredStrategy
 from .multi_worker import MultiWorkerMirroredStrategy
 from .optimizers import SGD, Adam, Optimizer
 from .reduce_util import ReduceOp
-from .collective_slots import ReplicaFailed
 from .strategy import ReplicaContext, Strategy, StrategyExtended
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (

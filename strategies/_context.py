@@ -10,8 +10,8 @@ as in tf.distribute.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 
 from . import _context, _nest, _tensors
+from ._replica_threads import ReplicaThreads
 from .backend import CollectiveBackend, LocalBackend
+from .collective_slots import CollectiveSlots, ReplicaFailed
 from .communication import CommunicationOptions
 from .cross_device_ops import AlgorithmAllReduce, CrossDeviceOps, _plain
 from .input_lib import (
@@ -30,8 +32,6 @@ from .input_lib import (
     distribute_values,
 )
 from .reduce_util import ReduceOp, parse_reduce_op
-from ._replica_threads import ReplicaThreads
-from .collective_slots import ReplicaFailed, CollectiveSlots
 from .values import DistributedValues, Mirrored, PerReplica, local_results, regroup, select_replica
 from .variables import (
     ComponentVariable,

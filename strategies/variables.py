@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from . import _context, _tensors
-from .reduce_util import ReduceOp
 from ._variable_ops import VariableOps
+from .reduce_util import ReduceOp
 from .values import DistributedValues, Mirrored
 
 

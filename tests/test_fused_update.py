@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from multiproc import run_ranks
+
 from pycollective import fused_update as fu
 
 # More than one 512 KiB piece and an odd tail, so pieces and blocks split the work.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from multiproc import run_ranks
 from reference import ALL_DTYPES
 

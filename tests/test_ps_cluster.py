@@ -16,6 +16,7 @@ import pickle
 import grpc
 import numpy as np
 import pytest
+
 from pycollective.strategies import (
     SGD,
     Adam,
@@ -212,7 +213,7 @@ def test_checkpoint_of_variables_and_optimizer_state(cluster, tmp_path):
     path = ckpt.write(str(tmp_path / "ps.npz"))
     saved_w, saved_m = model.w.read_value(), opt.get_slot(model.w, "m").read_value()
     assert np.abs(saved_m).sum() > 0
-    for k in range(3):
+    for _ in range(3):
         coordinator.schedule(step_on_batch, args=(model, opt, x[:32], y[:32]))
     coordinator.join()
     assert not np.array_equal(model.w.read_value(), saved_w)

@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 import pytest
+
+from pycollective.launcher import _die_with_parent
 from pycollective.strategies import (
     SGD,
     Checkpoint,
@@ -34,8 +36,6 @@ from pycollective.strategies import (
     Variable,
 )
 from pycollective.strategies.parameter_server import UnavailableError
-
-from pycollective.launcher import _die_with_parent
 
 TOKEN = "faults-token"
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pycollective
 import pytest
+
+import pycollective
 
 INSTALLED = os.path.dirname(os.path.abspath(pycollective.__file__))
 SOURCE_FOLDER = Path(__file__).resolve().parents[1] / "pycollective"

@@ -11,11 +11,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from multiproc import run_ranks
 
 import pycollective as pc
 from pycollective import strategies as ds
-
-from multiproc import run_ranks
 
 TWO_WORKERS = {"cluster": {"worker": ["127.0.0.1:20000", "127.0.0.1:20001"]},
                "task": {"type": "worker", "index": 1}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from typing import Callable
+from collections.abc import Callable
 
 from .client import CoordinationClient, PeerInfo
 from .cluster import ClusterSpec, format_address, is_loopback, parse_address

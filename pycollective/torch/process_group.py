@@ -13,7 +13,8 @@ memory is the collective's buffer); others go through a contiguous copy and back
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,7 @@ from pycollective.torch.ops import Staging, reduce_op, scaled
 from pycollective.torch.work import Work, backend_error, seconds, stop_completer
 
 
-def create_backend(opts: Any, backend_options: Any = None) -> "ProcessGroup":
+def create_backend(opts: Any, backend_options: Any = None) -> ProcessGroup:
     """The creator torch calls (extended API) for each "pycollective" group."""
     timeout = seconds(opts.timeout) or 1800.0
     group, owned = rendezvous.join(opts.store, opts.group_rank, opts.group_size, timeout,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pycollective as pc
 
 _lock = threading.Lock()
-_world: "_World | None" = None
+_world: _World | None = None
 _generation = 0  # worlds formed by this process: keeps a reused store's old keys apart
 
 

@@ -155,7 +155,7 @@ class PSClient:
                 waits.append(stub.Pull.future(request, timeout=timeout, metadata=self._metadata,
                                               wait_for_ready=True).result)
         out: dict[str, np.ndarray] = {}
-        for (task, address, entries), result in zip(requests, self._collect(calls, waits)):
+        for (task, _address, entries), result in zip(requests, self._collect(calls, waits)):
             if isinstance(result, pb.PullResponse):
                 for entry, tensor in zip(entries, result.values):
                     value = wire.decode_tensor(tensor)
