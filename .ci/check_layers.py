@@ -14,13 +14,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. Folders on one line are peers: neither may include the other.
 LAYERS = [
-    ["core"],                # errors, logging, knobs, threads, memory helpers
-    ["reduce", "cuda"],      # reduction kernels (CPU), device operations (CUDA or none)
-    ["transport"],           # bytes between two ranks: frames, inproc, shm, tcp
-    ["comm"],                # the communicator: links, executor, work handles
-    ["algorithms"],          # collectives written once over a communicator's links
-    ["optim", "local"],      # optimizer steps fused into collectives; in-process replica groups
-    ["bindings"],            # the pybind11 module pycollective._C
+    ["core"],  # errors, logging, knobs, threads, memory helpers
+    ["reduce", "cuda"],  # reduction kernels (CPU), device operations (CUDA or none)
+    ["transport"],  # bytes between two ranks: frames, inproc, shm, tcp
+    ["comm"],  # the communicator: links, executor, work handles
+    ["algorithms"],  # collectives written once over a communicator's links
+    ["optim", "local"],  # optimizer steps fused into collectives; in-process replica groups
+    ["bindings"],  # the pybind11 module pycollective._C
 ]
 # cuda sits beside reduce but may use the kernels' dtype/op tables.
 ALLOWED_PEERS = {("cuda", "reduce")}
@@ -50,8 +50,10 @@ def violations() -> list[str]:
             peer = level[target] == level[here] and (here, target) not in ALLOWED_PEERS
             if upward or peer:
                 line = path.read_text()[: match.start()].count("\n") + 1
-                found.append(f"{path.relative_to(ROOT)}:{line}: {here}/ includes {target}/, "
-                             f"which is {'above it' if upward else 'its peer'}")
+                found.append(
+                    f"{path.relative_to(ROOT)}:{line}: {here}/ includes {target}/, "
+                    f"which is {'above it' if upward else 'its peer'}"
+                )
     return sorted(set(found))
 
 
@@ -60,9 +62,11 @@ def main() -> int:
     for line in bad:
         print(line)
     if bad:
-        print(f"check_layers: {len(bad)} include(s) against the layering; move the code to the "
-              "layer that owns it, or pass what it needs down (as transport/frame.h's namers do)",
-              file=sys.stderr)
+        print(
+            f"check_layers: {len(bad)} include(s) against the layering; move the code to the "
+            "layer that owns it, or pass what it needs down (as transport/frame.h's namers do)",
+            file=sys.stderr,
+        )
         return 1
     print("check_layers: csrc/ includes only downward")
     return 0

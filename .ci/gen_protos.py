@@ -35,18 +35,30 @@ def generate(out: Path) -> list[Path]:
         import grpc_tools
         from grpc_tools import protoc
     except ImportError:
-        raise SystemExit(f"gen_protos: needs grpcio-tools=={GRPCIO_TOOLS_VERSION} "
-                         f"(pip install grpcio-tools=={GRPCIO_TOOLS_VERSION})") from None
+        raise SystemExit(
+            f"gen_protos: needs grpcio-tools=={GRPCIO_TOOLS_VERSION} "
+            f"(pip install grpcio-tools=={GRPCIO_TOOLS_VERSION})"
+        ) from None
     import importlib.metadata
 
     found = importlib.metadata.version("grpcio-tools")
     if found != GRPCIO_TOOLS_VERSION:
-        raise SystemExit(f"gen_protos: grpcio-tools {found} is installed; the committed modules "
-                         f"come from {GRPCIO_TOOLS_VERSION}. Install that version, or bump "
-                         "GRPCIO_TOOLS_VERSION here and regenerate.")
+        raise SystemExit(
+            f"gen_protos: grpcio-tools {found} is installed; the committed modules "
+            f"come from {GRPCIO_TOOLS_VERSION}. Install that version, or bump "
+            "GRPCIO_TOOLS_VERSION here and regenerate."
+        )
     include = Path(grpc_tools.__file__).parent / "_proto"
-    code = protoc.main(["grpc_tools.protoc", f"--proto_path={ROOT}", f"--proto_path={include}",
-                        f"--python_out={out}", f"--grpc_python_out={out}", *PROTOS])
+    code = protoc.main(
+        [
+            "grpc_tools.protoc",
+            f"--proto_path={ROOT}",
+            f"--proto_path={include}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            *PROTOS,
+        ]
+    )
     if code != 0:
         raise SystemExit(f"gen_protos: protoc failed ({code})")
     generated = []
@@ -57,18 +69,25 @@ def generate(out: Path) -> list[Path]:
         path = out / rel
         text = path.read_text()
         if rel.name.endswith("_pb2_grpc.py"):
-            text = re.sub(r"^from [\w.]+ import (\w+_pb2 as )", r"from . import \1", text,
-                          count=1, flags=re.M)
+            text = re.sub(
+                r"^from [\w.]+ import (\w+_pb2 as )", r"from . import \1", text, count=1, flags=re.M
+            )
         path.write_text(text)
     return generated
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="compare with the committed modules instead of writing them")
-    parser.add_argument("--print-version", action="store_true",
-                        help="print the grpcio-tools version the modules come from, and exit")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare with the committed modules instead of writing them",
+    )
+    parser.add_argument(
+        "--print-version",
+        action="store_true",
+        help="print the grpcio-tools version the modules come from, and exit",
+    )
     args = parser.parse_args()
     if args.print_version:
         print(GRPCIO_TOOLS_VERSION)
@@ -85,12 +104,20 @@ def main() -> int:
             old = committed.read_text() if committed.exists() else ""
             if old != fresh:
                 differ = True
-                sys.stdout.writelines(difflib.unified_diff(
-                    old.splitlines(True), fresh.splitlines(True), f"committed/{rel}",
-                    f"generated/{rel}"))
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        old.splitlines(True),
+                        fresh.splitlines(True),
+                        f"committed/{rel}",
+                        f"generated/{rel}",
+                    )
+                )
         if differ:
-            print("gen_protos: the committed modules differ from the generator's output; run "
-                  "`python .ci/gen_protos.py` and commit the result", file=sys.stderr)
+            print(
+                "gen_protos: the committed modules differ from the generator's output; run "
+                "`python .ci/gen_protos.py` and commit the result",
+                file=sys.stderr,
+            )
             return 1
     if args.check:
         print(f"gen_protos: {len(PROTOS)} protos, generated modules up to date")

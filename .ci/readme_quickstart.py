@@ -37,13 +37,19 @@ def quick_start_commands(readme: str) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--test-command", required=True,
-                        help="the test command .ci/run runs itself; must be in the quick start")
+    parser.add_argument(
+        "--test-command",
+        required=True,
+        help="the test command .ci/run runs itself; must be in the quick start",
+    )
     args = parser.parse_args()
     commands = quick_start_commands((ROOT / "README.md").read_text())
     if args.test_command not in commands:
-        print(f"readme-quickstart: the README's quick start no longer shows the test command "
-              f"{args.test_command!r} that .ci/run runs; it shows {commands}", file=sys.stderr)
+        print(
+            f"readme-quickstart: the README's quick start no longer shows the test command "
+            f"{args.test_command!r} that .ci/run runs; it shows {commands}",
+            file=sys.stderr,
+        )
         return 1
     for command in commands:
         if command == args.test_command:
@@ -51,8 +57,7 @@ def main() -> int:
         print(f"readme-quickstart: $ {command}", flush=True)
         result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT)
         if result.returncode != 0:
-            print(f"readme-quickstart: exit {result.returncode} from {command!r}",
-                  file=sys.stderr)
+            print(f"readme-quickstart: exit {result.returncode} from {command!r}", file=sys.stderr)
             return result.returncode
     return 0
 

@@ -23,33 +23,59 @@ IN_PROCESS_ONLY = ("direct", "inline")
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="pycollective bench", description=__doc__)
-    p.add_argument("--mode", choices=["procs", "inproc"], default="procs",
-                   help="procs: one process per rank (default); inproc: replicas are threads "
-                        "of one process (LocalCommunicator)")
+    p.add_argument(
+        "--mode",
+        choices=["procs", "inproc"],
+        default="procs",
+        help="procs: one process per rank (default); inproc: replicas are threads "
+        "of one process (LocalCommunicator)",
+    )
     p.add_argument("-c", "--collective", choices=COLLECTIVES, default="allreduce")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--stepfactor", type=int, default=4)
-    p.add_argument("-d", "--dtype", default="float32",
-                   choices=["float16", "bfloat16", "float32", "float64", "int8", "uint8",
-                            "int32", "int64"])
+    p.add_argument(
+        "-d",
+        "--dtype",
+        default="float32",
+        choices=["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"],
+    )
     p.add_argument("-o", "--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
     p.add_argument("-n", "--iters", type=int, default=100)
     p.add_argument("-w", "--warmup", type=int, default=3)
-    p.add_argument("--world", type=int, default=None,
-                   help="replicas (inproc, default 4) or processes (procs, default: cores, 2..4)")
-    p.add_argument("--algos", default=None,
-                   help="comma-separated algorithms (default: all that the mode can run)")
-    p.add_argument("--transports", default="shm",
-                   help="procs mode: comma-separated transports among shm, tcp")
-    p.add_argument("--peers", default="gloo,mpi,tensorflow",
-                   help="procs mode: libraries measured in the same run ('' for none)")
-    p.add_argument("--hosts", type=int, default=1,
-                   help="procs mode: pretend the ranks sit on this many hosts (consecutive "
-                        "ranks per host), to exercise hierarchical on one machine")
+    p.add_argument(
+        "--world",
+        type=int,
+        default=None,
+        help="replicas (inproc, default 4) or processes (procs, default: cores, 2..4)",
+    )
+    p.add_argument(
+        "--algos",
+        default=None,
+        help="comma-separated algorithms (default: all that the mode can run)",
+    )
+    p.add_argument(
+        "--transports", default="shm", help="procs mode: comma-separated transports among shm, tcp"
+    )
+    p.add_argument(
+        "--peers",
+        default="gloo,mpi,tensorflow",
+        help="procs mode: libraries measured in the same run ('' for none)",
+    )
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="procs mode: pretend the ranks sit on this many hosts (consecutive "
+        "ranks per host), to exercise hierarchical on one machine",
+    )
     p.add_argument("--inplace", action="store_true", help="in place instead of out= buffers")
-    p.add_argument("--budget", type=float, default=0.5,
-                   help="seconds of timing per row at most (at least 3 iterations)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.5,
+        help="seconds of timing per row at most (at least 3 iterations)",
+    )
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--csv", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png")
@@ -78,8 +104,9 @@ class Progress:
             return
         self.done += 1
         if self.tty:
-            sys.stderr.write(f"\r[{self.done}/{self.total} {time.time() - self.start:5.1f}s] "
-                             f"{text:<60}")
+            sys.stderr.write(
+                f"\r[{self.done}/{self.total} {time.time() - self.start:5.1f}s] {text:<60}"
+            )
             sys.stderr.flush()
 
     def close(self) -> None:
@@ -117,8 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     procs_mode = args.mode == "procs"
     world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
-    everything = [a for a in pc.algorithms()
-                  if not (procs_mode and a in IN_PROCESS_ONLY)]
+    everything = [a for a in pc.algorithms() if not (procs_mode and a in IN_PROCESS_ONLY)]
     algos = [a for a in (args.algos or ",".join(everything)).split(",") if a]
     unknown = set(algos) - set(pc.algorithms())
     if unknown:
@@ -134,25 +160,58 @@ def run(args: argparse.Namespace) -> int:
     ceilings = {"memory_copy_Bps": copy_bw}
     if procs_mode and ("tcp" in transports or "gloo" in peers):
         ceilings["loopback_tcp_Bps"] = measure.loopback_tcp_bandwidth()
-    where = (f"{world} processes over {','.join(transports)}" if procs_mode
-             else f"{world} in-process replicas")
-    print(f"# pycollective {info['version']} bench: {args.collective}, {where}, {args.dtype} "
-          f"{args.op}, {human_bytes(sweep[0])}..{human_bytes(sweep[-1])}, kernels {info['simd']}")
-    print(f"# ceiling: memory copy bandwidth, {world} threads: {copy_bw / 1e9:.1f} GB/s "
-          "(read+write)")
+    where = (
+        f"{world} processes over {','.join(transports)}"
+        if procs_mode
+        else f"{world} in-process replicas"
+    )
+    print(
+        f"# pycollective {info['version']} bench: {args.collective}, {where}, {args.dtype} "
+        f"{args.op}, {human_bytes(sweep[0])}..{human_bytes(sweep[-1])}, kernels {info['simd']}"
+    )
+    print(
+        f"# ceiling: memory copy bandwidth, {world} threads: {copy_bw / 1e9:.1f} GB/s (read+write)"
+    )
     if "loopback_tcp_Bps" in ceilings:
         print(f"# ceiling: loopback TCP, one stream: {ceilings['loopback_tcp_Bps'] / 1e9:.2f} GB/s")
     notes: list[str] = []
     total = len(sweep) * (len(algos) * (len(transports) if procs_mode else 1) + len(peers))
     progress = Progress(total)
     if procs_mode:
-        host_ids = ([f"host{r * args.hosts // world}" for r in range(world)]
-                    if args.hosts > 1 else None)
-        rows = procs.run(args.collective, sweep, args.dtype, args.op, world, algos, transports,
-                         peers, args.iters, args.warmup, args.budget, progress, notes, host_ids)
+        host_ids = (
+            [f"host{r * args.hosts // world}" for r in range(world)] if args.hosts > 1 else None
+        )
+        rows = procs.run(
+            args.collective,
+            sweep,
+            args.dtype,
+            args.op,
+            world,
+            algos,
+            transports,
+            peers,
+            args.iters,
+            args.warmup,
+            args.budget,
+            progress,
+            notes,
+            host_ids,
+        )
     else:
-        rows = inproc.run(args.collective, sweep, args.dtype, args.op, world, algos,
-                          args.iters, args.warmup, args.inplace, copy_bw, progress, args.budget)
+        rows = inproc.run(
+            args.collective,
+            sweep,
+            args.dtype,
+            args.op,
+            world,
+            algos,
+            args.iters,
+            args.warmup,
+            args.inplace,
+            copy_bw,
+            progress,
+            args.budget,
+        )
     progress.close()
     for note in notes:
         print(f"# {note}")

@@ -19,8 +19,12 @@ FIGURES = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pycollective bench-figures", description=__doc__)
     parser.add_argument("--out", default="docs", help="folder for the pictures (default: docs)")
-    parser.add_argument("--only", choices=sorted(FIGURES), action="append",
-                        help="remake this picture only (repeatable)")
+    parser.add_argument(
+        "--only",
+        choices=sorted(FIGURES),
+        action="append",
+        help="remake this picture only (repeatable)",
+    )
     args = parser.parse_args(argv)
     cli = os.path.join(os.path.dirname(sys.executable), "pycollective")
     os.makedirs(args.out, exist_ok=True)
@@ -31,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.splitext(path)[0] + ".txt", "w") as log:
             result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
         if result.returncode != 0:
-            print(f"bench-figures: {name} failed (exit {result.returncode}); see "
-                  f"{os.path.splitext(path)[0]}.txt", file=sys.stderr)
+            print(
+                f"bench-figures: {name} failed (exit {result.returncode}); see "
+                f"{os.path.splitext(path)[0]}.txt",
+                file=sys.stderr,
+            )
             return result.returncode
     return 0
 

@@ -62,6 +62,7 @@ def _bf16():
 
 # ---- 1. kernels vs copy ----
 
+
 def bench_kernels(nbytes: int, iters: int) -> list[dict]:
     rows = []
     copy_gbs = _copy_row(rows, nbytes, iters)
@@ -74,13 +75,22 @@ def _copy_row(rows: list[dict], nbytes: int, iters: int) -> float:
     src, dst = DeviceArray(nbytes, np.uint8), DeviceArray(nbytes, np.uint8)
     t = _device_seconds(lambda: _C.cuda_copy(dst.ptr, src.ptr, nbytes, 0), iters)
     gbs = 2 * nbytes / t / 1e9
-    rows.append({"what": "device-to-device copy", "dtype": "-", "bytes": nbytes, "ms": t * 1e3,
-                 "traffic_GBps": gbs, "vs_copy": 1.0})
+    rows.append(
+        {
+            "what": "device-to-device copy",
+            "dtype": "-",
+            "bytes": nbytes,
+            "ms": t * 1e3,
+            "traffic_GBps": gbs,
+            "vs_copy": 1.0,
+        }
+    )
     return gbs
 
 
-def _kernel_rows(rows: list[dict], name: str, code: int, nbytes: int, iters: int,
-                 copy_gbs: float) -> None:
+def _kernel_rows(
+    rows: list[dict], name: str, code: int, nbytes: int, iters: int, copy_gbs: float
+) -> None:
     dtype = _bf16() if name == "bfloat16" else np.dtype(name)
     count = nbytes // np.dtype(dtype).itemsize
     a, b, d = (DeviceArray(count, dtype) for _ in range(3))
@@ -95,18 +105,28 @@ def _kernel_rows(rows: list[dict], name: str, code: int, nbytes: int, iters: int
     _C.cuda_synchronize(0)
     assert np.all(probe.astype(np.float32) == 2), f"{name} sum kernel gave {probe}"
     gbs = 3 * nbytes / t / 1e9
-    rows.append({"what": "pycollective reduce (sum)", "dtype": name, "bytes": nbytes,
-                 "ms": t * 1e3, "traffic_GBps": gbs, "vs_copy": gbs / copy_gbs})
+    rows.append(
+        {
+            "what": "pycollective reduce (sum)",
+            "dtype": name,
+            "bytes": nbytes,
+            "ms": t * 1e3,
+            "traffic_GBps": gbs,
+            "vs_copy": gbs / copy_gbs,
+        }
+    )
     if name == "float32":
         rows.extend(_cupy_add_row(a, b, d, count, iters, copy_gbs))
 
 
-def _cupy_add_row(a: DeviceArray, b: DeviceArray, d: DeviceArray, count: int, iters: int,
-                  copy_gbs: float) -> list[dict]:
+def _cupy_add_row(
+    a: DeviceArray, b: DeviceArray, d: DeviceArray, count: int, iters: int, copy_gbs: float
+) -> list[dict]:
     try:
         import cupy
     except ImportError:
         return [{"what": "cupy.add (peer)", "skipped": "CuPy not installed"}]
+
     def view(x: DeviceArray) -> Any:
         memory = cupy.cuda.UnownedMemory(x.ptr, x.nbytes, x)
         return cupy.ndarray((count,), cupy.float32, cupy.cuda.MemoryPointer(memory, 0))
@@ -115,11 +135,20 @@ def _cupy_add_row(a: DeviceArray, b: DeviceArray, d: DeviceArray, count: int, it
     with cupy.cuda.Stream.null:
         t = _device_seconds(lambda: cupy.add(ca, cb, out=cd), iters)
     gbs = 3 * a.nbytes / t / 1e9
-    return [{"what": "cupy.add (peer)", "dtype": "float32", "bytes": a.nbytes, "ms": t * 1e3,
-             "traffic_GBps": gbs, "vs_copy": gbs / copy_gbs}]
+    return [
+        {
+            "what": "cupy.add (peer)",
+            "dtype": "float32",
+            "bytes": a.nbytes,
+            "ms": t * 1e3,
+            "traffic_GBps": gbs,
+            "vs_copy": gbs / copy_gbs,
+        }
+    ]
 
 
 # ---- 2. replicas on one GPU ----
+
 
 def bench_replicas(n: int, sizes: list[int], algos: list[str]) -> list[dict]:
     rows = []
@@ -142,14 +171,23 @@ def bench_replicas(n: int, sizes: list[int], algos: list[str]) -> list[dict]:
                 samples.append((time.perf_counter() - t) / iters)
             sec = statistics.median(samples)
             algbw = nbytes / sec / 1e9
-            rows.append({"algo": algo, "replicas": n, "bytes": nbytes, "ms": sec * 1e3,
-                         "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n,
-                         "correct": ok})
+            rows.append(
+                {
+                    "algo": algo,
+                    "replicas": n,
+                    "bytes": nbytes,
+                    "ms": sec * 1e3,
+                    "algbw_GBps": algbw,
+                    "busbw_GBps": algbw * 2 * (n - 1) / n,
+                    "correct": ok,
+                }
+            )
         del xs, outs
     return rows
 
 
 # ---- 3. NCCL: our binding vs CuPy's ----
+
 
 def bench_nccl(sizes: list[int]) -> dict:
     out: dict[str, Any] = {"rows": []}
@@ -217,10 +255,12 @@ def _host_us(fn: Callable[[], None], iters: int) -> float:
 
 # ---- report ----
 
+
 def _table(rows: list[dict], cols: list[str]) -> str:
     rows = [r for r in rows if "skipped" not in r]
     if not rows:
         return "  (none)"
+
     def fmt(v: Any) -> str:
         return f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -242,44 +282,73 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = 16 * MiB if args.quick else args.bytes
     replica_sizes = [MiB, 16 * MiB] if args.quick else [MiB, 16 * MiB, 256 * MiB]
     nccl_sizes = [4096, MiB] if args.quick else [4096, 64 * 1024, MiB, 64 * MiB, GiB]
-    result: dict[str, Any] = {"build": pc.build_info(), "device": _C.cuda_describe(),
-                              "env": {k: v for k, v in os.environ.items()
-                                      if k.startswith(("PYCOLLECTIVE_", "NCCL_", "CUDA_"))}}
+    result: dict[str, Any] = {
+        "build": pc.build_info(),
+        "device": _C.cuda_describe(),
+        "env": {
+            k: v for k, v in os.environ.items() if k.startswith(("PYCOLLECTIVE_", "NCCL_", "CUDA_"))
+        },
+    }
     try:
         result["gpu"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.memory",
-             "--format=csv,noheader"], capture_output=True, text=True, timeout=30,
-            check=False).stdout.strip()
+            [
+                "nvidia-smi",
+                "--query-gpu=name,memory.total,clocks.max.memory",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.strip()
     except OSError:
         result["gpu"] = "nvidia-smi not found"
     print(f"{result['gpu']} | {result['device']}")
 
     t = time.perf_counter()
     result["kernels"] = bench_kernels(nbytes, iters=20 if not args.quick else 5)
-    print(f"\n1. reduction kernel vs device-to-device copy, {nbytes / GiB:.2f} GiB buffers "
-          f"({time.perf_counter() - t:.1f} s)")
+    print(
+        f"\n1. reduction kernel vs device-to-device copy, {nbytes / GiB:.2f} GiB buffers "
+        f"({time.perf_counter() - t:.1f} s)"
+    )
     print(_table(result["kernels"], ["what", "dtype", "ms", "traffic_GBps", "vs_copy"]))
 
     t = time.perf_counter()
     result["replicas"] = bench_replicas(4, replica_sizes, ["ring", "direct"])
-    print(f"\n2. 4 replicas on one GPU, allreduce over device buffers "
-          f"({time.perf_counter() - t:.1f} s)")
-    print(_table(result["replicas"],
-                 ["algo", "bytes", "ms", "algbw_GBps", "busbw_GBps", "correct"]))
+    print(
+        f"\n2. 4 replicas on one GPU, allreduce over device buffers "
+        f"({time.perf_counter() - t:.1f} s)"
+    )
+    print(
+        _table(result["replicas"], ["algo", "bytes", "ms", "algbw_GBps", "busbw_GBps", "correct"])
+    )
 
     t = time.perf_counter()
     result["nccl"] = bench_nccl(nccl_sizes)
-    print(f"\n3. NCCL single-rank allreduce, pycollective binding vs CuPy's "
-          f"({time.perf_counter() - t:.1f} s)")
+    print(
+        f"\n3. NCCL single-rank allreduce, pycollective binding vs CuPy's "
+        f"({time.perf_counter() - t:.1f} s)"
+    )
     if "skipped" in result["nccl"]:
         print("  skipped:", result["nccl"]["skipped"])
     else:
         if "cupy_skipped" in result["nccl"]:
             print("  peer skipped:", result["nccl"]["cupy_skipped"])
-        print(_table(result["nccl"]["rows"],
-                     ["bytes", "pycollective_host_us", "cupy_host_us", "host_ratio",
-                      "pycollective_device_us", "cupy_device_us", "device_ratio",
-                      "pycollective_correct"]))
+        print(
+            _table(
+                result["nccl"]["rows"],
+                [
+                    "bytes",
+                    "pycollective_host_us",
+                    "cupy_host_us",
+                    "host_ratio",
+                    "pycollective_device_us",
+                    "cupy_device_us",
+                    "device_ratio",
+                    "pycollective_correct",
+                ],
+            )
+        )
 
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2, default=str)

@@ -18,15 +18,30 @@ from .timing import summarize, time_interleaved
 
 def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
     """Bytes the collective must read and write in total, at the machine's copy bandwidth."""
-    traffic = {"allreduce": 2 * n * nbytes, "broadcast": (n + 1) * nbytes,
-               "reduce": (n + 1) * nbytes, "allgather": n * nbytes + n * n * nbytes,
-               "reduce_scatter": n * nbytes + nbytes}[collective]
+    traffic = {
+        "allreduce": 2 * n * nbytes,
+        "broadcast": (n + 1) * nbytes,
+        "reduce": (n + 1) * nbytes,
+        "allgather": n * nbytes + n * n * nbytes,
+        "reduce_scatter": n * nbytes + nbytes,
+    }[collective]
     return traffic / copy_bw
 
 
-def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algos: list[str],
-        iters: int, warmup: int, inplace: bool, copy_bw: float,
-        progress: Callable[[str], None], budget_s: float = 2.0) -> list[Row]:
+def run(
+    collective: str,
+    sizes: list[int],
+    dtype: str,
+    op: str,
+    world: int,
+    algos: list[str],
+    iters: int,
+    warmup: int,
+    inplace: bool,
+    copy_bw: float,
+    progress: Callable[[str], None],
+    budget_s: float = 2.0,
+) -> list[Row]:
     import pycollective as pc
 
     comm = pc.LocalCommunicator(world)
@@ -59,12 +74,30 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
         for algo, times in samples.items():
             t = summarize(times)
             peer = algo == "numpy"
-            extra = {} if peer else {"floor_s": memory_floor_seconds(collective, world,
-                                                                     row_bytes, copy_bw)}
+            extra = (
+                {}
+                if peer
+                else {"floor_s": memory_floor_seconds(collective, world, row_bytes, copy_bw)}
+            )
             if algo == "auto":
                 extra["chose"] = comm.explain(collective, count * itemsize, dtype).split()[0]
-            rows.append(Row(collective, row_bytes, count, dtype, algo, "inproc", world,
-                            t.median, t.p10, t.p90, wrong[algo], peer=peer, extra=extra))
+            rows.append(
+                Row(
+                    collective,
+                    row_bytes,
+                    count,
+                    dtype,
+                    algo,
+                    "inproc",
+                    world,
+                    t.median,
+                    t.p10,
+                    t.p90,
+                    wrong[algo],
+                    peer=peer,
+                    extra=extra,
+                )
+            )
     return rows
 
 
@@ -78,8 +111,9 @@ def _reset(inputs: list, outs: list, inplace: bool, count: int, dtype: str) -> N
             poison(outs[r])
 
 
-def _call(comm, collective: str, inputs: list, outs: list, algo: str, op: str,
-          inplace: bool) -> Callable[[], list]:
+def _call(
+    comm, collective: str, inputs: list, outs: list, algo: str, op: str, inplace: bool
+) -> Callable[[], list]:
     if collective == "allreduce":
         if inplace:
             return lambda: comm.allreduce(inputs, op=op, algo=algo, inplace=True)

@@ -30,8 +30,9 @@ def rank_input(rank: int, count: int, dtype: str) -> np.ndarray:
     return vals.astype(np_dtype(dtype))
 
 
-def expected(collective: str, op: str, n: int, count: int, dtype: str, rank: int,
-             root: int = 0) -> np.ndarray | None:
+def expected(
+    collective: str, op: str, n: int, count: int, dtype: str, rank: int, root: int = 0
+) -> np.ndarray | None:
     """What `rank` must hold after `collective` of rank_input() over n ranks."""
     inputs = [rank_input(r, count, dtype).astype(np.float64) for r in range(n)]
     if collective == "allgather":
@@ -39,8 +40,13 @@ def expected(collective: str, op: str, n: int, count: int, dtype: str, rank: int
     if collective == "broadcast":
         return inputs[root].astype(np_dtype(dtype))
     stack = np.stack(inputs)
-    red = {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0),
-           "max": stack.max(0), "avg": stack.sum(0) / n}[op]
+    red = {
+        "sum": stack.sum(0),
+        "prod": stack.prod(0),
+        "min": stack.min(0),
+        "max": stack.max(0),
+        "avg": stack.sum(0) / n,
+    }[op]
     dt = np_dtype(dtype)
     if dt.kind in "iu":
         red = red.astype(np.int64).astype(dt)  # integer sums/products wrap like the kernels
@@ -51,7 +57,7 @@ def expected(collective: str, op: str, n: int, count: int, dtype: str, rank: int
     if collective == "reduce_scatter":
         base, extra = divmod(count, n)
         start = rank * base + min(rank, extra)
-        return red[start:start + base + (1 if rank < extra else 0)]
+        return red[start : start + base + (1 if rank < extra else 0)]
     return red
 
 
@@ -83,5 +89,12 @@ def count_wrong(got, want: np.ndarray | None, op: str) -> int:
     if op == "avg":
         gf, wf = g.astype(np.float64), w.astype(np.float64)
         return int((np.abs(gf - wf) > 1e-2 * np.maximum(1, np.abs(wf))).sum())
-    return int((g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1))
-               .any(axis=1).sum()) if g.size else 0
+    return (
+        int(
+            (g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1))
+            .any(axis=1)
+            .sum()
+        )
+        if g.size
+        else 0
+    )

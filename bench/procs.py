@@ -29,35 +29,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn_ranks(job: dict, world: int, deadline_s: float,
-                 progress: Callable[[str], None]) -> list[dict]:
+def _spawn_ranks(
+    job: dict, world: int, deadline_s: float, progress: Callable[[str], None]
+) -> list[dict]:
     """Runs one job on `world` processes; returns rank 0's rows."""
     tmp = tempfile.mkdtemp(prefix="pycol-bench-")
-    job = dict(job, result=os.path.join(tmp, "rows.json"), peer_port=_free_port(),
-               tf_ports=[_free_port() for _ in range(world)])
+    job = dict(
+        job,
+        result=os.path.join(tmp, "rows.json"),
+        peer_port=_free_port(),
+        tf_ports=[_free_port() for _ in range(world)],
+    )
     job_path = os.path.join(tmp, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
     cmd = python_module_command("pycollective.bench.worker", job_path)
     if job["backend"] == "mpi":
-        env = dict(child_environment(), OMPI_ALLOW_RUN_AS_ROOT="1",
-                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        procs = [subprocess.Popen(["mpirun", "-n", str(world), "--oversubscribe"] + cmd,
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, start_new_session=True)]
+        env = dict(
+            child_environment(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"
+        )
+        procs = [
+            subprocess.Popen(
+                ["mpirun", "-n", str(world), "--oversubscribe"] + cmd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        ]
     else:
         port, token = _free_port(), secrets.token_hex(8)
         procs = []
         for r in range(world):
-            env = dict(child_environment(), PYCOLLECTIVE_RANK=str(r),
-                       PYCOLLECTIVE_WORLD_SIZE=str(world),
-                       PYCOLLECTIVE_MASTER_ADDR="127.0.0.1", PYCOLLECTIVE_MASTER_PORT=str(port),
-                       PYCOLLECTIVE_TOKEN=token)
+            env = dict(
+                child_environment(),
+                PYCOLLECTIVE_RANK=str(r),
+                PYCOLLECTIVE_WORLD_SIZE=str(world),
+                PYCOLLECTIVE_MASTER_ADDR="127.0.0.1",
+                PYCOLLECTIVE_MASTER_PORT=str(port),
+                PYCOLLECTIVE_TOKEN=token,
+            )
             if job.get("host_ids"):  # fake hosts on one machine (hierarchical experiments)
                 env["PYCOLLECTIVE_HOST_ID"] = job["host_ids"][r]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
     log: list[str] = []
     deadline = time.monotonic() + deadline_s
     os.set_blocking(procs[0].stdout.fileno(), False)
@@ -79,9 +103,10 @@ def _spawn_ranks(job: dict, world: int, deadline_s: float,
         log.extend((p.stdout.read() or "").splitlines())
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed or not os.path.exists(job["result"]):
-        raise RuntimeError(f"{job['backend']} over {job.get('transport', '?')}: ranks {failed} "
-                           f"failed or timed out after {deadline_s:.0f} s:\n" +
-                           "\n".join(log[-20:]))
+        raise RuntimeError(
+            f"{job['backend']} over {job.get('transport', '?')}: ranks {failed} "
+            f"failed or timed out after {deadline_s:.0f} s:\n" + "\n".join(log[-20:])
+        )
     with open(job["result"]) as f:
         return json.load(f)
 
@@ -105,12 +130,31 @@ def peer_status(name: str) -> str | None:
     return f"unknown peer {name!r}"
 
 
-def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algos: list[str],
-        transports: list[str], peers: list[str], iters: int, warmup: int, budget_s: float,
-        progress: Callable[[str], None], notes: list[str],
-        host_ids: list[str] | None = None) -> list[Row]:
-    job = {"collective": collective, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters,
-           "warmup": warmup, "budget": budget_s}
+def run(
+    collective: str,
+    sizes: list[int],
+    dtype: str,
+    op: str,
+    world: int,
+    algos: list[str],
+    transports: list[str],
+    peers: list[str],
+    iters: int,
+    warmup: int,
+    budget_s: float,
+    progress: Callable[[str], None],
+    notes: list[str],
+    host_ids: list[str] | None = None,
+) -> list[Row]:
+    job = {
+        "collective": collective,
+        "sizes": sizes,
+        "dtype": dtype,
+        "op": op,
+        "iters": iters,
+        "warmup": warmup,
+        "budget": budget_s,
+    }
     # A safety net against hangs, not a budget: every (size, algorithm) gets about budget_s of
     # timing but at least one iteration per round, and the largest sizes over slow transports
     # take longer than budget_s / ROUNDS per call.
@@ -119,13 +163,31 @@ def run(collective: str, sizes: list[int], dtype: str, op: str, world: int, algo
 
     def add(raw: list[dict], transport: str, peer: bool) -> None:
         for d in raw:
-            rows.append(Row(collective, d["nbytes"], d["count"], dtype, d["algo"], transport,
-                            world, d["median_s"], d["p10_s"], d["p90_s"], d["wrong"], peer=peer,
-                            extra={"chose": d["chose"]} if d.get("chose") else {}))
+            rows.append(
+                Row(
+                    collective,
+                    d["nbytes"],
+                    d["count"],
+                    dtype,
+                    d["algo"],
+                    transport,
+                    world,
+                    d["median_s"],
+                    d["p10_s"],
+                    d["p90_s"],
+                    d["wrong"],
+                    peer=peer,
+                    extra={"chose": d["chose"]} if d.get("chose") else {},
+                )
+            )
 
     for transport in transports:
-        raw = _spawn_ranks(dict(job, backend="pycollective", transport=transport, algos=algos,
-                                host_ids=host_ids), world, deadline, progress)
+        raw = _spawn_ranks(
+            dict(job, backend="pycollective", transport=transport, algos=algos, host_ids=host_ids),
+            world,
+            deadline,
+            progress,
+        )
         add(raw, transport, False)
     for peer in peers:
         why = peer_status(peer)

@@ -50,17 +50,32 @@ class Task:
     """A ps or worker process on an OS-chosen port."""
 
     def __init__(self, job: str, index: int) -> None:
-        env = dict(child_environment(), PYCOLLECTIVE_TOKEN=TOKEN, PYTHONUNBUFFERED="1",
-                   TF_CONFIG=json.dumps({"cluster": {job: ["127.0.0.1:0"] * (index + 1)},
-                                         "task": {"type": job, "index": index}}))
+        env = dict(
+            child_environment(),
+            PYCOLLECTIVE_TOKEN=TOKEN,
+            PYTHONUNBUFFERED="1",
+            TF_CONFIG=json.dumps(
+                {
+                    "cluster": {job: ["127.0.0.1:0"] * (index + 1)},
+                    "task": {"type": job, "index": index},
+                }
+            ),
+        )
         self.process = subprocess.Popen(
-            python_module_command("pycollective.strategies.parameter_server"), env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()))  # never outlive the benchmark
+            python_module_command("pycollective.strategies.parameter_server"),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )  # never outlive the benchmark
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(raw.decode().rstrip()) for raw in
-                                         iter(self.process.stdout.readline, b"")],
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: [
+                lines.put(raw.decode().rstrip()) for raw in iter(self.process.stdout.readline, b"")
+            ],
+            daemon=True,
+        ).start()
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -94,6 +109,7 @@ def median_seconds(fn, repeats: int) -> float:
 
 # The digits model ----------------------------------------------------------------------------------
 
+
 def load_digits_data():
     from sklearn.datasets import load_digits
 
@@ -124,8 +140,8 @@ def numpy_steps_per_second(x, y, steps: int, batch: int) -> float:
 
 def cluster_steps_per_second(cluster, mode: str, x, y, steps: int, batch: int) -> float:
     strategy = ParameterServerStrategy(
-        SimpleClusterResolver(cluster, task_type="chief", task_id=0), update_mode=mode,
-        token=TOKEN)
+        SimpleClusterResolver(cluster, task_type="chief", task_id=0), update_mode=mode, token=TOKEN
+    )
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():
         w = Variable(np.zeros((64, 10), np.float32), name="w")
@@ -168,14 +184,20 @@ def main(argv=None) -> dict:
 
     tasks = [Task("ps", 0), Task("ps", 1), Task("worker", 0), Task("worker", 1)]
     try:
-        cluster = {"chief": ["127.0.0.1:1"], "ps": [tasks[0].address, tasks[1].address],
-                   "worker": [tasks[2].address, tasks[3].address]}
+        cluster = {
+            "chief": ["127.0.0.1:1"],
+            "ps": [tasks[0].address, tasks[1].address],
+            "worker": [tasks[2].address, tasks[3].address],
+        }
         tcp = loopback_tcp_bandwidth()
         # A pull returns a new array: what allocating and first writing one costs here.
         fresh = median_seconds(lambda: np.ones(args.mib << 18, np.float32), args.repeats)
         strategy = ParameterServerStrategy(
             SimpleClusterResolver(cluster, task_type="chief", task_id=0),
-            variable_partitioner=FixedShardsPartitioner(2), token=TOKEN, rpc_timeout=120)
+            variable_partitioner=FixedShardsPartitioner(2),
+            token=TOKEN,
+            rpc_timeout=120,
+        )
         rows = args.mib * (1 << 20) // 4 // 1024
         nbytes = rows * 1024 * 4
         with strategy.scope():
@@ -183,8 +205,9 @@ def main(argv=None) -> dict:
             opt = SGD(1e-3)
         grad = np.ones((rows, 1024), np.float32)
         pull = median_seconds(lambda: np.asarray(v), args.repeats)
-        push = median_seconds(lambda: strategy.extended.push_gradients(opt, [(grad, v)]),
-                              args.repeats)
+        push = median_seconds(
+            lambda: strategy.extended.push_gradients(opt, [(grad, v)]), args.repeats
+        )
         assign = median_seconds(lambda: v.assign(grad), args.repeats)
         x, y = load_digits_data()
         numpy_sps = numpy_steps_per_second(x, y, args.steps * 5, args.batch)
@@ -195,16 +218,25 @@ def main(argv=None) -> dict:
             t.stop()
 
     results = {
-        "variable_mib": args.mib, "shards": 2, "ps_tasks": 2,
-        "loopback_tcp_GBps": tcp / 1e9, "fresh_array_GBps": nbytes / fresh / 1e9,
-        "pull_GBps": nbytes / pull / 1e9, "push_GBps": nbytes / push / 1e9,
+        "variable_mib": args.mib,
+        "shards": 2,
+        "ps_tasks": 2,
+        "loopback_tcp_GBps": tcp / 1e9,
+        "fresh_array_GBps": nbytes / fresh / 1e9,
+        "pull_GBps": nbytes / pull / 1e9,
+        "push_GBps": nbytes / push / 1e9,
         "assign_GBps": nbytes / assign / 1e9,
-        "numpy_steps_per_s": numpy_sps, "async_steps_per_s": async_sps,
-        "sync_steps_per_s": sync_sps, "batch": args.batch, "cpus": os.cpu_count(),
+        "numpy_steps_per_s": numpy_sps,
+        "async_steps_per_s": async_sps,
+        "sync_steps_per_s": sync_sps,
+        "batch": args.batch,
+        "cpus": os.cpu_count(),
     }
     print(f"one loopback TCP stream: {tcp / 1e9:.2f} GB/s")
-    print(f"allocating + filling a new {args.mib} MiB array: {nbytes / fresh / 1e9:.2f} GB/s "
-          "(a pull returns a new array)")
+    print(
+        f"allocating + filling a new {args.mib} MiB array: {nbytes / fresh / 1e9:.2f} GB/s "
+        "(a pull returns a new array)"
+    )
     print(f"{args.mib} MiB variable, 2 shards on 2 ps tasks (median of {args.repeats}):")
     for name in ("pull", "push", "assign"):
         gbps = results[f"{name}_GBps"]
@@ -213,8 +245,10 @@ def main(argv=None) -> dict:
     print(f"  bare numpy loop (1 process)  {numpy_sps:8.0f} steps/s")
     for mode in ("async", "sync"):
         sps = results[f"{mode}_steps_per_s"]
-        print(f"  ParameterServerStrategy {mode:5s} {sps:8.0f} steps/s = "
-              f"{sps / numpy_sps:.3f} x numpy")
+        print(
+            f"  ParameterServerStrategy {mode:5s} {sps:8.0f} steps/s = "
+            f"{sps / numpy_sps:.3f} x numpy"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

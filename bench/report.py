@@ -11,8 +11,19 @@ from typing import IO
 from .metrics import human_bytes
 from .rows import Row
 
-COLUMNS = ["size", "count", "dtype", "algorithm", "transport", "time(us)", "spread",
-           "algbw(GB/s)", "busbw(GB/s)", "x floor", "#wrong"]
+COLUMNS = [
+    "size",
+    "count",
+    "dtype",
+    "algorithm",
+    "transport",
+    "time(us)",
+    "spread",
+    "algbw(GB/s)",
+    "busbw(GB/s)",
+    "x floor",
+    "#wrong",
+]
 
 
 def table(rows: Iterable[Row], out: IO[str]) -> None:
@@ -20,13 +31,21 @@ def table(rows: Iterable[Row], out: IO[str]) -> None:
     lines = [COLUMNS]
     for r in rows:
         floor = r.extra.get("floor_s")
-        lines.append([
-            human_bytes(r.nbytes), str(r.count), r.dtype, r.algo + (" (peer)" if r.peer else ""),
-            r.transport, f"{r.median_s * 1e6:.1f}", f"{r.p10_s * 1e6:.0f}-{r.p90_s * 1e6:.0f}",
-            f"{r.algbw / 1e9:.2f}", f"{r.busbw / 1e9:.2f}",
-            f"{r.median_s / floor:.2f}" if floor else "-",
-            str(r.wrong) if r.wrong == 0 else f"{r.wrong} WRONG",
-        ])
+        lines.append(
+            [
+                human_bytes(r.nbytes),
+                str(r.count),
+                r.dtype,
+                r.algo + (" (peer)" if r.peer else ""),
+                r.transport,
+                f"{r.median_s * 1e6:.1f}",
+                f"{r.p10_s * 1e6:.0f}-{r.p90_s * 1e6:.0f}",
+                f"{r.algbw / 1e9:.2f}",
+                f"{r.busbw / 1e9:.2f}",
+                f"{r.median_s / floor:.2f}" if floor else "-",
+                str(r.wrong) if r.wrong == 0 else f"{r.wrong} WRONG",
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
     for k, line in enumerate(lines):
         out.write("  ".join(c.rjust(w) for c, w in zip(line, widths)) + "\n")
@@ -54,12 +73,15 @@ def summary(rows: Iterable[Row]) -> list[str]:
             text += f"; auto {auto.median_s / best.median_s:.2f}x of best"
             chose = auto.extra.get("chose")
             if chose == best.algo:
-                text += (f" (it runs {chose}: the same code plus a table lookup, so the gap "
-                         "is timing noise)")
+                text += (
+                    f" (it runs {chose}: the same code plus a table lookup, so the gap "
+                    "is timing noise)"
+                )
             elif chose:
                 chosen = next((r for r in ours if r.algo == chose), None)
                 text += f" (it runs {chose}" + (
-                    f", {chosen.median_s / best.median_s:.2f}x of best)" if chosen else ")")
+                    f", {chosen.median_s / best.median_s:.2f}x of best)" if chosen else ")"
+                )
         floor = best.extra.get("floor_s")
         if floor:
             text += f"; best {best.median_s / floor:.2f}x the memory floor"
@@ -77,22 +99,37 @@ def summary(rows: Iterable[Row]) -> list[str]:
                     best[t] = min(ours, key=lambda r: r.median_s)
             if len(best) > 1:
                 base = best.get("tcp") or next(iter(best.values()))
-                lines.append(f"transports at {human_bytes(nbytes)}: " + ", ".join(
-                    f"{t} {b.busbw / 1e9:.2f} GB/s ({base.median_s / b.median_s:.2f}x "
-                    f"{base.transport})" for t, b in best.items()))
+                lines.append(
+                    f"transports at {human_bytes(nbytes)}: "
+                    + ", ".join(
+                        f"{t} {b.busbw / 1e9:.2f} GB/s ({base.median_s / b.median_s:.2f}x "
+                        f"{base.transport})"
+                        for t, b in best.items()
+                    )
+                )
     peers = [r for r in rows if r.peer]
     for p in peers:
-        ours = [r for r in rows if not r.peer and r.collective == p.collective
-                and r.nbytes == p.nbytes and r.algo != "auto"]
+        ours = [
+            r
+            for r in rows
+            if not r.peer
+            and r.collective == p.collective
+            and r.nbytes == p.nbytes
+            and r.algo != "auto"
+        ]
         if ours:
             best = min(ours, key=lambda r: r.median_s)
-            lines.append(f"vs {p.algo} ({p.transport}) at {human_bytes(p.nbytes)}: "
-                         f"{best.algo}/{best.transport} runs at {p.median_s / best.median_s:.2f}x "
-                         f"its speed (busbw {best.busbw / 1e9:.2f} vs {p.busbw / 1e9:.2f} GB/s)")
+            lines.append(
+                f"vs {p.algo} ({p.transport}) at {human_bytes(p.nbytes)}: "
+                f"{best.algo}/{best.transport} runs at {p.median_s / best.median_s:.2f}x "
+                f"its speed (busbw {best.busbw / 1e9:.2f} vs {p.busbw / 1e9:.2f} GB/s)"
+            )
     wrong = sum(r.wrong for r in rows)
-    lines.append("all results correct" if wrong == 0 else
-                 f"WRONG RESULTS: {wrong} elements in "
-                 f"{sum(1 for r in rows if r.wrong)} rows")
+    lines.append(
+        "all results correct"
+        if wrong == 0
+        else f"WRONG RESULTS: {wrong} elements in {sum(1 for r in rows if r.wrong)} rows"
+    )
     return lines
 
 
@@ -102,8 +139,22 @@ def write_json(rows: list[Row], ceilings: dict, path: str) -> None:
 
 
 def write_csv(rows: list[Row], path: str) -> None:
-    fields = ["collective", "nbytes", "count", "dtype", "algo", "transport", "world", "median_s",
-              "p10_s", "p90_s", "algbw_Bps", "busbw_Bps", "wrong", "peer"]
+    fields = [
+        "collective",
+        "nbytes",
+        "count",
+        "dtype",
+        "algo",
+        "transport",
+        "world",
+        "median_s",
+        "p10_s",
+        "p90_s",
+        "algbw_Bps",
+        "busbw_Bps",
+        "wrong",
+        "peer",
+    ]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -128,8 +179,10 @@ def machine_label() -> str:
     except (OSError, StopIteration):
         pass
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()} | {when} | "
-            f"pycollective {pc.__version__} ({commit()}), kernels {pc.build_info()['simd']}")
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()} | {when} | "
+        f"pycollective {pc.__version__} ({commit()}), kernels {pc.build_info()['simd']}"
+    )
 
 
 def plot(rows: list[Row], ceilings: dict, path: str, command: str = "") -> None:
@@ -154,23 +207,42 @@ def plot(rows: list[Row], ceilings: dict, path: str, command: str = "") -> None:
     for key, rs in sorted(lines.items()):
         collective, algo, transport, peer = key
         rs.sort(key=lambda r: r.nbytes)
-        kw = (dict(color=str(0.2 + 0.5 * peers.index(algo) / max(1, len(peers))), marker="x",
-                   linestyle="-.") if peer else
-              dict(color=color[algo], marker="o", markersize=3,
-                   linestyle=style.get(transport, "-")))
-        ax.plot([r.nbytes for r in rs], [r.busbw / 1e9 for r in rs],
-                label=f"{algo} ({transport})" + (" [peer]" if peer else ""), **kw)
+        kw = (
+            dict(
+                color=str(0.2 + 0.5 * peers.index(algo) / max(1, len(peers))),
+                marker="x",
+                linestyle="-.",
+            )
+            if peer
+            else dict(
+                color=color[algo], marker="o", markersize=3, linestyle=style.get(transport, "-")
+            )
+        )
+        ax.plot(
+            [r.nbytes for r in rs],
+            [r.busbw / 1e9 for r in rs],
+            label=f"{algo} ({transport})" + (" [peer]" if peer else ""),
+            **kw,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")  # peers and small sizes sit orders of magnitude below the best
     for name, value in ceilings.items():
         if name.endswith("_Bps"):
             ax.axhline(value / 1e9, color="grey", linewidth=0.8, linestyle=":")
-            ax.text(ax.get_xlim()[1], value / 1e9, " " + name.removesuffix("_Bps"), fontsize=7,
-                    color="grey", va="center", ha="left")
+            ax.text(
+                ax.get_xlim()[1],
+                value / 1e9,
+                " " + name.removesuffix("_Bps"),
+                fontsize=7,
+                color="grey",
+                va="center",
+                ha="left",
+            )
     ax.set_xlabel("message size (bytes per rank)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"pycollective {rows[0].collective if rows else ''}: busbw by size "
-                 "(nccl-tests definition)")
+    ax.set_title(
+        f"pycollective {rows[0].collective if rows else ''}: busbw by size (nccl-tests definition)"
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0))
     footer = machine_label() + (f"\n$ {command}" if command else "")

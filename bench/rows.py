@@ -10,17 +10,17 @@ from .metrics import algbw, busbw
 @dataclass
 class Row:
     collective: str
-    nbytes: int          # one rank's buffer (allgather: its input block x n ranks)
+    nbytes: int  # one rank's buffer (allgather: its input block x n ranks)
     count: int
     dtype: str
-    algo: str            # algorithm, or the peer's name (numpy, gloo, mpi, ...)
-    transport: str       # inproc, shm, tcp, grpc, or the peer's transport
+    algo: str  # algorithm, or the peer's name (numpy, gloo, mpi, ...)
+    transport: str  # inproc, shm, tcp, grpc, or the peer's transport
     world: int
     median_s: float
     p10_s: float
     p90_s: float
     wrong: int = 0
-    peer: bool = False   # a library we compare against, not pycollective
+    peer: bool = False  # a library we compare against, not pycollective
     extra: dict = field(default_factory=dict)
 
     @property

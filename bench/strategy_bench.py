@@ -75,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         strategy.run(replica_fn)
 
     t_bare, t_step = _side_by_side(bare, step, args.iters)
-    where = ("2 workers" if args.multi_worker else f"{args.replicas} CPU replicas")
+    where = "2 workers" if args.multi_worker else f"{args.replicas} CPU replicas"
     if not args.multi_worker or pc.rank() == 0:
         rule = f"SGD with momentum {args.momentum}" if args.momentum else "plain SGD"
-        print(f"{args.mib} MiB of gradients in {args.variables} tensors, {where}, {rule}: "
-              f"bare allreduce "
-              f"{t_bare * 1e3:.1f} ms, apply_gradients step {t_step * 1e3:.1f} ms, ratio "
-              f"{t_step / t_bare:.2f}x")
+        print(
+            f"{args.mib} MiB of gradients in {args.variables} tensors, {where}, {rule}: "
+            f"bare allreduce "
+            f"{t_bare * 1e3:.1f} ms, apply_gradients step {t_step * 1e3:.1f} ms, ratio "
+            f"{t_step / t_bare:.2f}x"
+        )
     if args.multi_worker:
         pc.shutdown()
     return 0

@@ -39,11 +39,15 @@ def summarize(samples: list[float]) -> Timing:
 ROUNDS = 8
 
 
-def time_interleaved(calls: dict[str, Callable[[], object]], iters: int, warmup: int,
-                     budget_s: float, rounds: int = ROUNDS,
-                     before_each: Callable[[], object] | None = None,
-                     max_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None,
-                     ) -> dict[str, list[float]]:
+def time_interleaved(
+    calls: dict[str, Callable[[], object]],
+    iters: int,
+    warmup: int,
+    budget_s: float,
+    rounds: int = ROUNDS,
+    before_each: Callable[[], object] | None = None,
+    max_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> dict[str, list[float]]:
     """Per-iteration times of several calls measured against each other: ``rounds`` rounds,
     each timing every call in turn for its share of the iterations. Rows compared in a summary
     ("auto against the best algorithm") then share the machine's noise instead of each getting
@@ -69,13 +73,16 @@ def time_interleaved(calls: dict[str, Callable[[], object]], iters: int, warmup:
     if max_over_ranks is not None:
         probes = max_over_ranks(probes)
     rounds = max(1, min(rounds, iters))  # never more than iters samples per call
-    per_round = {name: max(1, min(iters // rounds, int(budget_s / rounds / max(probe, 1e-9))))
-                 for name, probe in zip(names, probes)}
+    per_round = {
+        name: max(1, min(iters // rounds, int(budget_s / rounds / max(probe, 1e-9))))
+        for name, probe in zip(names, probes)
+    }
     samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:
             samples[name].extend(timed(name) for _ in range(per_round[name]))
     if max_over_ranks is not None:
-        samples = {name: [float(t) for t in max_over_ranks(np.array(s))]
-                   for name, s in samples.items()}
+        samples = {
+            name: [float(t) for t in max_over_ranks(np.array(s))] for name, s in samples.items()
+        }
     return samples

@@ -33,17 +33,23 @@ BACKENDS = ("pycollective", "gloo")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pycollective.bench.torch_bench",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m pycollective.bench.torch_bench", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--worlds", default="2,4", help="comma-separated rank counts")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("-n", "--iters", type=int, default=200)
-    p.add_argument("--budget", type=float, default=1.5,
-                   help="seconds of all_reduce timing per size and backend at most")
-    p.add_argument("--ddp-steps", type=int, default=12,
-                   help="timed DDP steps per backend (0: skip DDP)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=1.5,
+        help="seconds of all_reduce timing per size and backend at most",
+    )
+    p.add_argument(
+        "--ddp-steps", type=int, default=12, help="timed DDP steps per backend (0: skip DDP)"
+    )
     p.add_argument("--ddp-worlds", default="2", help="rank counts that time DDP")
     p.add_argument("--batch", type=int, default=32, help="DDP batch per rank")
     p.add_argument("--json", metavar="FILE")
@@ -53,12 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- one rank ---------------------------------------------------------------------------------
 
+
 def mlp(width: int = 2048):
     """~11.0M parameters: 1024 -> 2048 -> 2048 -> 2048 -> 256."""
     import torch.nn as nn
 
-    return nn.Sequential(nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 256))
+    return nn.Sequential(
+        nn.Linear(1024, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 256),
+    )
 
 
 def _worker(job_path: str) -> None:
@@ -73,8 +87,9 @@ def _worker(job_path: str) -> None:
         job = json.load(f)
     rank, world = int(os.environ["BENCH_RANK"]), job["world"]
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("pycollective", init_method=f"tcp://127.0.0.1:{job['port']}",
-                            rank=rank, world_size=world)
+    dist.init_process_group(
+        "pycollective", init_method=f"tcp://127.0.0.1:{job['port']}", rank=rank, world_size=world
+    )
     gloo = dist.new_group(backend="gloo")
     groups = {"pycollective": None, "gloo": gloo}
 
@@ -93,21 +108,34 @@ def _worker(job_path: str) -> None:
             wrong[name] = int((t != world * (world + 1) / 2).sum())
         # Zeros: the timed loop reduces the same buffer again and again without overflowing.
         bufs = {name: torch.zeros(count) for name in groups}
-        calls = {name: (lambda b=bufs[name], g=group: dist.all_reduce(b, group=g))
-                 for name, group in groups.items()}
+        calls = {
+            name: (lambda b=bufs[name], g=group: dist.all_reduce(b, group=g))
+            for name, group in groups.items()
+        }
         samples = time_interleaved(calls, job["iters"], 3, job["budget"], max_over_ranks=slowest)
         for name in groups:
             s = summarize(samples[name])
-            out["allreduce"].append({"backend": name, "nbytes": nbytes, "count": count,
-                                     "median_s": s.median, "p10_s": s.p10, "p90_s": s.p90,
-                                     "iters": s.iters, "wrong": wrong[name]})
+            out["allreduce"].append(
+                {
+                    "backend": name,
+                    "nbytes": nbytes,
+                    "count": count,
+                    "median_s": s.median,
+                    "p10_s": s.p10,
+                    "p90_s": s.p90,
+                    "iters": s.iters,
+                    "wrong": wrong[name],
+                }
+            )
         if rank == 0:
             print(f"done allreduce {human_bytes(nbytes)} on {world} ranks", flush=True)
 
     if job["ddp_steps"] > 0:
         g = torch.Generator().manual_seed(rank)
-        x, y = torch.randn(job["batch"], 1024, generator=g), torch.randn(job["batch"], 256,
-                                                                          generator=g)
+        x, y = (
+            torch.randn(job["batch"], 1024, generator=g),
+            torch.randn(job["batch"], 256, generator=g),
+        )
         steps = {}
         for name, group in groups.items():
             torch.manual_seed(0)
@@ -121,11 +149,19 @@ def _worker(job_path: str) -> None:
 
             steps[name] = step
         params = sum(p.numel() for p in mlp().parameters())
-        samples = time_interleaved(steps, job["ddp_steps"], 2, 1e9, rounds=4,
-                                   max_over_ranks=slowest)
-        out["ddp"] = {name: {"median_s": summarize(s).median, "p10_s": summarize(s).p10,
-                             "p90_s": summarize(s).p90, "steps": len(s), "params": params}
-                      for name, s in samples.items()}
+        samples = time_interleaved(
+            steps, job["ddp_steps"], 2, 1e9, rounds=4, max_over_ranks=slowest
+        )
+        out["ddp"] = {
+            name: {
+                "median_s": summarize(s).median,
+                "p10_s": summarize(s).p10,
+                "p90_s": summarize(s).p90,
+                "steps": len(s),
+                "params": params,
+            }
+            for name, s in samples.items()
+        }
         if rank == 0:
             print(f"done DDP on {world} ranks", flush=True)
     dist.destroy_process_group()
@@ -135,6 +171,7 @@ def _worker(job_path: str) -> None:
 
 
 # -- the driver -------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -149,10 +186,17 @@ def run_world(world: int, job: dict, deadline_s: float) -> dict:
     path = os.path.join(tmp, "job.json")
     with open(path, "w") as f:
         json.dump(job, f)
-    procs = [subprocess.Popen([sys.executable, "-m", f"{_PKG}.torch_bench", "--worker", path],
-                              env=dict(os.environ, BENCH_RANK=str(r)),
-                              stdout=subprocess.PIPE if r else None, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", f"{_PKG}.torch_bench", "--worker", path],
+            env=dict(os.environ, BENCH_RANK=str(r)),
+            stdout=subprocess.PIPE if r else None,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for r in range(world)
+    ]
     deadline = time.monotonic() + deadline_s
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -163,45 +207,77 @@ def run_world(world: int, job: dict, deadline_s: float) -> dict:
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed or not os.path.exists(job["result"]):
         logs = "\n".join((p.stdout.read() or "")[-2000:] for p in procs[1:] if p.stdout)
-        raise SystemExit(f"{world} ranks: ranks {failed} failed or ran past {deadline_s:.0f} s\n"
-                         f"{logs}")
+        raise SystemExit(
+            f"{world} ranks: ranks {failed} failed or ran past {deadline_s:.0f} s\n{logs}"
+        )
     with open(job["result"]) as f:
         return json.load(f)
 
 
 def report(results: dict[int, dict]) -> list[str]:
     """The table of all_reduce rows, the DDP lines, and each goal of issue #14: met or not."""
-    rows = [Row("allreduce", d["nbytes"], d["count"], "float32", d["backend"],
-                "shm" if d["backend"] == "pycollective" else "tcp", world, d["median_s"],
-                d["p10_s"], d["p90_s"], d["wrong"], peer=d["backend"] == "gloo")
-            for world, res in results.items() for d in res["allreduce"]]
+    rows = [
+        Row(
+            "allreduce",
+            d["nbytes"],
+            d["count"],
+            "float32",
+            d["backend"],
+            "shm" if d["backend"] == "pycollective" else "tcp",
+            world,
+            d["median_s"],
+            d["p10_s"],
+            d["p90_s"],
+            d["wrong"],
+            peer=d["backend"] == "gloo",
+        )
+        for world, res in results.items()
+        for d in res["allreduce"]
+    ]
     table(rows, sys.stdout)
     lines = []
     for world, res in results.items():
-        by = {(d["backend"], d["nbytes"]): Row("allreduce", d["nbytes"], d["count"], "float32",
-                                              d["backend"], "", world, d["median_s"],
-                                              d["p10_s"], d["p90_s"])
-              for d in res["allreduce"]}
+        by = {
+            (d["backend"], d["nbytes"]): Row(
+                "allreduce",
+                d["nbytes"],
+                d["count"],
+                "float32",
+                d["backend"],
+                "",
+                world,
+                d["median_s"],
+                d["p10_s"],
+                d["p90_s"],
+            )
+            for d in res["allreduce"]
+        }
         sizes = sorted({n for _, n in by})
         big, small = sizes[-1], sizes[0]
         ratio = by["pycollective", big].busbw / by["gloo", big].busbw
-        lines.append(f"{world} ranks, all_reduce {human_bytes(big)}: busbw "
-                     f"{by['pycollective', big].busbw / 1e9:.2f} GB/s vs gloo "
-                     f"{by['gloo', big].busbw / 1e9:.2f} GB/s = {ratio:.2f}x (goal >= 3x: "
-                     f"{'met' if ratio >= 3 else 'not met'})")
+        lines.append(
+            f"{world} ranks, all_reduce {human_bytes(big)}: busbw "
+            f"{by['pycollective', big].busbw / 1e9:.2f} GB/s vs gloo "
+            f"{by['gloo', big].busbw / 1e9:.2f} GB/s = {ratio:.2f}x (goal >= 3x: "
+            f"{'met' if ratio >= 3 else 'not met'})"
+        )
         lat = by["pycollective", small].median_s / by["gloo", small].median_s
-        lines.append(f"{world} ranks, all_reduce {human_bytes(small)}: "
-                     f"{by['pycollective', small].median_s * 1e6:.1f} us vs gloo "
-                     f"{by['gloo', small].median_s * 1e6:.1f} us = {lat:.3f}x (goal <= 0.1x: "
-                     f"{'met' if lat <= 0.1 else 'not met'})")
+        lines.append(
+            f"{world} ranks, all_reduce {human_bytes(small)}: "
+            f"{by['pycollective', small].median_s * 1e6:.1f} us vs gloo "
+            f"{by['gloo', small].median_s * 1e6:.1f} us = {lat:.3f}x (goal <= 0.1x: "
+            f"{'met' if lat <= 0.1 else 'not met'})"
+        )
         ddp = res.get("ddp") or {}
         if ddp:
             p, g = ddp["pycollective"], ddp["gloo"]
             r = p["median_s"] / g["median_s"]
-            lines.append(f"{world} ranks, DDP step ({p['params'] / 1e6:.1f}M-parameter MLP): "
-                         f"{p['median_s'] * 1e3:.0f} ms ({1 / p['median_s']:.2f} steps/s) vs "
-                         f"gloo {g['median_s'] * 1e3:.0f} ms ({1 / g['median_s']:.2f} steps/s) "
-                         f"= {r:.2f}x (goal <= 0.8x: {'met' if r <= 0.8 else 'not met'})")
+            lines.append(
+                f"{world} ranks, DDP step ({p['params'] / 1e6:.1f}M-parameter MLP): "
+                f"{p['median_s'] * 1e3:.0f} ms ({1 / p['median_s']:.2f} steps/s) vs "
+                f"gloo {g['median_s'] * 1e3:.0f} ms ({1 / g['median_s']:.2f} steps/s) "
+                f"= {r:.2f}x (goal <= 0.8x: {'met' if r <= 0.8 else 'not met'})"
+            )
     return lines
 
 
@@ -217,10 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     ddp_worlds = {int(w) for w in args.ddp_worlds.split(",") if w}
     results = {}
     for world in (int(w) for w in args.worlds.split(",")):
-        job = {"sizes": sizes, "iters": args.iters, "budget": args.budget,
-               "ddp_steps": args.ddp_steps if world in ddp_worlds else 0, "batch": args.batch}
-        results[world] = run_world(world, job, 120 + 4 * args.budget * len(sizes) * 2
-                                   + (60 + 10 * args.ddp_steps) * world)
+        job = {
+            "sizes": sizes,
+            "iters": args.iters,
+            "budget": args.budget,
+            "ddp_steps": args.ddp_steps if world in ddp_worlds else 0,
+            "batch": args.batch,
+        }
+        results[world] = run_world(
+            world, job, 120 + 4 * args.budget * len(sizes) * 2 + (60 + 10 * args.ddp_steps) * world
+        )
     lines = report(results)
     print("\n".join(lines))
     if args.json:

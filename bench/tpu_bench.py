@@ -54,14 +54,15 @@ def _digits(rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _mlp_params(hidden: int) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
-    return [(rng.normal(size=(64, hidden)) * 0.3).astype(np.float32),
-            np.zeros(hidden, np.float32),
-            (rng.normal(size=(hidden, 10)) * 0.3).astype(np.float32),
-            np.zeros(10, np.float32)]
+    return [
+        (rng.normal(size=(64, hidden)) * 0.3).astype(np.float32),
+        np.zeros(hidden, np.float32),
+        (rng.normal(size=(hidden, 10)) * 0.3).astype(np.float32),
+        np.zeros(10, np.float32),
+    ]
 
 
-def _numpy_mlp_grads(params: list[np.ndarray], x: np.ndarray, y: np.ndarray
-                     ) -> list[np.ndarray]:
+def _numpy_mlp_grads(params: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
     """Gradients of the mean softmax cross-entropy of the tanh MLP, in numpy."""
     w1, b1, w2, b2 = params
     h = np.tanh(x @ w1 + b1)
@@ -112,8 +113,7 @@ def bench_mlp(n: int, iters: int, hidden: int) -> tuple[float, float]:
         tpu.run(tpu_step, args=t_batch)
         jax.block_until_ready(t_vars[0].device_value)
 
-    t_tpu, t_mir = _side_by_side(run_tpu, lambda: mirrored.run(mirrored_step, args=m_batch),
-                                 iters)
+    t_tpu, t_mir = _side_by_side(run_tpu, lambda: mirrored.run(mirrored_step, args=m_batch), iters)
     # steps_per_execution: a block of `block` steps as one compiled lax.scan
     block = 10
     blocks = [(x, y)] * block
@@ -122,8 +122,7 @@ def bench_mlp(n: int, iters: int, hidden: int) -> tuple[float, float]:
         tpu_step(*batch)
 
     def run_block():
-        tpu.run_steps(block_step, iter(tpu.experimental_distribute_dataset(blocks)),
-                      steps=block)
+        tpu.run_steps(block_step, iter(tpu.experimental_distribute_dataset(blocks)), steps=block)
         jax.block_until_ready(t_vars[0].device_value)
 
     t_block, _ = _side_by_side(run_block, lambda: None, max(iters // block, 5))
@@ -147,7 +146,8 @@ def bench_16mib(n: int, iters: int, mib: int, tensors: int) -> tuple[float, floa
         m_opt = SGD(0.01)
     grads = [np.ones(count, np.float32) for _ in range(tensors)]
     scale = tpu.experimental_distribute_values_from_function(
-        lambda ctx: np.float32(ctx.replica_id_in_sync_group + 1))
+        lambda ctx: np.float32(ctx.replica_id_in_sync_group + 1)
+    )
 
     def tpu_step(s):
         # per-replica gradients (they depend on the replica), so the psum is real work
@@ -174,48 +174,62 @@ def bench_allreduce(n: int, iters: int, nbytes: int) -> tuple[float, float]:
     count = max(nbytes // 4, 1)
     mesh = Mesh(np.array(jax.devices()[:n]), ("r",), axis_types=(AxisType.Auto,))
     x = jax.device_put(np.ones((n, count), np.float32), NamedSharding(mesh, P("r")))
-    psum = jax.jit(jax.shard_map(lambda a: lax.psum(a, "r"), mesh=mesh, in_specs=P("r"),
-                                 out_specs=P("r")))
+    psum = jax.jit(
+        jax.shard_map(lambda a: lax.psum(a, "r"), mesh=mesh, in_specs=P("r"), out_specs=P("r"))
+    )
     comm = pc.LocalCommunicator(n)
     bufs = [np.ones(count, np.float32) for _ in range(n)]
     outs = [np.empty_like(b) for b in bufs]
-    return _side_by_side(lambda: psum(x).block_until_ready(),
-                         lambda: comm.allreduce(bufs, out=outs), iters)
+    return _side_by_side(
+        lambda: psum(x).block_until_ready(), lambda: comm.allreduce(bufs, out=outs), iters
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--hidden", type=int, default=64, help="MLP hidden units")
     p.add_argument("--mib", type=int, default=16)
     p.add_argument("--tensors", type=int, default=8)
-    p.add_argument("--sizes", default="4096,262144,4194304,16777216",
-                   help="all-reduce sizes in bytes per replica (comma-separated)")
+    p.add_argument(
+        "--sizes",
+        default="4096,262144,4194304,16777216",
+        help="all-reduce sizes in bytes per replica (comma-separated)",
+    )
     args = p.parse_args(argv)
     _force_devices(args.replicas)
     import jax
 
     n = args.replicas
-    print(f"jax {jax.__version__}, {len(jax.devices())} forced {jax.default_backend()} devices, "
-          f"{os.cpu_count()} cores; medians of {args.iters} alternating samples")
+    print(
+        f"jax {jax.__version__}, {len(jax.devices())} forced {jax.default_backend()} devices, "
+        f"{os.cpu_count()} cores; medians of {args.iters} alternating samples"
+    )
     t_tpu, t_mir, t_scan = bench_mlp(n, args.iters, args.hidden)
-    print(f"digits MLP 64-{args.hidden}-10, global batch 256, momentum SGD: TPUStrategy "
-          f"{t_tpu * 1e3:.2f} ms/step (run_steps, 10 per program: {t_scan * 1e3:.2f} ms/step), "
-          f"MirroredStrategy ({n} CPU replicas) {t_mir * 1e3:.2f} ms/step; "
-          f"TPUStrategy/Mirrored {t_tpu / t_mir:.2f}x")
+    print(
+        f"digits MLP 64-{args.hidden}-10, global batch 256, momentum SGD: TPUStrategy "
+        f"{t_tpu * 1e3:.2f} ms/step (run_steps, 10 per program: {t_scan * 1e3:.2f} ms/step), "
+        f"MirroredStrategy ({n} CPU replicas) {t_mir * 1e3:.2f} ms/step; "
+        f"TPUStrategy/Mirrored {t_tpu / t_mir:.2f}x"
+    )
     t_tpu, t_mir = bench_16mib(n, args.iters, args.mib, args.tensors)
-    print(f"{args.mib} MiB of gradients in {args.tensors} tensors, plain SGD: TPUStrategy "
-          f"{t_tpu * 1e3:.2f} ms/step, MirroredStrategy ({n} CPU replicas) "
-          f"{t_mir * 1e3:.2f} ms/step; TPUStrategy/Mirrored {t_tpu / t_mir:.2f}x")
+    print(
+        f"{args.mib} MiB of gradients in {args.tensors} tensors, plain SGD: TPUStrategy "
+        f"{t_tpu * 1e3:.2f} ms/step, MirroredStrategy ({n} CPU replicas) "
+        f"{t_mir * 1e3:.2f} ms/step; TPUStrategy/Mirrored {t_tpu / t_mir:.2f}x"
+    )
     for nbytes in (int(s) for s in args.sizes.split(",")):
         t_xla, t_pc = bench_allreduce(n, args.iters, nbytes)
         busbw = lambda t, nbytes=nbytes: nbytes * 2 * (n - 1) / n / t / 1e9  # noqa: E731
-        print(f"all-reduce {nbytes} B x {n}: XLA CPU psum {t_xla * 1e6:.1f} us "
-              f"({busbw(t_xla):.2f} GB/s busbw), LocalCommunicator.allreduce "
-              f"{t_pc * 1e6:.1f} us ({busbw(t_pc):.2f} GB/s); XLA/pycollective "
-              f"{t_xla / t_pc:.2f}x")
+        print(
+            f"all-reduce {nbytes} B x {n}: XLA CPU psum {t_xla * 1e6:.1f} us "
+            f"({busbw(t_xla):.2f} GB/s busbw), LocalCommunicator.allreduce "
+            f"{t_pc * 1e6:.1f} us ({busbw(t_pc):.2f} GB/s); XLA/pycollective "
+            f"{t_xla / t_pc:.2f}x"
+        )
     return 0
 
 

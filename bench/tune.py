@@ -22,22 +22,31 @@ HELP = "measure transports and algorithms here; write the table algo='auto' uses
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output", default=None,
-                   help="file to write (default: $PYCOLLECTIVE_TUNING, else "
-                        "./pycollective-tuning.json)")
-    p.add_argument("--world", type=int, default=None,
-                   help="processes per measurement (default: cores, 2..4)")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="file to write (default: $PYCOLLECTIVE_TUNING, else ./pycollective-tuning.json)",
+    )
+    p.add_argument(
+        "--world", type=int, default=None, help="processes per measurement (default: cores, 2..4)"
+    )
     p.add_argument("--replicas", type=int, default=4, help="in-process replicas to tune for")
     p.add_argument("--transports", default="shm,tcp")
-    p.add_argument("--collectives", default="allreduce",
-                   help="comma-separated collectives to tune (allreduce, broadcast, ...)")
+    p.add_argument(
+        "--collectives",
+        default="allreduce",
+        help="comma-separated collectives to tune (allreduce, broadcast, ...)",
+    )
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("--budget", type=float, default=0.3, help="seconds of timing per row")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="sweeps per setting; the winner is the algorithm whose slowest sweep is "
-                        "fastest")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="sweeps per setting; the winner is the algorithm whose slowest sweep is fastest",
+    )
 
 
 # Timed iterations per (size, algorithm) and round, at most (the budget caps large sizes).
@@ -68,16 +77,25 @@ def winners(rows: list[Row], transport: str, world: int, collective: str) -> lis
             best = previous
         previous = best
         upto = int(math.sqrt(s * sizes[i + 1])) if i + 1 < len(sizes) else s
-        out.append({"transport": transport, "world": world, "collective": collective,
-                    "max_bytes": upto, "algo": best})
+        out.append(
+            {
+                "transport": transport,
+                "world": world,
+                "collective": collective,
+                "max_bytes": upto,
+                "algo": best,
+            }
+        )
     return out
 
 
 def fit_costs(rows: list[Row], world: int, gamma: float) -> tuple[float, float, float] | None:
     """alpha and beta from the ring allreduce at the smallest and largest size:
     t(S) = 2(n-1) alpha + 2(n-1)/n S (beta + gamma/2)."""
-    ring = sorted((r for r in rows if r.algo == "ring" and r.collective == "allreduce"
-                   and not r.peer), key=lambda r: r.nbytes)
+    ring = sorted(
+        (r for r in rows if r.algo == "ring" and r.collective == "allreduce" and not r.peer),
+        key=lambda r: r.nbytes,
+    )
     if len(ring) < 2 or world < 2:
         return None
     small, large = ring[0], ring[-1]
@@ -123,35 +141,75 @@ def main(args: argparse.Namespace) -> int:
         for transport in transports:
             algos = [a for a in pc.algorithms() if a != "auto" and a not in IN_PROCESS_ONLY]
             progress = Progress(len(sweep) * len(algos) * args.rounds)
-            rows = [row for _ in range(args.rounds)
-                    for row in procs.run(collective, sweep, "float32", "sum", world, algos,
-                                         [transport], [], TUNE_ITERS, 2, args.budget, progress,
-                                         [])]
+            rows = [
+                row
+                for _ in range(args.rounds)
+                for row in procs.run(
+                    collective,
+                    sweep,
+                    "float32",
+                    "sum",
+                    world,
+                    algos,
+                    [transport],
+                    [],
+                    TUNE_ITERS,
+                    2,
+                    args.budget,
+                    progress,
+                    [],
+                )
+            ]
             progress.close()
             result.choices += winners(rows, transport, world, collective)
             fitted = fit_costs(rows, world, gamma) if collective == "allreduce" else None
             if fitted:
                 result.costs[transport] = fitted
-            print(f"{transport}, {world} processes, {collective}: " + ", ".join(
-                f"<={human_bytes(c['max_bytes'])} {c['algo']}"
-                for c in winners(rows, transport, world, collective)))
+            print(
+                f"{transport}, {world} processes, {collective}: "
+                + ", ".join(
+                    f"<={human_bytes(c['max_bytes'])} {c['algo']}"
+                    for c in winners(rows, transport, world, collective)
+                )
+            )
         algos = [a for a in pc.algorithms() if a != "auto"]
         progress = Progress(len(sweep) * len(algos) * args.rounds)
         copy_bw = pc._C.memory_bandwidth(min(args.maxbytes, 64 << 20), args.replicas, 3)
-        rows = [row for _ in range(args.rounds)
-                for row in inproc.run(collective, sweep, "float32", "sum", args.replicas, algos,
-                                      TUNE_ITERS, 2, False, copy_bw, progress, args.budget)]
+        rows = [
+            row
+            for _ in range(args.rounds)
+            for row in inproc.run(
+                collective,
+                sweep,
+                "float32",
+                "sum",
+                args.replicas,
+                algos,
+                TUNE_ITERS,
+                2,
+                False,
+                copy_bw,
+                progress,
+                args.budget,
+            )
+        ]
         progress.close()
         result.choices += winners(rows, "inproc", args.replicas, collective)
         fitted = fit_costs(rows, args.replicas, gamma) if collective == "allreduce" else None
         if fitted:
             result.costs["inproc"] = fitted
-        print(f"inproc, {args.replicas} replicas, {collective}: " + ", ".join(
-            f"<={human_bytes(c['max_bytes'])} {c['algo']}"
-            for c in winners(rows, "inproc", args.replicas, collective)))
+        print(
+            f"inproc, {args.replicas} replicas, {collective}: "
+            + ", ".join(
+                f"<={human_bytes(c['max_bytes'])} {c['algo']}"
+                for c in winners(rows, "inproc", args.replicas, collective)
+            )
+        )
     tuning.save(result, out_path)
     for name, (a, b, g) in sorted(result.costs.items()):
-        print(f"cost model {name}: alpha {a * 1e6:.1f} us, beta {1 / b / 1e9:.2f} GB/s, "
-              f"gamma {1 / g / 1e9:.2f} GB/s")
+        print(
+            f"cost model {name}: alpha {a * 1e6:.1f} us, beta {1 / b / 1e9:.2f} GB/s, "
+            f"gamma {1 / g / 1e9:.2f} GB/s"
+        )
     print(f"wrote {out_path}; groups use it when PYCOLLECTIVE_TUNING={os.path.abspath(out_path)}")
     return 0

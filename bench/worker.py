@@ -65,8 +65,12 @@ class GlooBackend:
         self.torch, self.dist = torch, dist
         self.rank = int(os.environ["PYCOLLECTIVE_RANK"])
         self.size = int(os.environ["PYCOLLECTIVE_WORLD_SIZE"])
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['peer_port']}",
-                                rank=self.rank, world_size=self.size)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{job['peer_port']}",
+            rank=self.rank,
+            world_size=self.size,
+        )
 
     def barrier(self) -> None:
         self.dist.barrier()
@@ -84,8 +88,12 @@ class GlooBackend:
     def call(self, collective: str, x: np.ndarray, out, algo: str, op: str):
         dist, torch = self.dist, self.torch
         t = torch.from_numpy(x)
-        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-               "prod": dist.ReduceOp.PRODUCT}
+        ops = {
+            "sum": dist.ReduceOp.SUM,
+            "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN,
+            "prod": dist.ReduceOp.PRODUCT,
+        }
         if collective != "allreduce" or op not in ops:
             raise ValueError("the gloo peer runs allreduce with sum/min/max/prod only")
         # gloo reduces in place; copy the input first, as our out= calls leave it untouched.
@@ -95,6 +103,7 @@ class GlooBackend:
             work.copy_(t)
             dist.all_reduce(work, op=ops[op])
             return work.numpy()
+
         return run
 
     def close(self) -> None:
@@ -122,14 +131,14 @@ class MpiBackend:
         return int(self.comm.allreduce(value))
 
     def call(self, collective: str, x: np.ndarray, out, algo: str, op: str):
-        ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN,
-               "prod": self.MPI.PROD}
+        ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN, "prod": self.MPI.PROD}
         if collective != "allreduce" or op not in ops:
             raise ValueError("the MPI peer runs allreduce with sum/min/max/prod only")
 
         def run():
             self.comm.Allreduce(x, out, op=ops[op])
             return out
+
         return run
 
     def close(self) -> None:
@@ -143,15 +152,19 @@ class TensorFlowBackend:
     def __init__(self, job: dict) -> None:
         self.rank = int(os.environ["PYCOLLECTIVE_RANK"])
         self.size = int(os.environ["PYCOLLECTIVE_WORLD_SIZE"])
-        os.environ["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"127.0.0.1:{p}" for p in job["tf_ports"][:self.size]]},
-            "task": {"type": "worker", "index": self.rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"127.0.0.1:{p}" for p in job["tf_ports"][: self.size]]},
+                "task": {"type": "worker", "index": self.rank},
+            }
+        )
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
 
         self.tf = tf
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         self._fns: dict[str, object] = {}
 
@@ -192,8 +205,12 @@ class TensorFlowBackend:
         pass
 
 
-BACKENDS = {"pycollective": PycollectiveBackend, "gloo": GlooBackend, "mpi": MpiBackend,
-            "tensorflow": TensorFlowBackend}
+BACKENDS = {
+    "pycollective": PycollectiveBackend,
+    "gloo": GlooBackend,
+    "mpi": MpiBackend,
+    "tensorflow": TensorFlowBackend,
+}
 
 
 def main(job_path: str) -> int:
@@ -222,18 +239,31 @@ def main(job_path: str) -> int:
                 continue
             wrong[algo] = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
             calls[algo] = call
-        samples = time_interleaved(calls, job["iters"], job["warmup"], job["budget"],
-                                   before_each=backend.barrier,
-                                   max_over_ranks=backend.max_over_ranks)
+        samples = time_interleaved(
+            calls,
+            job["iters"],
+            job["warmup"],
+            job["budget"],
+            before_each=backend.barrier,
+            max_over_ranks=backend.max_over_ranks,
+        )
         for algo, times in samples.items():
             if rank == 0:
                 t = summarize(times)
-                rows.append({"nbytes": count * itemsize * (n if job["collective"] == "allgather"
-                                                           else 1),
-                             "count": count, "algo": algo, "median_s": t.median,
-                             "p10_s": t.p10, "p90_s": t.p90, "wrong": wrong[algo],
-                             "chose": backend.chosen(job["collective"], count * itemsize)
-                             if algo == "auto" else None})
+                rows.append(
+                    {
+                        "nbytes": count * itemsize * (n if job["collective"] == "allgather" else 1),
+                        "count": count,
+                        "algo": algo,
+                        "median_s": t.median,
+                        "p10_s": t.p10,
+                        "p90_s": t.p90,
+                        "wrong": wrong[algo],
+                        "chose": backend.chosen(job["collective"], count * itemsize)
+                        if algo == "auto"
+                        else None,
+                    }
+                )
                 print(f"done {job['backend']} {algo} {nbytes}", flush=True)
     backend.close()
     if rank == 0:

@@ -55,8 +55,11 @@ def evaluate(model, x, y):
 
 
 def build(args, n_in):
-    model = SoftmaxRegression(n_in, 10) if args.model == "softmax" \
+    model = (
+        SoftmaxRegression(n_in, 10)
+        if args.model == "softmax"
         else MLP(n_in, 64, 10, seed=args.seed)
+    )
     if args.optimizer == "adam" or (args.optimizer is None and args.model == "mlp"):
         optimizer = Adam(0.01, gradient_aggregation=ReduceOp.SUM)
     else:
@@ -75,13 +78,13 @@ def train_cluster(strategy, args, train, test) -> float:
     def dataset_fn(input_context):
         # Runs on each worker: its share of the training set, reshuffled every pass, forever.
         index = input_context.input_pipeline_id
-        x = x_train[index::input_context.num_input_pipelines]
-        y = y_train[index::input_context.num_input_pipelines]
+        x = x_train[index :: input_context.num_input_pipelines]
+        y = y_train[index :: input_context.num_input_pipelines]
         rng = np.random.default_rng(seed + index)
         while True:
             order = rng.permutation(len(x))
             for i in range(0, len(x) - batch_size + 1, batch_size):
-                rows = order[i:i + batch_size]
+                rows = order[i : i + batch_size]
                 yield x[rows], y[rows]
 
     def train_step(iterator):
@@ -94,21 +97,28 @@ def train_cluster(strategy, args, train, test) -> float:
 
     per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     steps = max(num_workers, len(x_train) // batch_size // num_workers * num_workers)
-    print(f"ParameterServerStrategy: {len(strategy.extended.ps_tasks)} ps, {num_workers} "
-          f"workers, {args.update_mode} updates, model {args.model}, {steps} steps of "
-          f"{batch_size} per epoch", flush=True)
+    print(
+        f"ParameterServerStrategy: {len(strategy.extended.ps_tasks)} ps, {num_workers} "
+        f"workers, {args.update_mode} updates, model {args.model}, {steps} steps of "
+        f"{batch_size} per epoch",
+        flush=True,
+    )
     accuracy = 0.0
     for epoch in range(1, args.epochs + 1):
         start = time.perf_counter()
-        losses = [coordinator.schedule(train_step, args=(per_worker_iterator,))
-                  for _ in range(steps)]
+        losses = [
+            coordinator.schedule(train_step, args=(per_worker_iterator,)) for _ in range(steps)
+        ]
         coordinator.join()
         train_loss = float(np.mean([rv.fetch() for rv in losses]))
         elapsed = time.perf_counter() - start
         test_loss, accuracy = evaluate(model, x_test, y_test)
-        print(f"epoch {epoch:3d}  train loss {train_loss:.4f}  test loss {test_loss:.4f}  "
-              f"test accuracy {accuracy:.4f}  ({steps / elapsed:.0f} steps/s, "
-              f"{int(optimizer.iterations.read_value())} updates)", flush=True)
+        print(
+            f"epoch {epoch:3d}  train loss {train_loss:.4f}  test loss {test_loss:.4f}  "
+            f"test accuracy {accuracy:.4f}  ({steps / elapsed:.0f} steps/s, "
+            f"{int(optimizer.iterations.read_value())} updates)",
+            flush=True,
+        )
     coordinator.close()
     print(f"final test accuracy {accuracy:.4f}", flush=True)
     return accuracy
@@ -125,24 +135,31 @@ def train_one_machine(strategy, args, train, test) -> float:
         optimizer.apply_gradients(zip(grads, model.variables))  # reduced to the parameter device
         return np.float64(loss_sum)
 
-    print(f"ParameterServerStrategy on one machine: {strategy.num_replicas_in_sync} replicas, "
-          f"variables on {strategy.extended.parameter_devices[0]}, model {args.model}",
-          flush=True)
+    print(
+        f"ParameterServerStrategy on one machine: {strategy.num_replicas_in_sync} replicas, "
+        f"variables on {strategy.extended.parameter_devices[0]}, model {args.model}",
+        flush=True,
+    )
     rng = np.random.default_rng(args.seed)
     accuracy = 0.0
     for epoch in range(1, args.epochs + 1):
         start = time.perf_counter()
         order = rng.permutation(len(x_train))
-        batches = [(x_train[order[i:i + args.batch_size]], y_train[order[i:i + args.batch_size]])
-                   for i in range(0, len(x_train), args.batch_size)]
+        batches = [
+            (x_train[order[i : i + args.batch_size]], y_train[order[i : i + args.batch_size]])
+            for i in range(0, len(x_train), args.batch_size)
+        ]
         total = 0.0
         for (gx, _), batch in zip(batches, strategy.experimental_distribute_dataset(batches)):
             per_replica = strategy.run(replica_step, args=(batch, len(gx)))
             total += float(strategy.reduce(ReduceOp.SUM, per_replica, axis=None))
         test_loss, accuracy = evaluate(model, x_test, y_test)
-        print(f"epoch {epoch:3d}  train loss {total / len(x_train):.4f}  test loss "
-              f"{test_loss:.4f}  test accuracy {accuracy:.4f}  "
-              f"({time.perf_counter() - start:.2f} s)", flush=True)
+        print(
+            f"epoch {epoch:3d}  train loss {total / len(x_train):.4f}  test loss "
+            f"{test_loss:.4f}  test accuracy {accuracy:.4f}  "
+            f"({time.perf_counter() - start:.2f} s)",
+            flush=True,
+        )
     print(f"final test accuracy {accuracy:.4f}", flush=True)
     return accuracy
 
@@ -151,20 +168,28 @@ def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--update-mode", choices=["async", "sync"], default="async")
     parser.add_argument("--model", choices=["softmax", "mlp"], default="softmax")
-    parser.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
-                        help="default: sgd (momentum 0.9) for softmax, adam for mlp")
-    parser.add_argument("--shards", type=int, default=2,
-                        help="partition the weight matrices into this many shards")
+    parser.add_argument(
+        "--optimizer",
+        choices=["sgd", "adam"],
+        default=None,
+        help="default: sgd (momentum 0.9) for softmax, adam for mlp",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=2, help="partition the weight matrices into this many shards"
+    )
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="batch size per step")
-    parser.add_argument("--replicas", type=int, default=2,
-                        help="local replicas when there is no cluster")
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="local replicas when there is no cluster"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     partitioner = FixedShardsPartitioner(args.shards) if args.shards > 1 else None
     strategy = ParameterServerStrategy(
-        variable_partitioner=partitioner, update_mode=args.update_mode,
-        compute_devices=[f"/cpu:{i}" for i in range(args.replicas)])
+        variable_partitioner=partitioner,
+        update_mode=args.update_mode,
+        compute_devices=[f"/cpu:{i}" for i in range(args.replicas)],
+    )
     train, test = load_data(args.seed)
     if strategy.is_cluster:
         return train_cluster(strategy, args, train, test)

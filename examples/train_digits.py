@@ -51,8 +51,10 @@ def load_data(seed: int = 0, test_fraction: float = 0.2):
 
 def batches(x, y, batch_size, rng=None):
     order = rng.permutation(len(x)) if rng is not None else np.arange(len(x))
-    return [(x[order[i:i + batch_size]], y[order[i:i + batch_size]])
-            for i in range(0, len(x), batch_size)]
+    return [
+        (x[order[i : i + batch_size]], y[order[i : i + batch_size]])
+        for i in range(0, len(x), batch_size)
+    ]
 
 
 def softmax_cross_entropy(logits, labels):
@@ -91,8 +93,9 @@ class MLP:
         he = np.sqrt(2.0 / n_in)
         self.w1 = Variable((he * rng.normal(size=(n_in, n_hidden))).astype(np.float32), name="w1")
         self.b1 = Variable(np.zeros(n_hidden, np.float32), name="b1")
-        self.w2 = Variable((rng.normal(size=(n_hidden, n_out)) / np.sqrt(n_hidden))
-                           .astype(np.float32), name="w2")
+        self.w2 = Variable(
+            (rng.normal(size=(n_hidden, n_out)) / np.sqrt(n_hidden)).astype(np.float32), name="w2"
+        )
         self.b2 = Variable(np.zeros(n_out, np.float32), name="b2")
 
     @property
@@ -120,8 +123,12 @@ class Metrics:
 
     def __init__(self) -> None:
         def counter(name):
-            return Variable(0.0, name=name, synchronization=VariableSynchronization.ON_READ,
-                            aggregation=VariableAggregation.SUM)
+            return Variable(
+                0.0,
+                name=name,
+                synchronization=VariableSynchronization.ON_READ,
+                aggregation=VariableAggregation.SUM,
+            )
 
         self.loss_sum = counter("loss_sum")
         self.correct = counter("correct")
@@ -140,12 +147,19 @@ def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["softmax", "mlp"], default="softmax")
     parser.add_argument("--replicas", type=int, default=4, help="CPU replicas (MirroredStrategy)")
-    parser.add_argument("--multi-worker", action="store_true",
-                        help="MultiWorkerMirroredStrategy (launch with pycollective run -n N)")
+    parser.add_argument(
+        "--multi-worker",
+        action="store_true",
+        help="MultiWorkerMirroredStrategy (launch with pycollective run -n N)",
+    )
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
-    parser.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
-                        help="default: sgd (momentum 0.9) for softmax, adam for mlp")
+    parser.add_argument(
+        "--optimizer",
+        choices=["sgd", "adam"],
+        default=None,
+        help="default: sgd (momentum 0.9) for softmax, adam for mlp",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -183,17 +197,21 @@ def main(argv=None) -> float:
 
     test_data = strategy.experimental_distribute_dataset(batches(x_test, y_test, 256))
     if chief:
-        print(f"{type(strategy).__name__}: {strategy.num_replicas_in_sync} replicas, model "
-              f"{args.model}, optimizer {optimizer_name}, global batch {args.batch_size}, "
-              f"{len(x_train)} train / {len(x_test)} test examples", flush=True)
+        print(
+            f"{type(strategy).__name__}: {strategy.num_replicas_in_sync} replicas, model "
+            f"{args.model}, optimizer {optimizer_name}, global batch {args.batch_size}, "
+            f"{len(x_train)} train / {len(x_test)} test examples",
+            flush=True,
+        )
     rng = np.random.default_rng(args.seed)
     accuracy = 0.0
     for epoch in range(1, args.epochs + 1):
         start = time.perf_counter()
         global_batches = batches(x_train, y_train, args.batch_size, rng)
         total_loss = 0.0
-        for (gx, _), batch in zip(global_batches,
-                                  strategy.experimental_distribute_dataset(global_batches)):
+        for (gx, _), batch in zip(
+            global_batches, strategy.experimental_distribute_dataset(global_batches)
+        ):
             per_replica_loss = strategy.run(train_step, args=(batch, len(gx)))
             total_loss += float(strategy.reduce(ReduceOp.SUM, per_replica_loss, axis=None))
         metrics.reset()
@@ -201,9 +219,12 @@ def main(argv=None) -> float:
             strategy.run(eval_step, args=(batch,))
         test_loss, accuracy = metrics.result()
         if chief:
-            print(f"epoch {epoch:3d}  train loss {total_loss / len(x_train):.4f}  "
-                  f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
-                  f"({time.perf_counter() - start:.2f} s)", flush=True)
+            print(
+                f"epoch {epoch:3d}  train loss {total_loss / len(x_train):.4f}  "
+                f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
+                f"({time.perf_counter() - start:.2f} s)",
+                flush=True,
+            )
     if chief:
         print(f"final test accuracy {accuracy:.4f}", flush=True)
     if args.multi_worker:

@@ -36,21 +36,28 @@ def main(argv=None) -> float:
     rank, size = dist.get_rank(), dist.get_world_size()
     (x_train, y_train), (x_test, y_test) = load_data()
     torch.manual_seed(0)  # DDP broadcasts rank 0's parameters anyway
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(x_train.shape[1], args.hidden),
-                                    torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)))
+    model = DDP(
+        torch.nn.Sequential(
+            torch.nn.Linear(x_train.shape[1], args.hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(args.hidden, 10),
+        )
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     rng = np.random.default_rng(0)  # the same batch order on every rank
     for _epoch in range(args.epochs):
         for xb, yb in batches(x_train, y_train, args.batch_size, rng):
             mine = slice(rank, None, size)  # this rank's share of the global batch
-            loss = F.cross_entropy(model(torch.from_numpy(xb[mine]).float()),
-                                   torch.from_numpy(yb[mine]).long())
+            loss = F.cross_entropy(
+                model(torch.from_numpy(xb[mine]).float()), torch.from_numpy(yb[mine]).long()
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()
     with torch.no_grad():
-        correct = (model(torch.from_numpy(x_test).float()).argmax(1)
-                   == torch.from_numpy(y_test)).sum()
+        correct = (
+            model(torch.from_numpy(x_test).float()).argmax(1) == torch.from_numpy(y_test)
+        ).sum()
     dist.all_reduce(correct)  # every rank evaluated the whole test set: average the counts
     accuracy = correct.item() / size / len(y_test)
     if rank == 0:

@@ -45,14 +45,19 @@ def main(argv=None) -> float:
         params = [
             Variable(torch.randn(64, args.hidden, generator=gen) * (2 / 64) ** 0.5, name="w1"),
             Variable(torch.zeros(args.hidden), name="b1"),
-            Variable(torch.randn(args.hidden, 10, generator=gen) / args.hidden ** 0.5,
-                     name="w2"),
+            Variable(torch.randn(args.hidden, 10, generator=gen) / args.hidden**0.5, name="w2"),
             Variable(torch.zeros(10), name="b2"),
         ]
         optimizer = Adam(0.01, gradient_aggregation=ReduceOp.SUM)
-        correct, count = (Variable(0.0, name=n, synchronization=VariableSynchronization.ON_READ,
-                                   aggregation=VariableAggregation.SUM)
-                          for n in ("correct", "count"))
+        correct, count = (
+            Variable(
+                0.0,
+                name=n,
+                synchronization=VariableSynchronization.ON_READ,
+                aggregation=VariableAggregation.SUM,
+            )
+            for n in ("correct", "count")
+        )
 
     def forward(x, weights):
         w1, b1, w2, b2 = weights
@@ -77,8 +82,11 @@ def main(argv=None) -> float:
         correct.assign_add(float((predictions == y).sum()))
         count.assign_add(float(len(y)))
 
-    print(f"MirroredStrategy: {strategy.num_replicas_in_sync} replicas, torch "
-          f"{torch.__version__}, MLP 64-{args.hidden}-10, Adam", flush=True)
+    print(
+        f"MirroredStrategy: {strategy.num_replicas_in_sync} replicas, torch "
+        f"{torch.__version__}, MLP 64-{args.hidden}-10, Adam",
+        flush=True,
+    )
     rng = np.random.default_rng(args.seed)
     test_data = strategy.experimental_distribute_dataset(batches(x_test, y_test, 256))
     accuracy = 0.0
@@ -86,17 +94,24 @@ def main(argv=None) -> float:
         start = time.perf_counter()
         global_batches = batches(x_train, y_train, args.batch_size, rng)
         total = 0.0
-        for (gx, _), batch in zip(global_batches,
-                                  strategy.experimental_distribute_dataset(global_batches)):
-            total += float(strategy.reduce(ReduceOp.SUM, strategy.run(
-                train_step, args=(batch, len(gx))), axis=None))
+        for (gx, _), batch in zip(
+            global_batches, strategy.experimental_distribute_dataset(global_batches)
+        ):
+            total += float(
+                strategy.reduce(
+                    ReduceOp.SUM, strategy.run(train_step, args=(batch, len(gx))), axis=None
+                )
+            )
         correct.assign(0.0)
         count.assign(0.0)
         for batch in test_data:
             strategy.run(eval_step, args=(batch,))
         accuracy = float(correct.read_value()) / float(count.read_value())
-        print(f"epoch {epoch:3d}  train loss {total / len(x_train):.4f}  "
-              f"test accuracy {accuracy:.4f}  ({time.perf_counter() - start:.2f} s)", flush=True)
+        print(
+            f"epoch {epoch:3d}  train loss {total / len(x_train):.4f}  "
+            f"test accuracy {accuracy:.4f}  ({time.perf_counter() - start:.2f} s)",
+            flush=True,
+        )
     print(f"final test accuracy {accuracy:.4f}", flush=True)
     return accuracy
 

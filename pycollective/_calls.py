@@ -12,8 +12,14 @@ import numpy as np
 from pycollective.reduce_op import ReduceOp
 from pycollective.tensors import DTYPE_NAMES, Buffer, check_writable, contiguous_input
 
-KINDS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "broadcast": 3, "reduce": 4,
-         "barrier": 5}
+KINDS = {
+    "allreduce": 0,
+    "reduce_scatter": 1,
+    "allgather": 2,
+    "broadcast": 3,
+    "reduce": 4,
+    "barrier": 5,
+}
 REDUCING = {"allreduce", "reduce_scatter", "reduce"}
 
 
@@ -42,8 +48,9 @@ class Prepared:
         return self.buf.wrap(self.out)
 
 
-def result_shape(kind: str, shape: tuple[int, ...], count: int, rank: int, size: int,
-                 root: int) -> tuple[int, ...] | None:
+def result_shape(
+    kind: str, shape: tuple[int, ...], count: int, rank: int, size: int, root: int
+) -> tuple[int, ...] | None:
     """Shape of `kind`'s result on `rank` (None: no result there, i.e. reduce off the root)."""
     if kind in ("allreduce", "broadcast"):
         return shape
@@ -63,8 +70,10 @@ def result_shape(kind: str, shape: tuple[int, ...], count: int, rank: int, size:
 def check_avg(kind: str, op: ReduceOp, code: int, where: str) -> None:
     """avg of an integer dtype (native code >= 4) is refused before anything moves."""
     if code >= 4 and op is ReduceOp.AVG and kind in REDUCING:
-        raise TypeError(f"{where}: avg is not defined for {DTYPE_NAMES[code]}: use op='sum' "
-                        "and divide, or convert to a floating dtype")
+        raise TypeError(
+            f"{where}: avg is not defined for {DTYPE_NAMES[code]}: use op='sum' "
+            "and divide, or convert to a floating dtype"
+        )
 
 
 def check_inplace_call(kind: str, out: Any, where: str) -> None:
@@ -72,12 +81,22 @@ def check_inplace_call(kind: str, out: Any, where: str) -> None:
     if out is not None:
         raise ValueError(f"{where}: pass either inplace=True or out=, not both")
     if kind in ("reduce_scatter", "allgather"):
-        raise ValueError(f"{where}: {kind} returns an array of another size; inplace=True "
-                         "is only for allreduce, broadcast and reduce")
+        raise ValueError(
+            f"{where}: {kind} returns an array of another size; inplace=True "
+            "is only for allreduce, broadcast and reduce"
+        )
 
 
-def prepare(kind: str, buf: Buffer, rank: int, size: int, root: int, inplace: bool,
-            where: str, out: Buffer | None = None) -> Prepared:
+def prepare(
+    kind: str,
+    buf: Buffer,
+    rank: int,
+    size: int,
+    root: int,
+    inplace: bool,
+    where: str,
+    out: Buffer | None = None,
+) -> Prepared:
     """Checks one rank's tensor for `kind` and allocates its output, or checks the caller's
     ``out`` buffer (same dtype, the result's shape, writable and contiguous)."""
     if inplace:
@@ -92,10 +111,12 @@ def prepare(kind: str, buf: Buffer, rank: int, size: int, root: int, inplace: bo
     if out is None:
         return Prepared(inp, np.empty(shape, dtype=inp.dtype), buf)
     if out.code != buf.code:
-        raise TypeError(f"{where}: out= has dtype {out.dtype_name} but the input has "
-                        f"{buf.dtype_name}")
+        raise TypeError(
+            f"{where}: out= has dtype {out.dtype_name} but the input has {buf.dtype_name}"
+        )
     if out.array.shape != shape:
-        raise ValueError(f"{where}: out= has shape {out.array.shape}; the result of {kind} has "
-                         f"shape {shape}")
+        raise ValueError(
+            f"{where}: out= has shape {out.array.shape}; the result of {kind} has shape {shape}"
+        )
     check_writable(out, f"{where} (out=)")
     return Prepared(inp, out.array, out)

@@ -41,8 +41,10 @@ def _import_from(package_dir: str) -> None:
     for name in [n for n in sys.modules if n == "pycollective" or n.startswith("pycollective.")]:
         del sys.modules[name]
     spec = importlib.util.spec_from_file_location(
-        "pycollective", os.path.join(package_dir, "__init__.py"),
-        submodule_search_locations=[package_dir])
+        "pycollective",
+        os.path.join(package_dir, "__init__.py"),
+        submodule_search_locations=[package_dir],
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["pycollective"] = module
     try:
@@ -59,6 +61,7 @@ def _load():
     ``sys.modules``. Otherwise raises ImportError with the remedy."""
     try:
         from pycollective import _C
+
         return _C
     except ImportError as exc:
         installed = _installed_package_dir()

@@ -24,8 +24,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # `python -c` sees sys.argv == ["-c", module, *args]: drop the current directory from the path,
 # then run the module as `python -m` would, with its own arguments.
-_RUN_MODULE = ("import runpy, sys; del sys.path[0]; sys.argv[:2] = [sys.argv[1]]; "
-               "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+_RUN_MODULE = (
+    "import runpy, sys; del sys.path[0]; sys.argv[:2] = [sys.argv[1]]; "
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
 
 
 def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:

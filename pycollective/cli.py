@@ -69,22 +69,28 @@ def _forwarded() -> dict[str, Forwarded]:
     return {
         "bench-strategies": Forwarded(
             "strategy-layer overhead: apply_gradients against the bare all-reduce",
-            "pycollective.bench.strategy_bench"),
+            "pycollective.bench.strategy_bench",
+        ),
         "bench-ps": Forwarded(
             "parameter-server pull/push bandwidth and training steps per second",
-            "pycollective.bench.ps_bench"),
+            "pycollective.bench.ps_bench",
+        ),
         "bench-tpu": Forwarded(
             "TPUStrategy on forced host devices vs MirroredStrategy; XLA psum vs our allreduce",
-            "pycollective.bench.tpu_bench"),
+            "pycollective.bench.tpu_bench",
+        ),
         "bench-torch": Forwarded(
             "torch.distributed all_reduce and DDP steps through 'pycollective' and 'gloo'",
-            "pycollective.bench.torch_bench"),
+            "pycollective.bench.torch_bench",
+        ),
         "bench-figures": Forwarded(
             "remake the pictures in docs/ (each labelled with its command, machine and date)",
-            "pycollective.bench.figures"),
+            "pycollective.bench.figures",
+        ),
         "ps-task": Forwarded(
             "run this process as the ps or worker task its TF_CONFIG names, until SIGTERM",
-            "pycollective.strategies.parameter_server.server"),
+            "pycollective.strategies.parameter_server.server",
+        ),
     }
 
 
@@ -93,8 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pycollective", description="pycollective command-line tools"
     )
-    parser.add_argument("--version", action=_VersionAction,
-                        help="print the version, commit and CUDA support, and exit")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the version, commit and CUDA support, and exit",
+    )
     subparsers = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
     for sub in _subcommands():
         sub_parser = subparsers.add_parser(sub.name, help=sub.help, description=sub.help)
@@ -102,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub_parser.set_defaults(_main=sub.main)
     for name, tool in _forwarded().items():
         # Listed for --help only: main() hands these their arguments untouched.
-        subparsers.add_parser(name, help=f"{tool.help} (see `pycollective {name} --help`)",
-                              add_help=False)
+        subparsers.add_parser(
+            name, help=f"{tool.help} (see `pycollective {name} --help`)", add_help=False
+        )
     return parser
 
 

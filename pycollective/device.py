@@ -21,8 +21,17 @@ from pycollective._calls import check_inplace_call, result_shape
 from pycollective.tensors import DTYPE_NAMES, SUPPORTED
 
 # __cuda_array_interface__ typestr -> native dtype code (csrc/core/dtype.h)
-_TYPESTR_CODES = {"<f2": 0, "<f4": 2, "<f8": 3, "|i1": 4, "<i1": 4, "|u1": 5, "<u1": 5,
-                  "<i4": 6, "<i8": 7}
+_TYPESTR_CODES = {
+    "<f2": 0,
+    "<f4": 2,
+    "<f8": 3,
+    "|i1": 4,
+    "<i1": 4,
+    "|u1": 5,
+    "<u1": 5,
+    "<i4": 6,
+    "<i8": 7,
+}
 _ITEMSIZE = {0: 2, 1: 2, 2: 4, 3: 8, 4: 1, 5: 1, 6: 4, 7: 8}
 _DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
@@ -36,8 +45,8 @@ class DeviceBuffer:
     code: int
     device: int
     stream: int
-    source: Any          # the caller's object (returned for in-place results)
-    kind: str            # "cupy", "torch" or "cai"
+    source: Any  # the caller's object (returned for in-place results)
+    kind: str  # "cupy", "torch" or "cai"
     contiguous: bool = True
     readonly: bool = False
 
@@ -93,8 +102,14 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
-                "version": 3, "strides": None, "stream": None}
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
 
     @classmethod
     def from_host(cls, array: Any, device: int = 0) -> DeviceArray:
@@ -146,15 +161,25 @@ def stream_handle(stream: Any) -> int:
         value = getattr(stream, attr, None)
         if isinstance(value, int):
             return value
-    raise TypeError(f"expected a CUDA stream (an int handle, a cupy or torch stream), got "
-                    f"{type(stream).__name__}")
+    raise TypeError(
+        f"expected a CUDA stream (an int handle, a cupy or torch stream), got "
+        f"{type(stream).__name__}"
+    )
 
 
 def _torch_codes() -> dict:
     import torch
 
-    return {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3,
-            torch.int8: 4, torch.uint8: 5, torch.int32: 6, torch.int64: 7}
+    return {
+        torch.float16: 0,
+        torch.bfloat16: 1,
+        torch.float32: 2,
+        torch.float64: 3,
+        torch.int8: 4,
+        torch.uint8: 5,
+        torch.int32: 6,
+        torch.int64: 7,
+    }
 
 
 def _from_torch(t: Any, where: str) -> DeviceBuffer:
@@ -165,8 +190,9 @@ def _from_torch(t: Any, where: str) -> DeviceBuffer:
         raise TypeError(f"{where}: unsupported torch dtype {t.dtype}; supported: {SUPPORTED}")
     t = t.detach()
     stream = torch.cuda.current_stream(t.device).cuda_stream
-    return DeviceBuffer(t.data_ptr(), tuple(t.shape), code, t.device.index, stream, t, "torch",
-                        t.is_contiguous())
+    return DeviceBuffer(
+        t.data_ptr(), tuple(t.shape), code, t.device.index, stream, t, "torch", t.is_contiguous()
+    )
 
 
 def _from_cupy(a: Any, where: str) -> DeviceBuffer:
@@ -177,8 +203,9 @@ def _from_cupy(a: Any, where: str) -> DeviceBuffer:
     code = _code_of(a.dtype, where)
     with a.device:
         stream = cupy.cuda.get_current_stream().ptr
-    return DeviceBuffer(a.data.ptr, tuple(a.shape), code, a.device.id, stream, a, "cupy",
-                        bool(a.flags.c_contiguous))
+    return DeviceBuffer(
+        a.data.ptr, tuple(a.shape), code, a.device.id, stream, a, "cupy", bool(a.flags.c_contiguous)
+    )
 
 
 def _from_interface(x: Any, where: str) -> DeviceBuffer:
@@ -187,8 +214,10 @@ def _from_interface(x: Any, where: str) -> DeviceBuffer:
     cai = x.__cuda_array_interface__
     code = _TYPESTR_CODES.get(cai["typestr"])
     if code is None:
-        raise TypeError(f"{where}: unsupported dtype {cai['typestr']!r} in "
-                        f"__cuda_array_interface__; supported: {SUPPORTED}")
+        raise TypeError(
+            f"{where}: unsupported dtype {cai['typestr']!r} in "
+            f"__cuda_array_interface__; supported: {SUPPORTED}"
+        )
     shape = tuple(int(s) for s in cai["shape"])
     ptr, readonly = cai["data"]
     strides = cai.get("strides")
@@ -203,8 +232,9 @@ def _from_interface(x: Any, where: str) -> DeviceBuffer:
     if ptr and device < 0:
         raise TypeError(f"{where}: __cuda_array_interface__ points at host memory")
     stream = cai.get("stream") or 0  # None: no synchronization needed
-    return DeviceBuffer(int(ptr), shape, code, max(device, 0), int(stream), x, "cai",
-                        contiguous, bool(readonly))
+    return DeviceBuffer(
+        int(ptr), shape, code, max(device, 0), int(stream), x, "cai", contiguous, bool(readonly)
+    )
 
 
 def adapt_device(x: Any, where: str) -> DeviceBuffer:
@@ -222,15 +252,20 @@ def adapt_device(x: Any, where: str) -> DeviceBuffer:
         try:
             import cupy
         except ImportError:
-            raise TypeError(f"{where}: a CUDA DLPack tensor ({type(x).__name__}) needs CuPy "
-                            "installed to be read; pass a CuPy array or a torch tensor") from None
+            raise TypeError(
+                f"{where}: a CUDA DLPack tensor ({type(x).__name__}) needs CuPy "
+                "installed to be read; pass a CuPy array or a torch tensor"
+            ) from None
         buf = _from_cupy(cupy.from_dlpack(x), where)
         return buf
-    raise TypeError(f"{where}: expected a device tensor (a CuPy array or a PyTorch CUDA "
-                    f"tensor), got {type(x).__name__}")
+    raise TypeError(
+        f"{where}: expected a device tensor (a CuPy array or a PyTorch CUDA "
+        f"tensor), got {type(x).__name__}"
+    )
 
 
 # ---- allocation and contiguity, in the caller's library ----
+
 
 def empty_like(buf: DeviceBuffer, shape: tuple[int, ...], where: str) -> DeviceBuffer:
     """A new tensor of `shape` with buf's dtype, device and library."""
@@ -251,12 +286,21 @@ def empty_like(buf: DeviceBuffer, shape: tuple[int, ...], where: str) -> DeviceB
     try:
         import cupy
     except ImportError:
-        raise TypeError(f"{where}: cannot allocate a result for {type(buf.source).__name__} "
-                        "without CuPy; pass out= (or inplace=True)") from None
+        raise TypeError(
+            f"{where}: cannot allocate a result for {type(buf.source).__name__} "
+            "without CuPy; pass out= (or inplace=True)"
+        ) from None
     import numpy as np
 
-    dtype = {0: np.float16, 2: np.float32, 3: np.float64, 4: np.int8, 5: np.uint8,
-             6: np.int32, 7: np.int64}.get(buf.code)
+    dtype = {
+        0: np.float16,
+        2: np.float32,
+        3: np.float64,
+        4: np.int8,
+        5: np.uint8,
+        6: np.int32,
+        7: np.int64,
+    }.get(buf.code)
     if dtype is None:
         raise TypeError(f"{where}: CuPy has no {buf.dtype_name}; pass out= (or inplace=True)")
     with cupy.cuda.Device(buf.device):
@@ -279,11 +323,12 @@ def contiguous(buf: DeviceBuffer, where: str) -> DeviceBuffer:
 
 # ---- one rank's buffers for one call (the device twin of _calls.prepare) ----
 
+
 @dataclass
 class DevicePrepared:
     inp: DeviceBuffer
     out: DeviceBuffer | None  # None: this rank gets no result (reduce at a non-root)
-    caller: DeviceBuffer      # the caller's tensor (for in-place results)
+    caller: DeviceBuffer  # the caller's tensor (for in-place results)
 
     def result(self) -> Any:
         if self.out is None:
@@ -291,8 +336,16 @@ class DevicePrepared:
         return self.caller.source if self.out is self.caller else self.out.source
 
 
-def prepare_device(kind: str, buf: DeviceBuffer, rank: int, size: int, root: int,
-                   inplace: bool, where: str, out: DeviceBuffer | None = None) -> DevicePrepared:
+def prepare_device(
+    kind: str,
+    buf: DeviceBuffer,
+    rank: int,
+    size: int,
+    root: int,
+    inplace: bool,
+    where: str,
+    out: DeviceBuffer | None = None,
+) -> DevicePrepared:
     """Checks one rank's device tensor for `kind` and allocates (or checks) its output."""
     if inplace:
         check_inplace_call(kind, out, where)
@@ -309,11 +362,13 @@ def prepare_device(kind: str, buf: DeviceBuffer, rank: int, size: int, root: int
     if out is None:
         return DevicePrepared(inp, empty_like(inp, shape, where), buf)
     if out.code != buf.code:
-        raise TypeError(f"{where}: out= has dtype {out.dtype_name} but the input has "
-                        f"{buf.dtype_name}")
+        raise TypeError(
+            f"{where}: out= has dtype {out.dtype_name} but the input has {buf.dtype_name}"
+        )
     if out.shape != shape:
-        raise ValueError(f"{where}: out= has shape {out.shape}; the result of {kind} has "
-                         f"shape {shape}")
+        raise ValueError(
+            f"{where}: out= has shape {out.shape}; the result of {kind} has shape {shape}"
+        )
     if out.device != buf.device:
         raise ValueError(f"{where}: out= is on device {out.device}, the input on {buf.device}")
     if out.readonly or not out.contiguous:

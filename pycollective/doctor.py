@@ -23,9 +23,21 @@ HELP = "print the build, libraries, transports and settings found (for bug repor
 
 # Values of these variables are secrets: shown as set, never printed.
 _SECRET_VARIABLES = {"PYCOLLECTIVE_TOKEN"}
-_OPTIONAL_PACKAGES = ("numpy", "grpcio", "protobuf", "ml_dtypes", "torch", "jax", "jaxlib",
-                      "cupy-cuda12x", "cupy-cuda13x", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
-                      "mpi4py", "cloudpickle")
+_OPTIONAL_PACKAGES = (
+    "numpy",
+    "grpcio",
+    "protobuf",
+    "ml_dtypes",
+    "torch",
+    "jax",
+    "jaxlib",
+    "cupy-cuda12x",
+    "cupy-cuda13x",
+    "nvidia-nccl-cu12",
+    "nvidia-nccl-cu13",
+    "mpi4py",
+    "cloudpickle",
+)
 
 
 def version_line() -> str:
@@ -118,13 +130,18 @@ def _tuning() -> str:
     table = tuning.load(named)
     if table is None:
         return f"PYCOLLECTIVE_TUNING={named} does not exist yet: built-in cost model"
-    return (f"PYCOLLECTIVE_TUNING={named}: {len(table.choices)} measured choices, costs for "
-            f"{', '.join(sorted(table.costs)) or 'no transport'}")
+    return (
+        f"PYCOLLECTIVE_TUNING={named}: {len(table.choices)} measured choices, costs for "
+        f"{', '.join(sorted(table.costs)) or 'no transport'}"
+    )
 
 
 def _environment() -> dict:
-    return {name: ("<set>" if name in _SECRET_VARIABLES else value)
-            for name, value in sorted(os.environ.items()) if name.startswith("PYCOLLECTIVE_")}
+    return {
+        name: ("<set>" if name in _SECRET_VARIABLES else value)
+        for name, value in sorted(os.environ.items())
+        if name.startswith("PYCOLLECTIVE_")
+    }
 
 
 def collect() -> dict:

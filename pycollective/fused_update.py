@@ -56,8 +56,9 @@ class ReplicatedTensor:
     slots: Sequence[Sequence[np.ndarray]] = ()
 
 
-def _arrays_qualify(arrays: Sequence[object], dtype: np.dtype, shape: tuple[int, ...],
-                    writable: bool) -> bool:
+def _arrays_qualify(
+    arrays: Sequence[object], dtype: np.dtype, shape: tuple[int, ...], writable: bool
+) -> bool:
     for a in arrays:
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
             return False
@@ -89,8 +90,7 @@ def supported(tensors: Sequence[ReplicatedTensor]) -> bool:
     return True
 
 
-def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor],
-          check: bool = True) -> None:
+def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor], check: bool = True) -> None:
     """Applies ``rule`` to every tensor (see csrc/optim/replicated_update.h for the math).
 
     Every tensor must pass :func:`supported`, hold one dtype across tensors of a call, and give
@@ -103,8 +103,14 @@ def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor],
         _C.apply_replicated_update(code, dtype_code, _hyper_tuple(hyper), items)
 
 
-def allreduce_apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor],
-                    group: Any = None, timeout: float | None = None, check: bool = True) -> None:
+def allreduce_apply(
+    rule: str,
+    hyper: Hyper,
+    tensors: Sequence[ReplicatedTensor],
+    group: Any = None,
+    timeout: float | None = None,
+    check: bool = True,
+) -> None:
     """Optimizer steps across the processes of a group (``pycollective.init``): for every
     tensor, each rank passes its gradient (``grads``: one array, e.g. the sum of its local
     replicas) and its copies of the state; the rule is applied to ``grad_scale * (sum over the
@@ -125,20 +131,32 @@ def allreduce_apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor]
     code, dtype_code, items = _native_items(rule, tensors, check)
     for i, t in enumerate(tensors):
         if len(t.grads) != 1:
-            raise ValueError(f"allreduce_apply: tensor {i} has {len(t.grads)} gradients; pass "
-                             "this rank's one gradient (sum the local replicas' first)")
+            raise ValueError(
+                f"allreduce_apply: tensor {i} has {len(t.grads)} gradients; pass "
+                "this rank's one gradient (sum the local replicas' first)"
+            )
     pg = process_group._group(group)
-    pg._run_native(_C.allreduce_update, pg._world.comm, code, dtype_code, _hyper_tuple(hyper),
-                   items, [shape_hash(t.copies[0].shape) for t in tensors],
-                   pg._timeout(timeout), pg.members, pg.group_id)
+    pg._run_native(
+        _C.allreduce_update,
+        pg._world.comm,
+        code,
+        dtype_code,
+        _hyper_tuple(hyper),
+        items,
+        [shape_hash(t.copies[0].shape) for t in tensors],
+        pg._timeout(timeout),
+        pg.members,
+        pg.group_id,
+    )
 
 
 def _hyper_tuple(hyper: Hyper) -> tuple[float, ...]:
     return (hyper.lr, hyper.momentum, hyper.beta_1, hyper.beta_2, hyper.epsilon, hyper.grad_scale)
 
 
-def _native_items(rule: str, tensors: Sequence[ReplicatedTensor],
-                  check: bool) -> tuple[int, int, list[tuple[Any, ...]]]:
+def _native_items(
+    rule: str, tensors: Sequence[ReplicatedTensor], check: bool
+) -> tuple[int, int, list[tuple[Any, ...]]]:
     """The rule's code, the dtype's code and the tensors as the native functions take them."""
     if rule not in RULES:
         raise ValueError(f"unknown update rule {rule!r}; known: {', '.join(RULES)}")
@@ -146,17 +164,20 @@ def _native_items(rule: str, tensors: Sequence[ReplicatedTensor],
     if not tensors:
         return code, 0, []
     if check and not supported(tensors):
-        raise TypeError("fused_update needs C-contiguous float32/float64 numpy arrays of "
-                        "the variable's shape (writable state); check supported() first")
+        raise TypeError(
+            "fused_update needs C-contiguous float32/float64 numpy arrays of "
+            "the variable's shape (writable state); check supported() first"
+        )
     dtype = tensors[0].copies[0].dtype
     items = []
     for i, t in enumerate(tensors):
         if t.copies[0].dtype != dtype:
-            raise TypeError(f"tensor {i} is {t.copies[0].dtype}, tensor 0 is {dtype}: one dtype "
-                            "per call")
+            raise TypeError(
+                f"tensor {i} is {t.copies[0].dtype}, tensor 0 is {dtype}: one dtype per call"
+            )
         if len(t.slots) != len(slot_names):
-            raise ValueError(f"tensor {i}: rule {rule!r} keeps slots {slot_names}, got "
-                             f"{len(t.slots)} slot(s)")
-        items.append((t.copies[0].size, list(t.grads), list(t.copies),
-                      [list(s) for s in t.slots]))
+            raise ValueError(
+                f"tensor {i}: rule {rule!r} keeps slots {slot_names}, got {len(t.slots)} slot(s)"
+            )
+        items.append((t.copies[0].size, list(t.grads), list(t.copies), [list(s) for s in t.slots]))
     return code, _DTYPE_CODES[dtype], items

@@ -27,8 +27,9 @@ class GrpcDataPlane:
     """One rank's gRPC data plane: a server for streams from higher ranks, streams dialed to
     lower ranks, and the native bridged link of each peer."""
 
-    def __init__(self, rank: int, token: str, bind_host: str, advertised_host: str,
-                 connect_timeout: float) -> None:
+    def __init__(
+        self, rank: int, token: str, bind_host: str, advertised_host: str, connect_timeout: float
+    ) -> None:
         self.rank, self._token = rank, token
         self._connect_timeout = connect_timeout
         self._ends: dict[int, object] = {}
@@ -42,8 +43,11 @@ class GrpcDataPlane:
         self._pumps_idle = threading.Condition()
         self._channels: list[grpc.Channel] = []
         self._threads: list[threading.Thread] = []
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=_UNLIMITED,
-                                   interceptors=[TokenInterceptor(token, f"rank {rank}'s data plane")])
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=64),
+            options=_UNLIMITED,
+            interceptors=[TokenInterceptor(token, f"rank {rank}'s data plane")],
+        )
         pb_grpc.add_DataPlaneServicer_to_server(_Servicer(self), self._server)
         port = self._server.add_insecure_port(f"{bind_host}:0")
         self._server.start()
@@ -60,22 +64,25 @@ class GrpcDataPlane:
             self._channels.append(channel)
             grpc.channel_ready_future(channel).result(timeout=self._connect_timeout)
             responses = pb_grpc.DataPlaneStub(channel).Stream(
-                self.outgoing(end), metadata=((TOKEN_METADATA_KEY, self._token),
-                                              (RANK_METADATA_KEY, str(self.rank))))
+                self.outgoing(end),
+                metadata=((TOKEN_METADATA_KEY, self._token), (RANK_METADATA_KEY, str(self.rank))),
+            )
             self.start_receiver(responses, end, peer)
         return handle
 
     def start_receiver(self, frames: Iterator[pb.Frame], end, peer: int) -> None:
-        thread = threading.Thread(target=self.incoming, args=(frames, end, peer), daemon=True,
-                                  name=f"grpc-recv-{peer}")
+        thread = threading.Thread(
+            target=self.incoming, args=(frames, end, peer), daemon=True, name=f"grpc-recv-{peer}"
+        )
         self._threads.append(thread)
         thread.start()
 
     def end_for(self, peer: int):
         """The end a stream from `peer` belongs to (waits briefly: the peer may dial first)."""
         with self._ends_ready:
-            self._ends_ready.wait_for(lambda: peer in self._ends or self._closed.is_set(),
-                                      timeout=self._connect_timeout)
+            self._ends_ready.wait_for(
+                lambda: peer in self._ends or self._closed.is_set(), timeout=self._connect_timeout
+            )
             return self._ends.get(peer)
 
     def outgoing(self, end) -> Iterator[pb.Frame]:
@@ -113,8 +120,10 @@ class GrpcDataPlane:
         except Exception as exc:  # a malformed frame: the link must not wait for more
             reason = f"sent a malformed frame ({exc})"
         if not self._closed.is_set():
-            end.fail(f"rank {peer} {reason} while rank {self.rank} was talking to it: it exited, "
-                     "crashed or aborted")
+            end.fail(
+                f"rank {peer} {reason} while rank {self.rank} was talking to it: it exited, "
+                "crashed or aborted"
+            )
 
     def close(self) -> None:
         self._closed.set()
@@ -147,7 +156,9 @@ class _Servicer(pb_grpc.DataPlaneServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no rank in the stream's metadata")
         end = self._plane.end_for(peer)
         if end is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"rank {self._plane.rank} has no grpc link to rank {peer}")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"rank {self._plane.rank} has no grpc link to rank {peer}",
+            )
         self._plane.start_receiver(request_iterator, end, peer)
         yield from self._plane.outgoing(end)

@@ -439,8 +439,7 @@ def launch_ps_cluster(
                 job, _, env = tasks[n]
                 if tag_output:
                     env.setdefault("PYTHONUNBUFFERED", "1")
-                argv = (list(command) if job == "chief"
-                        else python_module_command(PS_TASK_MODULE))
+                argv = list(command) if job == "chief" else python_module_command(PS_TASK_MODULE)
                 group.start(n, argv, env, label=labels[n])
         except OSError as exc:
             _say(f"cannot start {command[0]!r}: {exc}")

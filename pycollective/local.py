@@ -32,8 +32,9 @@ class LocalCommunicator:
     one result per replica. Every replica's result is bitwise identical to the others'.
     """
 
-    def __init__(self, num_replicas: int, timeout: float | None = None,
-                 group_size: int | None = None) -> None:
+    def __init__(
+        self, num_replicas: int, timeout: float | None = None, group_size: int | None = None
+    ) -> None:
         if not isinstance(num_replicas, int) or num_replicas < 1:
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
         if group_size is None:
@@ -53,9 +54,15 @@ class LocalCommunicator:
 
     # The collectives ------------------------------------------------------------------------
 
-    def allreduce(self, tensors: Sequence[Any], op: str | ReduceOp = "sum", algo: str = "auto",
-                  inplace: bool = False, out: Sequence[Any] | None = None,
-                  timeout: float | None = None) -> list[Any]:
+    def allreduce(
+        self,
+        tensors: Sequence[Any],
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Sequence[Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
         """Every replica gets the reduction of all replicas' tensors.
 
         ``op``: sum, prod, min, max, avg. ``algo``: one of :func:`pycollective.algorithms`.
@@ -65,28 +72,51 @@ class LocalCommunicator:
         """
         return self._run("allreduce", tensors, op, algo, 0, inplace, timeout, out)
 
-    def reduce_scatter(self, tensors: Sequence[Any], op: str | ReduceOp = "sum",
-                       algo: str = "auto", out: Sequence[Any] | None = None,
-                       timeout: float | None = None) -> list[Any]:
+    def reduce_scatter(
+        self,
+        tensors: Sequence[Any],
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        out: Sequence[Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
         """Replica ``r`` gets chunk ``r`` of the reduction: rows of axis 0 when the first
         dimension divides evenly by the replica count, else a flat chunk of the flattened
         result (the first ``size % n`` replicas hold one extra element)."""
         return self._run("reduce_scatter", tensors, op, algo, 0, False, timeout, out)
 
-    def allgather(self, tensors: Sequence[Any], algo: str = "auto",
-                  out: Sequence[Any] | None = None, timeout: float | None = None) -> list[Any]:
+    def allgather(
+        self,
+        tensors: Sequence[Any],
+        algo: str = "auto",
+        out: Sequence[Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
         """Every replica gets all replicas' tensors stacked: shape ``(n, *shape)``."""
         return self._run("allgather", tensors, "sum", algo, 0, False, timeout, out)
 
-    def broadcast(self, tensors: Sequence[Any], root: int = 0, algo: str = "auto",
-                  inplace: bool = False, out: Sequence[Any] | None = None,
-                  timeout: float | None = None) -> list[Any]:
+    def broadcast(
+        self,
+        tensors: Sequence[Any],
+        root: int = 0,
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Sequence[Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
         """Every replica gets replica ``root``'s tensor."""
         return self._run("broadcast", tensors, "sum", algo, root, inplace, timeout, out)
 
-    def reduce(self, tensors: Sequence[Any], root: int = 0, op: str | ReduceOp = "sum",
-               algo: str = "auto", inplace: bool = False, out: Sequence[Any] | None = None,
-               timeout: float | None = None) -> list[Any]:
+    def reduce(
+        self,
+        tensors: Sequence[Any],
+        root: int = 0,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Sequence[Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
         """Replica ``root`` gets the reduction; the other entries of the result are None
         (with out=, only the root's out tensor is written)."""
         return self._run("reduce", tensors, op, algo, root, inplace, timeout, out)
@@ -101,15 +131,26 @@ class LocalCommunicator:
 
     # Plumbing -------------------------------------------------------------------------------
 
-    def _run(self, kind: str, tensors: Sequence[Any], op: str | ReduceOp, algo: str, root: int,
-             inplace: bool, timeout: float | None, out: Sequence[Any] | None) -> list[Any]:
+    def _run(
+        self,
+        kind: str,
+        tensors: Sequence[Any],
+        op: str | ReduceOp,
+        algo: str,
+        root: int,
+        inplace: bool,
+        timeout: float | None,
+        out: Sequence[Any] | None,
+    ) -> list[Any]:
         n = self.num_replicas
         for name, seq in (("tensors", tensors), ("out", out)):
             if seq is None and name == "out":
                 continue
             if not isinstance(seq, (list, tuple)):
-                raise TypeError(f"{kind} expects {name} as a list of {n} tensors (one per "
-                                f"replica), got {type(seq).__name__}")
+                raise TypeError(
+                    f"{kind} expects {name} as a list of {n} tensors (one per "
+                    f"replica), got {type(seq).__name__}"
+                )
             if len(seq) != n:
                 raise ValueError(f"{kind} expects {n} {name} (one per replica), got {len(seq)}")
         if not isinstance(root, int) or not 0 <= root < n:
@@ -123,22 +164,41 @@ class LocalCommunicator:
         _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
         first = bufs[0]
         check_avg(kind, reduce_op, first.code, "replica 0")
-        outs = [None] * n if out is None else [adapt(o, f"replica {i} out=") for i, o in
-                                               enumerate(out)]
+        outs = (
+            [None] * n
+            if out is None
+            else [adapt(o, f"replica {i} out=") for i, o in enumerate(out)]
+        )
         calls: list[Prepared] = [
             prepare(kind, b, i, n, root, inplace, f"replica {i}", outs[i])
             for i, b in enumerate(bufs)
         ]
         self._group.run(
-            KINDS[kind], [c.inp for c in calls], [c.out for c in calls],
-            first.count, first.code, int(reduce_op), root, algo, shape_hash(first.array.shape),
-            0, self._timeout if timeout is None else float(timeout),
+            KINDS[kind],
+            [c.inp for c in calls],
+            [c.out for c in calls],
+            first.count,
+            first.code,
+            int(reduce_op),
+            root,
+            algo,
+            shape_hash(first.array.shape),
+            0,
+            self._timeout if timeout is None else float(timeout),
         )
         return [c.result() for c in calls]
 
-    def _run_device(self, kind: str, tensors: Sequence[Any], reduce_op: ReduceOp, algo: str,
-                    root: int, inplace: bool, timeout: float | None,
-                    out: Sequence[Any] | None) -> list[Any]:
+    def _run_device(
+        self,
+        kind: str,
+        tensors: Sequence[Any],
+        reduce_op: ReduceOp,
+        algo: str,
+        root: int,
+        inplace: bool,
+        timeout: float | None,
+        out: Sequence[Any] | None,
+    ) -> list[Any]:
         """Device tensors (CuPy, torch CUDA): the same algorithms over device buffers (every
         local step a kernel or a device copy, finished before the call returns), or
         algo="nccl": one NCCL communicator per replica, replicas on distinct devices, enqueued
@@ -149,18 +209,28 @@ class LocalCommunicator:
         n = self.num_replicas
         for i, t in enumerate(tensors):
             if not is_device_tensor(t):
-                need = ('algo="nccl" needs' if algo == "nccl" else
-                        "replica 0 passed a device tensor, so every replica needs")
-                raise TypeError(f"replica {i}: {need} a device tensor (a CuPy array or a "
-                                f"PyTorch CUDA tensor), got {type(t).__name__}")
+                need = (
+                    'algo="nccl" needs'
+                    if algo == "nccl"
+                    else "replica 0 passed a device tensor, so every replica needs"
+                )
+                raise TypeError(
+                    f"replica {i}: {need} a device tensor (a CuPy array or a "
+                    f"PyTorch CUDA tensor), got {type(t).__name__}"
+                )
         bufs = [adapt_device(t, f"replica {i}") for i, t in enumerate(tensors)]
         _check_alike([(b.code, b.dtype_name, b.shape) for b in bufs])
         first = bufs[0]
         check_avg(kind, reduce_op, first.code, "replica 0")
-        outs = [None] * n if out is None else [adapt_device(o, f"replica {i} out=")
-                                               for i, o in enumerate(out)]
-        calls = [prepare_device(kind, b, i, n, root, inplace, f"replica {i}", outs[i])
-                 for i, b in enumerate(bufs)]
+        outs = (
+            [None] * n
+            if out is None
+            else [adapt_device(o, f"replica {i} out=") for i, o in enumerate(out)]
+        )
+        calls = [
+            prepare_device(kind, b, i, n, root, inplace, f"replica {i}", outs[i])
+            for i, b in enumerate(bufs)
+        ]
         if algo == "nccl":
             nccl.check_call(kind, first, reduce_op, n, "replica 0")
             comms = self._nccl_communicators([b.device for b in bufs])
@@ -169,11 +239,20 @@ class LocalCommunicator:
                     nccl.enqueue(comm, kind, c.inp, c.out, reduce_op, root, c.inp.stream)
         else:
             self._group.run_device(
-                KINDS[kind], [c.inp.ptr for c in calls],
-                [c.out.ptr if c.out is not None else 0 for c in calls], first.count, first.code,
-                int(reduce_op), root, algo, shape_hash(first.shape), 0,
+                KINDS[kind],
+                [c.inp.ptr for c in calls],
+                [c.out.ptr if c.out is not None else 0 for c in calls],
+                first.count,
+                first.code,
+                int(reduce_op),
+                root,
+                algo,
+                shape_hash(first.shape),
+                0,
                 self._timeout if timeout is None else float(timeout),
-                [c.inp.device for c in calls], [c.inp.stream for c in calls])
+                [c.inp.device for c in calls],
+                [c.inp.stream for c in calls],
+            )
         return [c.result() for c in calls]
 
     def _nccl_communicators(self, devices: list[int]) -> list[Any]:
@@ -195,8 +274,12 @@ def _check_alike(replicas: list[tuple[int, str, tuple]]) -> None:
     code0, name0, shape0 = replicas[0]
     for i, (code, name, shape) in enumerate(replicas[1:], start=1):
         if code != code0:
-            raise TypeError(f"replica {i} passed {name} but replica 0 passed {name0}; every "
-                            "replica must pass the same dtype")
+            raise TypeError(
+                f"replica {i} passed {name} but replica 0 passed {name0}; every "
+                "replica must pass the same dtype"
+            )
         if shape != shape0:
-            raise ValueError(f"replica {i} passed shape {shape} but replica 0 passed {shape0}; "
-                             "every replica must pass the same shape")
+            raise ValueError(
+                f"replica {i} passed shape {shape} but replica 0 passed {shape0}; "
+                "every replica must pass the same shape"
+            )

@@ -69,6 +69,7 @@ _search_set = False
 
 # ---- finding the library ----
 
+
 def wheel_dirs() -> list[tuple[str, str]]:
     """(folder, origin) of each installed nvidia-nccl-cu* wheel that holds libnccl.so.2, the one
     matching this build's CUDA major version first."""
@@ -163,6 +164,7 @@ def init_all(devices: Sequence[int], timeout: float | None = None) -> list[NcclC
 
 # ---- helpers ----
 
+
 def _dtype_code(dtype: Any) -> int:
     """A native dtype code from a code, a name, a numpy/CuPy dtype or a torch dtype."""
     if isinstance(dtype, int):
@@ -215,6 +217,7 @@ def _timeout(timeout: float | None) -> float:
 
 # ---- the communicator ----
 
+
 class NcclCommunicator:
     """One rank of an NCCL communicator, on one CUDA device.
 
@@ -227,26 +230,40 @@ class NcclCommunicator:
             aborted (default ``PYCOLLECTIVE_TIMEOUT``).
     """
 
-    def __init__(self, nranks: int, unique_id: bytes, rank: int, device: int | None = None,
-                 timeout: float | None = None, *, _native: Any = None) -> None:
+    def __init__(
+        self,
+        nranks: int,
+        unique_id: bytes,
+        rank: int,
+        device: int | None = None,
+        timeout: float | None = None,
+        *,
+        _native: Any = None,
+    ) -> None:
         if _native is not None:
             self._native = _native
             return
         if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != UNIQUE_ID_BYTES:
-            raise ValueError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of "
-                             "get_unique_id()")
+            raise ValueError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of get_unique_id()")
         _ensure_search()
-        self._native = _C.NcclComm(int(nranks), bytes(unique_id), int(rank),
-                                   _current_device() if device is None else int(device),
-                                   _timeout(timeout))
+        self._native = _C.NcclComm(
+            int(nranks),
+            bytes(unique_id),
+            int(rank),
+            _current_device() if device is None else int(device),
+            _timeout(timeout),
+        )
 
     @classmethod
-    def init_all(cls, devices: Sequence[int],
-                 timeout: float | None = None) -> list[NcclCommunicator]:
+    def init_all(
+        cls, devices: Sequence[int], timeout: float | None = None
+    ) -> list[NcclCommunicator]:
         """One communicator per device of this process, rank i on devices[i]."""
         _ensure_search()
-        return [cls(0, b"", 0, _native=n)
-                for n in _C.NcclComm.init_all([int(d) for d in devices], _timeout(timeout))]
+        return [
+            cls(0, b"", 0, _native=n)
+            for n in _C.NcclComm.init_all([int(d) for d in devices], _timeout(timeout))
+        ]
 
     def __repr__(self) -> str:
         return f"NcclCommunicator{self._native!r}"
@@ -273,38 +290,60 @@ class NcclCommunicator:
 
     # -- raw level: pointers, counts, dtypes, streams --
 
-    def allreduce_ptr(self, send: int, recv: int, count: int, dtype: Any, op: Any = "sum",
-                      stream: Any = 0) -> None:
-        self._native.allreduce(send, recv, count, _dtype_code(dtype), int(parse_op(op)),
-                               stream_handle(stream))
+    def allreduce_ptr(
+        self, send: int, recv: int, count: int, dtype: Any, op: Any = "sum", stream: Any = 0
+    ) -> None:
+        self._native.allreduce(
+            send, recv, count, _dtype_code(dtype), int(parse_op(op)), stream_handle(stream)
+        )
 
-    def reduce_scatter_ptr(self, send: int, recv: int, recv_count: int, dtype: Any,
-                           op: Any = "sum", stream: Any = 0) -> None:
-        self._native.reduce_scatter(send, recv, recv_count, _dtype_code(dtype),
-                                    int(parse_op(op)), stream_handle(stream))
+    def reduce_scatter_ptr(
+        self, send: int, recv: int, recv_count: int, dtype: Any, op: Any = "sum", stream: Any = 0
+    ) -> None:
+        self._native.reduce_scatter(
+            send, recv, recv_count, _dtype_code(dtype), int(parse_op(op)), stream_handle(stream)
+        )
 
-    def allgather_ptr(self, send: int, recv: int, send_count: int, dtype: Any,
-                      stream: Any = 0) -> None:
+    def allgather_ptr(
+        self, send: int, recv: int, send_count: int, dtype: Any, stream: Any = 0
+    ) -> None:
         self._native.allgather(send, recv, send_count, _dtype_code(dtype), stream_handle(stream))
 
-    def broadcast_ptr(self, send: int, recv: int, count: int, dtype: Any, root: int = 0,
-                      stream: Any = 0) -> None:
+    def broadcast_ptr(
+        self, send: int, recv: int, count: int, dtype: Any, root: int = 0, stream: Any = 0
+    ) -> None:
         self._native.broadcast(send, recv, count, _dtype_code(dtype), root, stream_handle(stream))
 
-    def reduce_ptr(self, send: int, recv: int, count: int, dtype: Any, op: Any = "sum",
-                   root: int = 0, stream: Any = 0) -> None:
-        self._native.reduce(send, recv, count, _dtype_code(dtype), int(parse_op(op)), root,
-                            stream_handle(stream))
+    def reduce_ptr(
+        self,
+        send: int,
+        recv: int,
+        count: int,
+        dtype: Any,
+        op: Any = "sum",
+        root: int = 0,
+        stream: Any = 0,
+    ) -> None:
+        self._native.reduce(
+            send, recv, count, _dtype_code(dtype), int(parse_op(op)), root, stream_handle(stream)
+        )
 
     # -- array level: CuPy arrays and torch CUDA tensors --
 
-    def allreduce(self, x: Any, op: str | ReduceOp = "sum", inplace: bool = False,
-                  out: Any = None, stream: Any = None) -> Any:
+    def allreduce(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        inplace: bool = False,
+        out: Any = None,
+        stream: Any = None,
+    ) -> Any:
         """Every rank gets the reduction of all ranks' arrays."""
         return self._array("allreduce", x, op, 0, inplace, out, stream)
 
-    def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", out: Any = None,
-                       stream: Any = None) -> Any:
+    def reduce_scatter(
+        self, x: Any, op: str | ReduceOp = "sum", out: Any = None, stream: Any = None
+    ) -> Any:
         """Rank r gets chunk r of the reduction (x.size must divide evenly by size)."""
         return self._array("reduce_scatter", x, op, 0, False, out, stream)
 
@@ -312,29 +351,55 @@ class NcclCommunicator:
         """Every rank gets all ranks' arrays stacked: shape (size, *x.shape)."""
         return self._array("allgather", x, "sum", 0, False, out, stream)
 
-    def broadcast(self, x: Any, root: int = 0, inplace: bool = False, out: Any = None,
-                  stream: Any = None) -> Any:
+    def broadcast(
+        self, x: Any, root: int = 0, inplace: bool = False, out: Any = None, stream: Any = None
+    ) -> Any:
         """Every rank gets rank ``root``'s array."""
         return self._array("broadcast", x, "sum", root, inplace, out, stream)
 
-    def reduce(self, x: Any, root: int = 0, op: str | ReduceOp = "sum", inplace: bool = False,
-               out: Any = None, stream: Any = None) -> Any:
+    def reduce(
+        self,
+        x: Any,
+        root: int = 0,
+        op: str | ReduceOp = "sum",
+        inplace: bool = False,
+        out: Any = None,
+        stream: Any = None,
+    ) -> Any:
         """Rank ``root`` gets the reduction; other ranks get None."""
         return self._array("reduce", x, op, root, inplace, out, stream)
 
-    def _array(self, kind: str, x: Any, op: Any, root: int, inplace: bool, out: Any,
-               stream: Any) -> Any:
+    def _array(
+        self, kind: str, x: Any, op: Any, root: int, inplace: bool, out: Any, stream: Any
+    ) -> Any:
         where = f"nccl rank {self.rank}"
         buf = adapt_device(x, where)
         reduce_op = parse_op(op)
         check_call(kind, buf, reduce_op, self.size, where)
         if buf.device != self.device:
-            raise ValueError(f"{where}: the array is on cuda:{buf.device} but this "
-                             f"communicator is on cuda:{self.device}")
-        call = prepare_device(kind, buf, self.rank, self.size, root, inplace, where,
-                              None if out is None else adapt_device(out, f"{where} out="))
-        enqueue(self, kind, call.inp, call.out, reduce_op, root,
-                buf.stream if stream is None else stream_handle(stream))
+            raise ValueError(
+                f"{where}: the array is on cuda:{buf.device} but this "
+                f"communicator is on cuda:{self.device}"
+            )
+        call = prepare_device(
+            kind,
+            buf,
+            self.rank,
+            self.size,
+            root,
+            inplace,
+            where,
+            None if out is None else adapt_device(out, f"{where} out="),
+        )
+        enqueue(
+            self,
+            kind,
+            call.inp,
+            call.out,
+            reduce_op,
+            root,
+            buf.stream if stream is None else stream_handle(stream),
+        )
         return call.result()
 
     # -- completion and failure --
@@ -368,12 +433,21 @@ def check_call(kind: str, buf: DeviceBuffer, op: ReduceOp, size: int, where: str
     """Argument checks NCCL would otherwise report less clearly."""
     check_avg(kind, op, buf.code, where)
     if kind == "reduce_scatter" and buf.count % size != 0:
-        raise ValueError(f"{where}: NCCL's reduce_scatter needs a size divisible by the "
-                         f"{size} ranks, got {buf.count} elements")
+        raise ValueError(
+            f"{where}: NCCL's reduce_scatter needs a size divisible by the "
+            f"{size} ranks, got {buf.count} elements"
+        )
 
 
-def enqueue(comm: NcclCommunicator, kind: str, inp: DeviceBuffer, out: DeviceBuffer | None,
-            op: ReduceOp, root: int, stream: int) -> None:
+def enqueue(
+    comm: NcclCommunicator,
+    kind: str,
+    inp: DeviceBuffer,
+    out: DeviceBuffer | None,
+    op: ReduceOp,
+    root: int,
+    stream: int,
+) -> None:
     """Enqueues one prepared call on `comm` (out is None only for reduce off the root)."""
     native, code, count = comm._native, inp.code, inp.count
     recv = out.ptr if out is not None else inp.ptr
@@ -392,6 +466,7 @@ def enqueue(comm: NcclCommunicator, kind: str, inp: DeviceBuffer, out: DeviceBuf
 
 
 # ---- process groups: one communicator per (group, device), id through the KV store ----
+
 
 def group_communicator(group: Any, device: int) -> NcclCommunicator:
     """The NCCL communicator of a ProcessGroup on `device`, created on first use. Group rank 0

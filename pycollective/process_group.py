@@ -59,9 +59,11 @@ class Work:
         except CollectiveError as exc:
             raise self._group._world.explain_failure(exc) from None
         if not done:
-            raise CollectiveTimeout(f"[rank {self._group.rank}/{self._group.size}] {self._what} "
-                                    f"still running after wait(timeout={timeout}); it goes on "
-                                    "in the background")
+            raise CollectiveTimeout(
+                f"[rank {self._group.rank}/{self._group.size}] {self._what} "
+                f"still running after wait(timeout={timeout}); it goes on "
+                "in the background"
+            )
         results = [c.result() for c in self._calls]
         return results[0] if len(results) == 1 else results
 
@@ -91,108 +93,228 @@ class ProcessGroup:
 
     # Collectives: each returns the result; *_async returns a Work.
 
-    def allreduce(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
-                  inplace: bool = False, out: Any = None, timeout: float | None = None) -> Any:
+    def allreduce(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Every rank gets the reduction of all ranks' tensors."""
         return self._run("allreduce", x, op, algo, 0, inplace, out, timeout)
 
-    def allreduce_async(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
-                        inplace: bool = False, out: Any = None,
-                        timeout: float | None = None) -> Work:
+    def allreduce_async(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Work:
         """Starts an allreduce on the group's worker thread; ``.wait()`` gives the result."""
         return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True)
 
-    def reduce_scatter_async(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
-                             out: Any = None, timeout: float | None = None) -> Work:
+    def reduce_scatter_async(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Work:
         """:meth:`reduce_scatter` on the group's worker thread."""
         return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout, asynchronous=True)
 
-    def allgather_async(self, x: Any, algo: str = "auto", out: Any = None,
-                        timeout: float | None = None) -> Work:
+    def allgather_async(
+        self, x: Any, algo: str = "auto", out: Any = None, timeout: float | None = None
+    ) -> Work:
         """:meth:`allgather` on the group's worker thread."""
         return self._run("allgather", x, "sum", algo, 0, False, out, timeout, asynchronous=True)
 
-    def broadcast_async(self, x: Any, root: int = 0, algo: str = "auto", inplace: bool = False,
-                        out: Any = None, timeout: float | None = None) -> Work:
+    def broadcast_async(
+        self,
+        x: Any,
+        root: int = 0,
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Work:
         """:meth:`broadcast` on the group's worker thread."""
-        return self._run("broadcast", x, "sum", algo, root, inplace, out, timeout,
-                         asynchronous=True)
+        return self._run(
+            "broadcast", x, "sum", algo, root, inplace, out, timeout, asynchronous=True
+        )
 
-    def reduce_async(self, x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
-                     inplace: bool = False, out: Any = None,
-                     timeout: float | None = None) -> Work:
+    def reduce_async(
+        self,
+        x: Any,
+        root: int = 0,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Work:
         """:meth:`reduce` on the group's worker thread."""
         return self._run("reduce", x, op, algo, root, inplace, out, timeout, asynchronous=True)
 
-    def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
-                       out: Any = None, timeout: float | None = None) -> Any:
+    def reduce_scatter(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly)."""
         return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout)
 
-    def allgather(self, x: Any, algo: str = "auto", out: Any = None,
-                  timeout: float | None = None) -> Any:
+    def allgather(
+        self, x: Any, algo: str = "auto", out: Any = None, timeout: float | None = None
+    ) -> Any:
         """Every rank gets all ranks' tensors stacked: shape (size, *x.shape)."""
         return self._run("allgather", x, "sum", algo, 0, False, out, timeout)
 
-    def broadcast(self, x: Any, root: int = 0, algo: str = "auto", inplace: bool = False,
-                  out: Any = None, timeout: float | None = None) -> Any:
+    def broadcast(
+        self,
+        x: Any,
+        root: int = 0,
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Every rank gets rank ``root``'s tensor (others pass a tensor of the same shape)."""
         return self._run("broadcast", x, "sum", algo, root, inplace, out, timeout)
 
-    def reduce(self, x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
-               inplace: bool = False, out: Any = None, timeout: float | None = None) -> Any:
+    def reduce(
+        self,
+        x: Any,
+        root: int = 0,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Rank ``root`` gets the reduction; other ranks get None."""
         return self._run("reduce", x, op, algo, root, inplace, out, timeout)
 
-    def alltoall(self, x: Any, out: Any = None, send_counts: Sequence[int] | None = None,
-                 recv_counts: Sequence[int] | None = None, timeout: float | None = None) -> Any:
+    def alltoall(
+        self,
+        x: Any,
+        out: Any = None,
+        send_counts: Sequence[int] | None = None,
+        recv_counts: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Rank r's block p goes to rank p; rank r gets block r of every rank, in rank order.
 
         ``x`` is split along axis 0, evenly or into ``send_counts`` rows per rank; the result
         (``out``, or a new tensor) holds ``recv_counts`` rows from each rank (default: an even
         split). Lists work too: ``x[p]`` goes to rank p, ``out[p]`` receives from rank p.
         Every block moves straight between the ranks' buffers (pairwise exchange)."""
-        return self._exchange(_exchange.alltoall(x, out, send_counts, recv_counts, self.size,
-                                                 self._where), 0, timeout)
+        return self._exchange(
+            _exchange.alltoall(x, out, send_counts, recv_counts, self.size, self._where), 0, timeout
+        )
 
-    def alltoall_async(self, x: Any, out: Any = None, send_counts: Sequence[int] | None = None,
-                       recv_counts: Sequence[int] | None = None,
-                       timeout: float | None = None) -> Work:
+    def alltoall_async(
+        self,
+        x: Any,
+        out: Any = None,
+        send_counts: Sequence[int] | None = None,
+        recv_counts: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> Work:
         """:meth:`alltoall` on the group's worker thread; ``.wait()`` gives the result."""
-        return self._exchange(_exchange.alltoall(x, out, send_counts, recv_counts, self.size,
-                                                 self._where), 0, timeout, asynchronous=True)
+        return self._exchange(
+            _exchange.alltoall(x, out, send_counts, recv_counts, self.size, self._where),
+            0,
+            timeout,
+            asynchronous=True,
+        )
 
-    def gather(self, x: Any, root: int = 0, out: Any = None, timeout: float | None = None,
-               asynchronous: bool = False) -> Any:
+    def gather(
+        self,
+        x: Any,
+        root: int = 0,
+        out: Any = None,
+        timeout: float | None = None,
+        asynchronous: bool = False,
+    ) -> Any:
         """Rank ``root`` gets every rank's tensor: stacked, shape (size, *x.shape), or into
         ``out`` (one such tensor, or a list of ``size`` tensors). Other ranks get None."""
         root = self._check_root(root)
-        return self._exchange(_exchange.gather(x, root, out, self.rank, self.size, self._where),
-                              root, timeout, asynchronous)
+        return self._exchange(
+            _exchange.gather(x, root, out, self.rank, self.size, self._where),
+            root,
+            timeout,
+            asynchronous,
+        )
 
-    def scatter(self, x: Any, out: Any, root: int = 0, timeout: float | None = None,
-                asynchronous: bool = False) -> Any:
+    def scatter(
+        self,
+        x: Any,
+        out: Any,
+        root: int = 0,
+        timeout: float | None = None,
+        asynchronous: bool = False,
+    ) -> Any:
         """Rank p's ``out`` gets the root's ``x[p]`` (``x``: a list of ``size`` tensors or one
         tensor whose axis 0 has length size; ignored, may be None, on other ranks)."""
         root = self._check_root(root)
-        return self._exchange(_exchange.scatter(x, root, out, self.rank, self.size, self._where),
-                              root, timeout, asynchronous)
+        return self._exchange(
+            _exchange.scatter(x, root, out, self.rank, self.size, self._where),
+            root,
+            timeout,
+            asynchronous,
+        )
 
-    def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None,
-             asynchronous: bool = False) -> Any:
+    def send(
+        self,
+        x: Any,
+        dst: int,
+        tag: int = 0,
+        timeout: float | None = None,
+        asynchronous: bool = False,
+    ) -> Any:
         """Sends ``x`` to group rank ``dst``, which calls :meth:`recv` with the same shape, dtype
         and tag. Point-to-point calls between two ranks match in the order they were made."""
         return self._point_to_point(x, dst, True, tag, timeout, asynchronous)
 
-    def recv(self, x: Any, src: int, tag: int = 0, timeout: float | None = None,
-             asynchronous: bool = False) -> Any:
+    def recv(
+        self,
+        x: Any,
+        src: int,
+        tag: int = 0,
+        timeout: float | None = None,
+        asynchronous: bool = False,
+    ) -> Any:
         """Receives into ``x`` (contiguous, writable) what group rank ``src`` sent; returns x."""
         return self._point_to_point(x, src, False, tag, timeout, asynchronous)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank of the group called barrier()."""
-        self._native_run((KINDS["barrier"], None, None, 0, 2, 0, 0, "auto", 0, 0,
-                          self._timeout(timeout), self.members, self.group_id))
+        self._native_run(
+            (
+                KINDS["barrier"],
+                None,
+                None,
+                0,
+                2,
+                0,
+                0,
+                "auto",
+                0,
+                0,
+                self._timeout(timeout),
+                self.members,
+                self.group_id,
+            )
+        )
 
     def explain(self, collective: str, nbytes: int) -> str:
         """The algorithm algo="auto" picks for a float32 call of this size, with the model."""
@@ -212,8 +334,18 @@ class ProcessGroup:
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
 
-    def _run(self, kind: str, x: Any, op: str | ReduceOp, algo: str, root: int,
-             inplace: bool, out: Any, timeout: float | None, asynchronous: bool = False) -> Any:
+    def _run(
+        self,
+        kind: str,
+        x: Any,
+        op: str | ReduceOp,
+        algo: str,
+        root: int,
+        inplace: bool,
+        out: Any,
+        timeout: float | None,
+        asynchronous: bool = False,
+    ) -> Any:
         if not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")
         if not isinstance(algo, str):
@@ -224,15 +356,38 @@ class ProcessGroup:
             return self._run_nccl(kind, x, reduce_op, algo, root, inplace, out, asynchronous)
         buf = adapt(x, where)
         check_avg(kind, reduce_op, buf.code, where)
-        call = prepare(kind, buf, self.rank, self.size, root, inplace, where,
-                       None if out is None else adapt(out, self._where_out))
-        native_args = (KINDS[kind], call.inp, call.out, call.inp.size, buf.code,
-                       reduce_op.value, root, algo, shape_hash(call.inp.shape), 0,
-                       self._world.timeout if timeout is None else float(timeout),
-                       self.members, self.group_id)
+        call = prepare(
+            kind,
+            buf,
+            self.rank,
+            self.size,
+            root,
+            inplace,
+            where,
+            None if out is None else adapt(out, self._where_out),
+        )
+        native_args = (
+            KINDS[kind],
+            call.inp,
+            call.out,
+            call.inp.size,
+            buf.code,
+            reduce_op.value,
+            root,
+            algo,
+            shape_hash(call.inp.shape),
+            0,
+            self._world.timeout if timeout is None else float(timeout),
+            self.members,
+            self.group_id,
+        )
         if asynchronous:
-            return Work(self._world.comm.submit(*native_args), [call], self,
-                        f"{kind} of {buf.count} {buf.dtype_name}")
+            return Work(
+                self._world.comm.submit(*native_args),
+                [call],
+                self,
+                f"{kind} of {buf.count} {buf.dtype_name}",
+            )
         self._native_run(native_args)
         return call.result()
 
@@ -241,12 +396,15 @@ class ProcessGroup:
             raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")
         return root
 
-    def _point_to_point(self, x: Any, peer: int, sending: bool, tag: int,
-                        timeout: float | None, asynchronous: bool) -> Any:
+    def _point_to_point(
+        self, x: Any, peer: int, sending: bool, tag: int, timeout: float | None, asynchronous: bool
+    ) -> Any:
         what = "dst" if sending else "src"
         if not isinstance(peer, int) or not 0 <= peer < self.size or peer == self.rank:
-            raise ValueError(f"{self._where}: {what} must be another rank of the group in "
-                             f"[0, {self.size}), got {peer!r}")
+            raise ValueError(
+                f"{self._where}: {what} must be another rank of the group in "
+                f"[0, {self.size}), got {peer!r}"
+            )
         me, other = self.members[self.rank], self.members[peer]
         pair = sorted((me, other))
         ex = _exchange.point_to_point(x, sending, tag, pair.index(other), self._where)
@@ -254,26 +412,59 @@ class ProcessGroup:
         # count only the messages from this sender to this receiver, so sends and receives
         # each side issues in either order still pair up, whatever else runs meanwhile.
         source, dest = (me, other) if sending else (other, me)
-        return self._exchange(ex, pair.index(source), timeout, asynchronous, pair,
-                              _named_group_id(f"p2p/{source}->{dest}"))
+        return self._exchange(
+            ex,
+            pair.index(source),
+            timeout,
+            asynchronous,
+            pair,
+            _named_group_id(f"p2p/{source}->{dest}"),
+        )
 
-    def _exchange(self, ex: _exchange.Exchange, root: int, timeout: float | None,
-                  asynchronous: bool = False, members: list[int] | None = None,
-                  group_id: int | None = None) -> Any:
+    def _exchange(
+        self,
+        ex: _exchange.Exchange,
+        root: int,
+        timeout: float | None,
+        asynchronous: bool = False,
+        members: list[int] | None = None,
+        group_id: int | None = None,
+    ) -> Any:
         """Runs a pairwise collective (csrc/algorithms/pairwise.cc) on this group, or on the
         pair `members` (send/recv)."""
-        args = (_exchange.KINDS[ex.kind], ex.sends, ex.recvs, ex.count, ex.code, root,
-                ex.shape_hash, self._timeout(timeout),
-                self.members if members is None else members,
-                self.group_id if group_id is None else group_id)
+        args = (
+            _exchange.KINDS[ex.kind],
+            ex.sends,
+            ex.recvs,
+            ex.count,
+            ex.code,
+            root,
+            ex.shape_hash,
+            self._timeout(timeout),
+            self.members if members is None else members,
+            self.group_id if group_id is None else group_id,
+        )
         if asynchronous:
-            return Work(self._world.comm.exchange(*args, True), [ex], self,
-                        f"{ex.kind} of {ex.count} elements")
+            return Work(
+                self._world.comm.exchange(*args, True),
+                [ex],
+                self,
+                f"{ex.kind} of {ex.count} elements",
+            )
         self._run_native(self._world.comm.exchange, *args, False)
         return ex.result()
 
-    def _run_nccl(self, kind: str, x: Any, reduce_op: ReduceOp, algo: str, root: int,
-                  inplace: bool, out: Any, asynchronous: bool) -> Any:
+    def _run_nccl(
+        self,
+        kind: str,
+        x: Any,
+        reduce_op: ReduceOp,
+        algo: str,
+        root: int,
+        inplace: bool,
+        out: Any,
+        asynchronous: bool,
+    ) -> Any:
         """Device tensors run over NCCL (one communicator per group and device, its unique id
         passed through the coordination service), enqueued on the tensor's current stream:
         the result is ready in stream order when this returns."""
@@ -282,13 +473,23 @@ class ProcessGroup:
 
         where = self._where
         if algo not in ("nccl", "auto"):
-            raise TypeError(f"{where}: device tensors in a process group run over NCCL: use "
-                            f"algo='nccl' (or 'auto'); algo={algo!r} needs host memory (copy "
-                            "the tensor to the host first)")
+            raise TypeError(
+                f"{where}: device tensors in a process group run over NCCL: use "
+                f"algo='nccl' (or 'auto'); algo={algo!r} needs host memory (copy "
+                "the tensor to the host first)"
+            )
         buf = adapt_device(x, where)
         nccl.check_call(kind, buf, reduce_op, self.size, where)
-        call = prepare_device(kind, buf, self.rank, self.size, root, inplace, where,
-                              None if out is None else adapt_device(out, f"{where} out="))
+        call = prepare_device(
+            kind,
+            buf,
+            self.rank,
+            self.size,
+            root,
+            inplace,
+            where,
+            None if out is None else adapt_device(out, f"{where} out="),
+        )
         try:
             comm = nccl.group_communicator(self, buf.device)
             nccl.enqueue(comm, kind, call.inp, call.out, reduce_op, root, call.inp.stream)
@@ -303,9 +504,15 @@ class _World:
     """Everything :func:`init` set up: the native communicator, the coordination client (and
     service on rank 0), and what the coordinator said when a rank failed."""
 
-    def __init__(self, spec: ClusterSpec, timeout: float, transport: str | None,
-                 ifname: str | None, connect_timeout: float,
-                 announce: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        timeout: float,
+        transport: str | None,
+        ifname: str | None,
+        connect_timeout: float,
+        announce: Callable[[str], None] | None = None,
+    ):
         self.spec = spec
         self.timeout = timeout
         self.groups = 0
@@ -321,24 +528,38 @@ class _World:
             from pycollective.grpc_transport import GrpcDataPlane
 
             host = listener.endpoint.rsplit(":", 1)[0]
-            self.grpc_plane = GrpcDataPlane(spec.rank, token, bind_address(ifname), host,
-                                            connect_timeout)
+            self.grpc_plane = GrpcDataPlane(
+                spec.rank, token, bind_address(ifname), host, connect_timeout
+            )
             endpoints["grpc"] = self.grpc_plane.endpoint
         try:
             self.client, peers, self.service = rendezvous(
-                spec, endpoints, connect_timeout,
+                spec,
+                endpoints,
+                connect_timeout,
                 heartbeat_timeout=env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0),
-                announce=announce)
+                announce=announce,
+            )
             try:
                 session = self._session(spec.rank, connect_timeout)
                 hosts = [p.host_id for p in peers]
                 links, self.transports = open_links(
-                    spec.rank, spec.world_size, hosts, [p.endpoints for p in peers], listener,
-                    token, session, forced, connect_timeout,
-                    env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20), self.grpc_plane)
+                    spec.rank,
+                    spec.world_size,
+                    hosts,
+                    [p.endpoints for p in peers],
+                    listener,
+                    token,
+                    session,
+                    forced,
+                    connect_timeout,
+                    env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20),
+                    self.grpc_plane,
+                )
                 host_index = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
-                self.comm = _C.Communicator(spec.rank, spec.world_size, links,
-                                            [host_index[h] for h in hosts], timeout)
+                self.comm = _C.Communicator(
+                    spec.rank, spec.world_size, links, [host_index[h] for h in hosts], timeout
+                )
                 self._set_costs()
                 self.local_ranks = [p.rank for p in peers if p.host_id == hosts[spec.rank]]
             except BaseException:
@@ -419,10 +640,17 @@ _world: _World | None = None
 _lock = threading.Lock()
 
 
-def init(rank: int | None = None, world_size: int | None = None, master: str | None = None,
-         token: str | None = None, timeout: float | None = None, transport: str | None = None,
-         ifname: str | None = None, connect_timeout: float | None = None,
-         announce: Callable[[str], None] | None = None) -> ProcessGroup:
+def init(
+    rank: int | None = None,
+    world_size: int | None = None,
+    master: str | None = None,
+    token: str | None = None,
+    timeout: float | None = None,
+    transport: str | None = None,
+    ifname: str | None = None,
+    connect_timeout: float | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> ProcessGroup:
     """Joins the default process group and returns it.
 
     Without arguments the group comes from the environment of the launcher in use:
@@ -441,13 +669,27 @@ def init(rank: int | None = None, world_size: int | None = None, master: str | N
     global _world
     with _lock:
         if _world is not None:
-            raise RuntimeError("pycollective.init() was already called in this process; call "
-                               "pycollective.shutdown() first")
-        spec = ClusterSpec.from_env(rank=rank, world_size=world_size, master=master, token=token,
-                                    announced=announce is not None)
-        _world = _World(spec, default_timeout() if timeout is None else float(timeout), transport,
-                        ifname, connect_timeout if connect_timeout is not None else
-                        env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0), announce)
+            raise RuntimeError(
+                "pycollective.init() was already called in this process; call "
+                "pycollective.shutdown() first"
+            )
+        spec = ClusterSpec.from_env(
+            rank=rank,
+            world_size=world_size,
+            master=master,
+            token=token,
+            announced=announce is not None,
+        )
+        _world = _World(
+            spec,
+            default_timeout() if timeout is None else float(timeout),
+            transport,
+            ifname,
+            connect_timeout
+            if connect_timeout is not None
+            else env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0),
+            announce,
+        )
         return _world.world
 
 
@@ -524,68 +766,118 @@ def local_size() -> int:
     return len(_default()._world.local_ranks)
 
 
-def allreduce(x: Any, op: str | ReduceOp = "sum", algo: str = "auto", inplace: bool = False,
-              out: Any = None, group: ProcessGroup | None = None,
-              timeout: float | None = None) -> Any:
+def allreduce(
+    x: Any,
+    op: str | ReduceOp = "sum",
+    algo: str = "auto",
+    inplace: bool = False,
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Any:
     """Every rank gets the reduction (sum, prod, min, max, avg) of all ranks' tensors."""
     return _group(group).allreduce(x, op, algo, inplace, out, timeout)
 
 
-def allreduce_async(x: Any, op: str | ReduceOp = "sum", algo: str = "auto",
-                    inplace: bool = False, out: Any = None, group: ProcessGroup | None = None,
-                    timeout: float | None = None) -> Work:
+def allreduce_async(
+    x: Any,
+    op: str | ReduceOp = "sum",
+    algo: str = "auto",
+    inplace: bool = False,
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Work:
     """Starts an allreduce; ``.wait()`` on the returned Work gives the result."""
     return _group(group).allreduce_async(x, op, algo, inplace, out, timeout)
 
 
-def reduce_scatter(x: Any, op: str | ReduceOp = "sum", algo: str = "auto", out: Any = None,
-                   group: ProcessGroup | None = None, timeout: float | None = None) -> Any:
+def reduce_scatter(
+    x: Any,
+    op: str | ReduceOp = "sum",
+    algo: str = "auto",
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Any:
     return _group(group).reduce_scatter(x, op, algo, out, timeout)
 
 
-def allgather(x: Any, algo: str = "auto", out: Any = None, group: ProcessGroup | None = None,
-              timeout: float | None = None) -> Any:
+def allgather(
+    x: Any,
+    algo: str = "auto",
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Any:
     return _group(group).allgather(x, algo, out, timeout)
 
 
-def broadcast(x: Any, root: int = 0, algo: str = "auto", inplace: bool = False, out: Any = None,
-              group: ProcessGroup | None = None, timeout: float | None = None) -> Any:
+def broadcast(
+    x: Any,
+    root: int = 0,
+    algo: str = "auto",
+    inplace: bool = False,
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Any:
     return _group(group).broadcast(x, root, algo, inplace, out, timeout)
 
 
-def reduce(x: Any, root: int = 0, op: str | ReduceOp = "sum", algo: str = "auto",
-           inplace: bool = False, out: Any = None, group: ProcessGroup | None = None,
-           timeout: float | None = None) -> Any:
+def reduce(
+    x: Any,
+    root: int = 0,
+    op: str | ReduceOp = "sum",
+    algo: str = "auto",
+    inplace: bool = False,
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Any:
     return _group(group).reduce(x, root, op, algo, inplace, out, timeout)
 
 
-def alltoall(x: Any, out: Any = None, send_counts: Sequence[int] | None = None,
-             recv_counts: Sequence[int] | None = None, group: ProcessGroup | None = None,
-             timeout: float | None = None) -> Any:
+def alltoall(
+    x: Any,
+    out: Any = None,
+    send_counts: Sequence[int] | None = None,
+    recv_counts: Sequence[int] | None = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Any:
     """See :meth:`ProcessGroup.alltoall`."""
     return _group(group).alltoall(x, out, send_counts, recv_counts, timeout)
 
 
-def gather(x: Any, root: int = 0, out: Any = None, group: ProcessGroup | None = None,
-           timeout: float | None = None) -> Any:
+def gather(
+    x: Any,
+    root: int = 0,
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> Any:
     """See :meth:`ProcessGroup.gather`."""
     return _group(group).gather(x, root, out, timeout)
 
 
-def scatter(x: Any, out: Any, root: int = 0, group: ProcessGroup | None = None,
-            timeout: float | None = None) -> Any:
+def scatter(
+    x: Any, out: Any, root: int = 0, group: ProcessGroup | None = None, timeout: float | None = None
+) -> Any:
     """See :meth:`ProcessGroup.scatter`."""
     return _group(group).scatter(x, out, root, timeout)
 
 
-def send(x: Any, dst: int, tag: int = 0, group: ProcessGroup | None = None,
-         timeout: float | None = None) -> None:
+def send(
+    x: Any, dst: int, tag: int = 0, group: ProcessGroup | None = None, timeout: float | None = None
+) -> None:
     """See :meth:`ProcessGroup.send`."""
     _group(group).send(x, dst, tag, timeout)
 
 
-def recv(x: Any, src: int, tag: int = 0, group: ProcessGroup | None = None,
-         timeout: float | None = None) -> Any:
+def recv(
+    x: Any, src: int, tag: int = 0, group: ProcessGroup | None = None, timeout: float | None = None
+) -> Any:
     """See :meth:`ProcessGroup.recv`."""
     return _group(group).recv(x, src, tag, timeout)
 

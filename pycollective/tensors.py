@@ -36,8 +36,16 @@ _CODES: dict[np.dtype, int] = {
 if _BF16 is not None:
     _CODES[_BF16] = 1
 BFLOAT16 = 1
-DTYPE_NAMES = {0: "float16", 1: "bfloat16", 2: "float32", 3: "float64", 4: "int8",
-               5: "uint8", 6: "int32", 7: "int64"}
+DTYPE_NAMES = {
+    0: "float16",
+    1: "bfloat16",
+    2: "float32",
+    3: "float64",
+    4: "int8",
+    5: "uint8",
+    6: "int32",
+    7: "int64",
+}
 SUPPORTED = "float16, bfloat16, float32, float64, int8, uint8, int32, int64"
 
 
@@ -91,7 +99,9 @@ def _from_torch(t: Any, where: str) -> Buffer:
     try:
         arr = t.numpy()
     except TypeError as exc:
-        raise TypeError(f"{where}: unsupported torch dtype {t.dtype}; supported: {SUPPORTED}") from exc
+        raise TypeError(
+            f"{where}: unsupported torch dtype {t.dtype}; supported: {SUPPORTED}"
+        ) from exc
     return Buffer(arr, _code_of(arr.dtype, where), torch.from_numpy, t)
 
 

@@ -36,8 +36,10 @@ def choose_transport(my_host: str, peer_host: str, forced: str | None) -> str:
         if forced not in TRANSPORTS:
             raise ValueError(f"unknown transport {forced!r}; choose one of {', '.join(TRANSPORTS)}")
         if forced == "shm" and my_host != peer_host:
-            raise ValueError(f"transport 'shm' needs every rank on one host, but host "
-                             f"{peer_host!r} is not {my_host!r}; use tcp")
+            raise ValueError(
+                f"transport 'shm' needs every rank on one host, but host "
+                f"{peer_host!r} is not {my_host!r}; use tcp"
+            )
         return forced
     return "shm" if my_host == peer_host else "tcp"
 
@@ -76,8 +78,10 @@ def bind_address(ifname: str | None) -> str:
             s.close()
         return socket.inet_ntoa(packed[20:24])
     except OSError as exc:
-        raise ValueError(f"PYCOLLECTIVE_IFNAME={name!r} is neither an address nor an interface "
-                         f"with an IPv4 address on this host ({exc})") from None
+        raise ValueError(
+            f"PYCOLLECTIVE_IFNAME={name!r} is neither an address nor an interface "
+            f"with an IPv4 address on this host ({exc})"
+        ) from None
 
 
 def advertised_host(bind: str, master_addr: str) -> str:
@@ -110,13 +114,16 @@ class TcpListener:
         self.sock.close()
 
 
-def _connect(rank: int, peer: int, endpoint: str, token: str, session: bytes,
-             deadline: float) -> socket.socket:
+def _connect(
+    rank: int, peer: int, endpoint: str, token: str, session: bytes, deadline: float
+) -> socket.socket:
     host, port = endpoint.rsplit(":", 1)
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+            sock = socket.create_connection(
+                (host, int(port)), timeout=max(0.1, deadline - time.monotonic())
+            )
             break
         except OSError as exc:
             last = exc
@@ -130,8 +137,10 @@ def _connect(rank: int, peer: int, endpoint: str, token: str, session: bytes,
         reply = _recv_exact(sock, 16 + 32)
         peer_nonce, peer_mac = reply[:16], reply[16:]
         if not hmac.compare_digest(peer_mac, _mac(token, b"accept", session, nonce, peer_nonce)):
-            raise LinkSetupError(f"rank {peer} at {endpoint} did not prove it knows the cluster "
-                                 "token: is PYCOLLECTIVE_TOKEN the same on every rank?")
+            raise LinkSetupError(
+                f"rank {peer} at {endpoint} did not prove it knows the cluster "
+                "token: is PYCOLLECTIVE_TOKEN the same on every rank?"
+            )
         sock.sendall(_mac(token, b"connect", session, nonce, peer_nonce, str(rank).encode()))
         if _recv_exact(sock, 1) != b"\x01":
             raise LinkSetupError(f"rank {peer} refused rank {rank}'s connection")
@@ -139,15 +148,24 @@ def _connect(rank: int, peer: int, endpoint: str, token: str, session: bytes,
         return sock
     except (OSError, ConnectionError) as exc:
         sock.close()
-        raise LinkSetupError(f"rank {rank}: handshake with rank {peer} at {endpoint} failed: "
-                             f"{exc}") from exc
+        raise LinkSetupError(
+            f"rank {rank}: handshake with rank {peer} at {endpoint} failed: {exc}"
+        ) from exc
     except BaseException:
         sock.close()
         raise
 
 
-def _accept(listener: TcpListener, rank: int, expected: set[int], token: str, session: bytes,
-            deadline: float, out: dict[int, socket.socket], errors: list[str]) -> None:
+def _accept(
+    listener: TcpListener,
+    rank: int,
+    expected: set[int],
+    token: str,
+    session: bytes,
+    deadline: float,
+    out: dict[int, socket.socket],
+    errors: list[str],
+) -> None:
     """Accepts authenticated connections from every rank in `expected`. A connection that fails
     the handshake (wrong token, stray client) is closed and logged; accepting goes on."""
     listener.sock.settimeout(0.2)
@@ -167,10 +185,12 @@ def _accept(listener: TcpListener, rank: int, expected: set[int], token: str, se
             my_nonce = secrets.token_bytes(16)
             sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce))
             proof = _recv_exact(sock, 32)
-            if not hmac.compare_digest(proof, _mac(token, b"connect", session, nonce, my_nonce,
-                                                    str(peer).encode())):
-                raise LinkSetupError(f"connection from {addr} claiming rank {peer} has the wrong "
-                                     "cluster token")
+            if not hmac.compare_digest(
+                proof, _mac(token, b"connect", session, nonce, my_nonce, str(peer).encode())
+            ):
+                raise LinkSetupError(
+                    f"connection from {addr} claiming rank {peer} has the wrong cluster token"
+                )
             sock.sendall(b"\x01")
             sock.settimeout(None)
             out[peer] = sock
@@ -179,24 +199,38 @@ def _accept(listener: TcpListener, rank: int, expected: set[int], token: str, se
             sock.close()
 
 
-def open_links(rank: int, size: int, hosts: list[str], endpoints: list[dict[str, str]],
-               listener: TcpListener, token: str, session: str, forced: str | None,
-               timeout: float, shm_ring_bytes: int, grpc_plane=None) -> tuple[list, list[str]]:
+def open_links(
+    rank: int,
+    size: int,
+    hosts: list[str],
+    endpoints: list[dict[str, str]],
+    listener: TcpListener,
+    token: str,
+    session: str,
+    forced: str | None,
+    timeout: float,
+    shm_ring_bytes: int,
+    grpc_plane=None,
+) -> tuple[list, list[str]]:
     """Opens one link per peer. Lower ranks accept TCP connections from higher ranks (in a
     thread) while this rank dials the lower ones; shared-memory pairs are set up in (lo, hi)
     order on every rank, so no two ranks wait for each other in opposite order.
 
     Returns the native links (None at this rank) and the transport name per peer."""
     deadline = time.monotonic() + timeout
-    kinds = [choose_transport(hosts[rank], hosts[p], forced) if p != rank else "self"
-             for p in range(size)]
+    kinds = [
+        choose_transport(hosts[rank], hosts[p], forced) if p != rank else "self"
+        for p in range(size)
+    ]
     sess = session.encode()
     higher_tcp = {p for p in range(rank + 1, size) if kinds[p] == "tcp"}
     accepted: dict[int, socket.socket] = {}
     errors: list[str] = []
     acceptor = threading.Thread(
-        target=_accept, args=(listener, rank, higher_tcp, token, sess, deadline, accepted, errors),
-        daemon=True)
+        target=_accept,
+        args=(listener, rank, higher_tcp, token, sess, deadline, accepted, errors),
+        daemon=True,
+    )
     acceptor.start()
     links: list = [None] * size
     try:
@@ -212,14 +246,23 @@ def open_links(rank: int, size: int, hosts: list[str], endpoints: list[dict[str,
                 lo, hi = min(rank, p), max(rank, p)
                 name = f"/pycol-{session[:16]}-{lo}-{hi}"
                 digest = _mac(token, b"shm", name.encode())
-                links[p] = _C.shm_link(name, rank == lo, rank, p, digest, shm_ring_bytes,
-                                       max(0.1, deadline - time.monotonic()))
+                links[p] = _C.shm_link(
+                    name,
+                    rank == lo,
+                    rank,
+                    p,
+                    digest,
+                    shm_ring_bytes,
+                    max(0.1, deadline - time.monotonic()),
+                )
         acceptor.join(max(0.0, deadline - time.monotonic()))
         missing = sorted(higher_tcp - set(accepted))
         if missing:
             detail = "; ".join(errors[-3:])
-            raise LinkSetupError(f"rank {rank}: ranks {missing} did not connect within "
-                                 f"{timeout:.0f} s" + (f" ({detail})" if detail else ""))
+            raise LinkSetupError(
+                f"rank {rank}: ranks {missing} did not connect within "
+                f"{timeout:.0f} s" + (f" ({detail})" if detail else "")
+            )
         for p, sock in accepted.items():
             links[p] = _C.tcp_link(sock.detach(), rank, p, endpoints[p]["tcp"])
     except BaseException:

@@ -31,13 +31,19 @@ class Tuning:
 
     def table(self, transport: str, world: int) -> list[tuple[int, int, str]]:
         """(collective kind, max bytes, algorithm) rows for one kind of group, sorted."""
-        rows = [(KINDS[c["collective"]], int(c["max_bytes"]), c["algo"]) for c in self.choices
-                if c["transport"] == transport and int(c["world"]) == world]
+        rows = [
+            (KINDS[c["collective"]], int(c["max_bytes"]), c["algo"])
+            for c in self.choices
+            if c["transport"] == transport and int(c["world"]) == world
+        ]
         return sorted(rows)
 
     def to_json(self) -> dict:
-        return {"version": VERSION, "costs": {k: list(v) for k, v in self.costs.items()},
-                "choices": self.choices}
+        return {
+            "version": VERSION,
+            "costs": {k: list(v) for k, v in self.costs.items()},
+            "choices": self.choices,
+        }
 
 
 def load(path: str | None = None) -> Tuning | None:
@@ -53,8 +59,10 @@ def load(path: str | None = None) -> Tuning | None:
     except FileNotFoundError:
         return None  # not tuned yet: the cost model's defaults apply
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"PYCOLLECTIVE_TUNING={path}: cannot read the tuning file ({exc}); "
-                         "re-run `pycollective tune` or unset the variable") from None
+        raise ValueError(
+            f"PYCOLLECTIVE_TUNING={path}: cannot read the tuning file ({exc}); "
+            "re-run `pycollective tune` or unset the variable"
+        ) from None
     try:
         if raw.get("version") != VERSION:
             raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
@@ -67,8 +75,9 @@ def load(path: str | None = None) -> Tuning | None:
                 raise ValueError(f"unknown collective {c['collective']!r}")
             int(c["world"]), int(c["max_bytes"]), str(c["algo"]), str(c["transport"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"PYCOLLECTIVE_TUNING={path}: malformed tuning file ({exc}); re-run "
-                         "`pycollective tune`") from None
+        raise ValueError(
+            f"PYCOLLECTIVE_TUNING={path}: malformed tuning file ({exc}); re-run `pycollective tune`"
+        ) from None
     return Tuning(costs, choices, path)
 
 

@@ -50,8 +50,10 @@ def push(frame: Frame) -> None:
 def pop(frame: Frame) -> None:
     stack = _stack()
     if not stack or stack[-1] is not frame:
-        raise RuntimeError("strategy contexts were exited out of order (a scope() entered in "
-                           "one place was exited in another)")
+        raise RuntimeError(
+            "strategy contexts were exited out of order (a scope() entered in "
+            "one place was exited in another)"
+        )
     stack.pop()
 
 
@@ -76,8 +78,10 @@ def register_default_strategy(factory: Callable[[], Strategy]) -> None:
 
 def default_strategy() -> Strategy:
     if not _default_strategy_factory:
-        raise RuntimeError("no default strategy: import pycollective.strategies, not "
-                           "pycollective.strategies._context alone")
+        raise RuntimeError(
+            "no default strategy: import pycollective.strategies, not "
+            "pycollective.strategies._context alone"
+        )
     return _default_strategy_factory[0]()
 
 

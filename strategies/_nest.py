@@ -74,17 +74,26 @@ def _pack(s: Any, it: Iterator[Any]) -> Any:
 
 def assert_same_structure(a: Any, b: Any, what: str = "values") -> None:
     if not _same(a, b):
-        raise ValueError(f"{what} do not have the same nested structure: {_describe(a)} vs "
-                         f"{_describe(b)}")
+        raise ValueError(
+            f"{what} do not have the same nested structure: {_describe(a)} vs {_describe(b)}"
+        )
 
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) or isinstance(b, dict):
-        return (isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b)
-                and all(_same(a[k], b[k]) for k in a))
+        return (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and set(a) == set(b)
+            and all(_same(a[k], b[k]) for k in a)
+        )
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        return (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))
-                and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b)))
+        return (
+            isinstance(a, (list, tuple))
+            and isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_same(x, y) for x, y in zip(a, b))
+        )
     return True
 
 

@@ -26,8 +26,9 @@ _STOP = None  # queued to a worker: leave the loop
 
 class _Worker:
     def __init__(self, name: str) -> None:
-        self.tasks: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] = \
+        self.tasks: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] = (
             queue.SimpleQueue()
+        )
         self.busy = False
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
@@ -44,8 +45,9 @@ class _Worker:
             try:
                 task()  # replica functions report their own errors (strategy._run_replicas)
             except BaseException:  # noqa: BLE001 - the loop must outlive any task
-                _log.exception("%s: a replica task raised outside its own error handling",
-                               self.thread.name)
+                _log.exception(
+                    "%s: a replica task raised outside its own error handling", self.thread.name
+                )
             finally:
                 self.busy = False
                 done.set()

@@ -23,18 +23,24 @@ def to_numpy(x: Any, where: str = "value") -> np.ndarray:
         return x
     if is_torch(x):
         if x.device.type != "cpu":
-            raise TypeError(f"{where}: torch tensor on {x.device}; the strategies run CPU "
-                            "replicas (CUDA support is not built yet): move it with .cpu()")
+            raise TypeError(
+                f"{where}: torch tensor on {x.device}; the strategies run CPU "
+                "replicas (CUDA support is not built yet): move it with .cpu()"
+            )
         try:
             return x.detach().numpy()
         except TypeError as exc:
-            raise TypeError(f"{where}: torch dtype {x.dtype} has no numpy equivalent; convert "
-                            "it (e.g. .float()) first") from exc
+            raise TypeError(
+                f"{where}: torch dtype {x.dtype} has no numpy equivalent; convert "
+                "it (e.g. .float()) first"
+            ) from exc
     try:
         return np.asarray(x)
     except Exception as exc:
-        raise TypeError(f"{where}: expected a numpy array, a torch CPU tensor or a number, got "
-                        f"{type(x).__name__}") from exc
+        raise TypeError(
+            f"{where}: expected a numpy array, a torch CPU tensor or a number, got "
+            f"{type(x).__name__}"
+        ) from exc
 
 
 def contiguous(a: np.ndarray) -> np.ndarray:

@@ -28,22 +28,53 @@ class VariableOps:
     def _live(self) -> np.ndarray:
         raise NotImplementedError
 
-    def __add__(self, o: Any) -> Any: return self._read() + _operand(o)
-    def __radd__(self, o: Any) -> Any: return _operand(o) + self._read()
-    def __sub__(self, o: Any) -> Any: return self._read() - _operand(o)
-    def __rsub__(self, o: Any) -> Any: return _operand(o) - self._read()
-    def __mul__(self, o: Any) -> Any: return self._read() * _operand(o)
-    def __rmul__(self, o: Any) -> Any: return _operand(o) * self._read()
-    def __truediv__(self, o: Any) -> Any: return self._read() / _operand(o)
-    def __rtruediv__(self, o: Any) -> Any: return _operand(o) / self._read()
-    def __matmul__(self, o: Any) -> Any: return self._read() @ _operand(o)
-    def __rmatmul__(self, o: Any) -> Any: return _operand(o) @ self._read()
-    def __pow__(self, o: Any) -> Any: return self._read() ** _operand(o)
-    def __neg__(self) -> Any: return -self._read()
-    def __getitem__(self, key: Any) -> Any: return self._read()[key]
-    def __len__(self) -> int: return len(self._read())
-    def __float__(self) -> float: return float(self._read())
-    def __int__(self) -> int: return int(self._read())
+    def __add__(self, o: Any) -> Any:
+        return self._read() + _operand(o)
+
+    def __radd__(self, o: Any) -> Any:
+        return _operand(o) + self._read()
+
+    def __sub__(self, o: Any) -> Any:
+        return self._read() - _operand(o)
+
+    def __rsub__(self, o: Any) -> Any:
+        return _operand(o) - self._read()
+
+    def __mul__(self, o: Any) -> Any:
+        return self._read() * _operand(o)
+
+    def __rmul__(self, o: Any) -> Any:
+        return _operand(o) * self._read()
+
+    def __truediv__(self, o: Any) -> Any:
+        return self._read() / _operand(o)
+
+    def __rtruediv__(self, o: Any) -> Any:
+        return _operand(o) / self._read()
+
+    def __matmul__(self, o: Any) -> Any:
+        return self._read() @ _operand(o)
+
+    def __rmatmul__(self, o: Any) -> Any:
+        return _operand(o) @ self._read()
+
+    def __pow__(self, o: Any) -> Any:
+        return self._read() ** _operand(o)
+
+    def __neg__(self) -> Any:
+        return -self._read()
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._read()[key]
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __float__(self) -> float:
+        return float(self._read())
+
+    def __int__(self) -> int:
+        return int(self._read())
 
 
 def _operand(o: Any) -> Any:

@@ -77,8 +77,9 @@ class CollectiveBackend:
 
     # Primitives ---------------------------------------------------------------------------------
 
-    def allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
-                  owned: bool = False) -> list[np.ndarray]:
+    def allreduce(
+        self, arrays: Sequence[np.ndarray], op: ReduceOp, owned: bool = False
+    ) -> list[np.ndarray]:
         """Every local replica gets the SUM/MEAN over all replicas in sync. ``owned``: the
         arrays are temporaries of the caller, so the result may be written into them (no fresh
         result memory, whose page faults cost as much as the collective itself)."""
@@ -103,14 +104,16 @@ class CollectiveBackend:
         """Every local replica gets global replica ``root``'s array."""
         self._check(arrays, "broadcast")
         if not 0 <= root < self.num_replicas_in_sync:
-            raise ValueError(f"root must be a replica id in [0, {self.num_replicas_in_sync}), "
-                             f"got {root}")
+            raise ValueError(
+                f"root must be a replica id in [0, {self.num_replicas_in_sync}), got {root}"
+            )
         with self._lock:
             self.call_counts["broadcast"] += 1
             return self._broadcast(arrays, root)
 
-    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
-                   owned: bool = False) -> list[np.ndarray]:
+    def _allreduce(
+        self, arrays: Sequence[np.ndarray], op: ReduceOp, owned: bool = False
+    ) -> list[np.ndarray]:
         raise NotImplementedError
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -121,8 +124,9 @@ class CollectiveBackend:
 
     def _check(self, arrays: Sequence[np.ndarray], kind: str) -> None:
         if len(arrays) != self.num_local_replicas:
-            raise ValueError(f"{kind}: {len(arrays)} values for {self.num_local_replicas} local "
-                             "replicas")
+            raise ValueError(
+                f"{kind}: {len(arrays)} values for {self.num_local_replicas} local replicas"
+            )
         self._check_alike(arrays, kind)
 
     def _check_alike(self, arrays: Sequence[np.ndarray], what: str) -> None:
@@ -134,12 +138,18 @@ class CollectiveBackend:
                     f"{what}: replica {self.first_replica_id + r} passed "
                     f"{_tensors.describe(a)} but replica {self.first_replica_id} passed "
                     f"{_tensors.describe(first)}; every replica must pass the same shape and "
-                    "dtype")
+                    "dtype"
+                )
 
     # Built on the primitives ---------------------------------------------------------------------
 
-    def batch_allreduce(self, per_replica: Sequence[Sequence[Any]], op: ReduceOp,
-                        bytes_per_pack: int = 0, num_packs: int = 1) -> list[list[Any]]:
+    def batch_allreduce(
+        self,
+        per_replica: Sequence[Sequence[Any]],
+        op: ReduceOp,
+        bytes_per_pack: int = 0,
+        num_packs: int = 1,
+    ) -> list[list[Any]]:
         """All-reduces many tensors with few collectives.
 
         ``per_replica[r]`` is replica r's list of tensors (the same shapes and dtypes in every
@@ -152,15 +162,19 @@ class CollectiveBackend:
         """
         n_local = self.num_local_replicas
         if len(per_replica) != n_local:
-            raise ValueError(f"batch_allreduce: {len(per_replica)} replicas' values for "
-                             f"{n_local} local replicas")
+            raise ValueError(
+                f"batch_allreduce: {len(per_replica)} replicas' values for {n_local} local replicas"
+            )
         count = len(per_replica[0])
-        arrays = [[_tensors.to_numpy(t, f"tensor {i}") for i, t in enumerate(ts)]
-                  for ts in per_replica]
+        arrays = [
+            [_tensors.to_numpy(t, f"tensor {i}") for i, t in enumerate(ts)] for ts in per_replica
+        ]
         for r, ts in enumerate(arrays):
             if len(ts) != count:
-                raise ValueError(f"replica {self.first_replica_id + r} passed {len(ts)} tensors "
-                                 f"but replica {self.first_replica_id} passed {count}")
+                raise ValueError(
+                    f"replica {self.first_replica_id + r} passed {len(ts)} tensors "
+                    f"but replica {self.first_replica_id} passed {count}"
+                )
         for i in range(count):
             self._check_alike([ts[i] for ts in arrays], f"tensor {i}")
         results: list[list[Any]] = [[None] * count for _ in range(n_local)]
@@ -177,14 +191,21 @@ class CollectiveBackend:
                 offset = 0
                 for i in pack:
                     size = arrays[0][i].size
-                    results[r][i] = outs[r][offset:offset + size].reshape(arrays[0][i].shape)
+                    results[r][i] = outs[r][offset : offset + size].reshape(arrays[0][i].shape)
                     offset += size
-        return [[_tensors.like(res, per_replica[r][i]) for i, res in enumerate(results[r])]
-                for r in range(n_local)]
+        return [
+            [_tensors.like(res, per_replica[r][i]) for i, res in enumerate(results[r])]
+            for r in range(n_local)
+        ]
 
-    def apply_update(self, rule: str, hyper: fused_update.Hyper,
-                     per_replica: Sequence[Sequence[np.ndarray]], replicated: Replicated,
-                     bytes_per_pack: int) -> None:
+    def apply_update(
+        self,
+        rule: str,
+        hyper: fused_update.Hyper,
+        per_replica: Sequence[Sequence[np.ndarray]],
+        replicated: Replicated,
+        bytes_per_pack: int,
+    ) -> None:
         """One fused optimizer step (``pycollective.fused_update``) over all replicas in sync.
 
         ``per_replica[r]`` is local replica r's list of checked numpy gradients;
@@ -193,29 +214,40 @@ class CollectiveBackend:
         kernel sums the replicas' gradients while it applies them, and no collective runs.
         """
         for indices in _by_dtype(per_replica[0]):
-            fused_update.apply(rule, hyper, [replicated(i, [ts[i] for ts in per_replica])
-                                             for i in indices], check=False)
+            fused_update.apply(
+                rule,
+                hyper,
+                [replicated(i, [ts[i] for ts in per_replica]) for i in indices],
+                check=False,
+            )
 
     def gather(self, values: Sequence[Any], axis: int) -> list[Any]:
         """Concatenates every replica's value along ``axis`` (sizes along ``axis`` may differ
         between replicas); every local replica gets the result."""
-        arrays = [_tensors.to_numpy(v, f"replica {self.first_replica_id + r}")
-                  for r, v in enumerate(values)]
+        arrays = [
+            _tensors.to_numpy(v, f"replica {self.first_replica_id + r}")
+            for r, v in enumerate(values)
+        ]
         ref = arrays[0]
         if ref.ndim == 0:
-            raise ValueError("gather needs tensors of rank >= 1 (a scalar has no axis to "
-                             "concatenate along)")
+            raise ValueError(
+                "gather needs tensors of rank >= 1 (a scalar has no axis to concatenate along)"
+            )
         ax = axis if axis >= 0 else axis + ref.ndim
         if not 0 <= ax < ref.ndim:
             raise ValueError(f"axis {axis} is out of range for tensors of rank {ref.ndim}")
         for r, a in enumerate(arrays):
             other = tuple(d for k, d in enumerate(a.shape) if k != ax)
-            if (a.ndim != ref.ndim or a.dtype != ref.dtype
-                    or other != tuple(d for k, d in enumerate(ref.shape) if k != ax)):
+            if (
+                a.ndim != ref.ndim
+                or a.dtype != ref.dtype
+                or other != tuple(d for k, d in enumerate(ref.shape) if k != ax)
+            ):
                 raise ValueError(
                     f"gather: replica {self.first_replica_id + r} passed {_tensors.describe(a)}"
                     f" but replica {self.first_replica_id} passed {_tensors.describe(ref)}; "
-                    f"shapes may differ only along axis {axis}")
+                    f"shapes may differ only along axis {axis}"
+                )
         sizes = self.gather_sizes([a.shape[ax] for a in arrays])
         longest = max(sizes) if sizes else 0
         padded = []
@@ -228,8 +260,7 @@ class CollectiveBackend:
         stacked = self.allgather(padded)[0]  # (N, ..., longest, ...)
         parts = [np.take(stacked[r], np.arange(sizes[r]), axis=ax) for r in range(len(sizes))]
         out = np.concatenate(parts, axis=ax)
-        return [_tensors.like(out if r == 0 else out.copy(), values[r])
-                for r in range(len(values))]
+        return [_tensors.like(out if r == 0 else out.copy(), values[r]) for r in range(len(values))]
 
     def gather_sizes(self, local_sizes: Sequence[int]) -> list[int]:
         """Every replica's size (global replica order) from this worker's local sizes."""
@@ -261,8 +292,9 @@ def _by_dtype(arrays: Sequence[np.ndarray]) -> list[list[int]]:
     return list(groups.values())
 
 
-def make_packs(arrays: Sequence[np.ndarray], bytes_per_pack: int = 0,
-               num_packs: int = 1) -> list[list[int]]:
+def make_packs(
+    arrays: Sequence[np.ndarray], bytes_per_pack: int = 0, num_packs: int = 1
+) -> list[list[int]]:
     """Indices of ``arrays`` grouped into packs (see ``batch_allreduce``); every pack holds one
     dtype and keeps the original order."""
     if bytes_per_pack < 0 or num_packs < 0:
@@ -313,8 +345,9 @@ class LocalBackend(CollectiveBackend):
     After a failed collective the communicator is aborted; the next call builds a new one.
     """
 
-    def __init__(self, num_replicas: int, algorithm: str = "auto",
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self, num_replicas: int, algorithm: str = "auto", timeout: float | None = None
+    ) -> None:
         super().__init__(algorithm, timeout)
         self.num_local_replicas = num_replicas
         self._comm: pc.LocalCommunicator | None = None
@@ -335,13 +368,13 @@ class LocalBackend(CollectiveBackend):
             self._comm = None  # aborted: rebuild on the next call
             raise
 
-    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
-                   owned: bool = False) -> list[np.ndarray]:
+    def _allreduce(
+        self, arrays: Sequence[np.ndarray], op: ReduceOp, owned: bool = False
+    ) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
             return [arrays[0] if owned else np.array(arrays[0], copy=True)]
         native = "avg" if op == ReduceOp.MEAN else "sum"
-        return self._call("allreduce", list(arrays), op=native, algo=self.algorithm,
-                          inplace=owned)
+        return self._call("allreduce", list(arrays), op=native, algo=self.algorithm, inplace=owned)
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
@@ -366,9 +399,14 @@ class MultiWorkerBackend(CollectiveBackend):
     replica id = ``worker_index * num_local_replicas + local id``.
     """
 
-    def __init__(self, num_local_replicas: int, algorithm: str = "auto",
-                 timeout: float | None = None, worker_index: int | None = None,
-                 num_workers: int | None = None) -> None:
+    def __init__(
+        self,
+        num_local_replicas: int,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        worker_index: int | None = None,
+        num_workers: int | None = None,
+    ) -> None:
         super().__init__(algorithm, timeout)
         self.num_local_replicas = num_local_replicas
         self.worker_index = pc.rank() if worker_index is None else worker_index
@@ -380,8 +418,10 @@ class MultiWorkerBackend(CollectiveBackend):
         self._scratch: dict[np.dtype, np.ndarray] = {}
 
     def __repr__(self) -> str:
-        return (f"MultiWorkerBackend(worker {self.worker_index}/{self.num_workers}, "
-                f"{self.num_local_replicas} local replicas, algorithm={self.algorithm!r})")
+        return (
+            f"MultiWorkerBackend(worker {self.worker_index}/{self.num_workers}, "
+            f"{self.num_local_replicas} local replicas, algorithm={self.algorithm!r})"
+        )
 
     def _kw(self) -> dict[str, Any]:
         return {"timeout": self.timeout} if self._timeout_kw else {}
@@ -389,8 +429,7 @@ class MultiWorkerBackend(CollectiveBackend):
     def _local_sum(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         if self.num_local_replicas == 1:
             return np.array(arrays[0], copy=True)
-        return self._local._call("reduce", list(arrays), root=0, op="sum",
-                                 algo=self.algorithm)[0]
+        return self._local._call("reduce", list(arrays), root=0, op="sum", algo=self.algorithm)[0]
 
     def _local_broadcast(self, buf: np.ndarray) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
@@ -398,8 +437,9 @@ class MultiWorkerBackend(CollectiveBackend):
         others = [np.empty_like(buf) for _ in range(self.num_local_replicas - 1)]
         return self._local._call("broadcast", [buf] + others, root=0, algo=self.algorithm)
 
-    def _allreduce(self, arrays: Sequence[np.ndarray], op: ReduceOp,
-                   owned: bool = False) -> list[np.ndarray]:
+    def _allreduce(
+        self, arrays: Sequence[np.ndarray], op: ReduceOp, owned: bool = False
+    ) -> list[np.ndarray]:
         buf = _tensors.contiguous(self._local_sum(arrays))
         out = pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
         buf = _tensors.to_numpy(out) if out is not None else buf
@@ -407,9 +447,14 @@ class MultiWorkerBackend(CollectiveBackend):
             buf = (buf / self.num_replicas_in_sync).astype(buf.dtype, copy=False)
         return self._local_broadcast(_tensors.contiguous(buf))
 
-    def apply_update(self, rule: str, hyper: fused_update.Hyper,
-                     per_replica: Sequence[Sequence[np.ndarray]], replicated: Replicated,
-                     bytes_per_pack: int) -> None:
+    def apply_update(
+        self,
+        rule: str,
+        hyper: fused_update.Hyper,
+        per_replica: Sequence[Sequence[np.ndarray]],
+        replicated: Replicated,
+        bytes_per_pack: int,
+    ) -> None:
         """Across workers. Tensors of at least ``SEND_ALONE_BYTES`` go on their own (no copy
         into a pack: for them the copy costs more than a collective's fixed cost); smaller ones
         are concatenated into packs of ``bytes_per_pack`` bytes.
@@ -432,25 +477,32 @@ class MultiWorkerBackend(CollectiveBackend):
         # not for an algorithm the user named instead.
         if not fused_update.RULES[rule][1] and self._cross_algo in ("auto", "ring"):
             for group in _by_dtype([first[i] for i in alone]):
-                self._allreduce_apply(rule, hyper, per_replica, replicated,
-                                      [alone[j] for j in group])
+                self._allreduce_apply(
+                    rule, hyper, per_replica, replicated, [alone[j] for j in group]
+                )
             alone = []
         packs = [[i] for i in alone] + [
             [small[j] for j in pack]
-            for pack in make_packs([first[i] for i in small], bytes_per_pack)]
+            for pack in make_packs([first[i] for i in small], bytes_per_pack)
+        ]
         for pack in packs:
             buf = self._scratch_for(first[pack[0]].dtype, sum(first[i].size for i in pack))
             self._sum_into(buf, [[ts[i] for i in pack] for ts in per_replica])
             tensors, offset = [], 0
             for i in pack:
-                view = buf[offset:offset + first[i].size].reshape(first[i].shape)
+                view = buf[offset : offset + first[i].size].reshape(first[i].shape)
                 tensors.append(replicated(i, [view]))
                 offset += first[i].size
             fused_update.apply(rule, hyper, tensors, check=False)
 
-    def _allreduce_apply(self, rule: str, hyper: fused_update.Hyper,
-                         per_replica: Sequence[Sequence[np.ndarray]], replicated: Replicated,
-                         indices: list[int]) -> None:
+    def _allreduce_apply(
+        self,
+        rule: str,
+        hyper: fused_update.Hyper,
+        per_replica: Sequence[Sequence[np.ndarray]],
+        replicated: Replicated,
+        indices: list[int],
+    ) -> None:
         """Tensors ``indices`` (one dtype) through ``fused_update.allreduce_apply``, in one
         native call; with several local replicas, their sums are made in scratch first."""
         first = per_replica[0]
@@ -458,17 +510,22 @@ class MultiWorkerBackend(CollectiveBackend):
             self.call_counts["allreduce_update"] += len(indices)
             grads = [first[i] for i in indices]
             if len(per_replica) > 1:
-                buf = self._scratch_for(first[indices[0]].dtype,
-                                        sum(first[i].size for i in indices))
+                buf = self._scratch_for(
+                    first[indices[0]].dtype, sum(first[i].size for i in indices)
+                )
                 grads, offset = [], 0
                 for i in indices:
-                    part = buf[offset:offset + first[i].size]
+                    part = buf[offset : offset + first[i].size]
                     self._local_sum_into(part, [[ts[i]] for ts in per_replica])
                     grads.append(part.reshape(first[i].shape))
                     offset += first[i].size
-            fused_update.allreduce_apply(rule, hyper, [replicated(i, [g])
-                                                       for i, g in zip(indices, grads)],
-                                         timeout=self.timeout, check=False)
+            fused_update.allreduce_apply(
+                rule,
+                hyper,
+                [replicated(i, [g]) for i, g in zip(indices, grads)],
+                timeout=self.timeout,
+                check=False,
+            )
 
     def _scratch_for(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A reused buffer of ``count`` elements: fresh memory would page-fault every step."""
@@ -477,16 +534,18 @@ class MultiWorkerBackend(CollectiveBackend):
             scratch = self._scratch[dtype] = np.empty(count, dtype)
         return scratch[:count]
 
-    def _local_sum_into(self, buf: np.ndarray,
-                        per_replica: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    def _local_sum_into(
+        self, buf: np.ndarray, per_replica: Sequence[Sequence[np.ndarray]]
+    ) -> np.ndarray:
         """``buf`` = the sum over this worker's replicas of the concatenated tensors. Replica 0's
         tensors are packed straight into buf and the others are reduced into it in place: no
         other copy of the pack."""
         np.concatenate([t.reshape(-1) for t in per_replica[0]], out=buf)
         if len(per_replica) > 1:
             others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
-            self._local._call("reduce", [buf] + others, root=0, op="sum", algo=self.algorithm,
-                              inplace=True)
+            self._local._call(
+                "reduce", [buf] + others, root=0, op="sum", algo=self.algorithm, inplace=True
+            )
         return buf
 
     def _sum_into(self, buf: np.ndarray, per_replica: Sequence[Sequence[np.ndarray]]) -> None:
@@ -494,8 +553,13 @@ class MultiWorkerBackend(CollectiveBackend):
         with self._lock:
             self.call_counts["allreduce"] += 1
             if self.num_local_replicas == 1 and len(per_replica[0]) == 1:
-                pc.allreduce(per_replica[0][0].reshape(-1), op="sum", algo=self._cross_algo,
-                             out=buf, **self._kw())
+                pc.allreduce(
+                    per_replica[0][0].reshape(-1),
+                    op="sum",
+                    algo=self._cross_algo,
+                    out=buf,
+                    **self._kw(),
+                )
                 return
             self._local_sum_into(buf, per_replica)
             pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
@@ -506,14 +570,17 @@ class MultiWorkerBackend(CollectiveBackend):
         gathered = _tensors.to_numpy(pc.allgather(_tensors.contiguous(local), **self._kw()))
         total = (self.num_replicas_in_sync,) + tuple(shape)
         if gathered.size != int(np.prod(total)):
-            raise pc.InternalError(f"pycollective.allgather returned {gathered.shape} for "
-                                   f"{self.num_workers} workers of {local.shape}")
+            raise pc.InternalError(
+                f"pycollective.allgather returned {gathered.shape} for "
+                f"{self.num_workers} workers of {local.shape}"
+            )
         return self._local_broadcast(_tensors.contiguous(gathered.reshape(total)))
 
     def _broadcast(self, arrays: Sequence[np.ndarray], root: int) -> list[np.ndarray]:
         root_worker, root_local = divmod(root, self.num_local_replicas)
-        buf = np.array(arrays[root_local] if self.worker_index == root_worker else arrays[0],
-                       copy=True)
+        buf = np.array(
+            arrays[root_local] if self.worker_index == root_worker else arrays[0], copy=True
+        )
         out = pc.broadcast(buf, root=root_worker, **self._kw())
         buf = _tensors.to_numpy(out) if out is not None else buf
         return self._local_broadcast(_tensors.contiguous(buf))

@@ -50,8 +50,10 @@ class CheckpointLoadStatus:
         """Raises AssertionError unless every value in the file was restored and every tracked
         object got a value."""
         if self.unused or self.missing:
-            raise AssertionError(f"checkpoint not fully consumed: unused values {self.unused}, "
-                                 f"objects without a value {self.missing}")
+            raise AssertionError(
+                f"checkpoint not fully consumed: unused values {self.unused}, "
+                f"objects without a value {self.missing}"
+            )
         return self
 
     def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
@@ -65,8 +67,10 @@ class CheckpointLoadStatus:
         return self
 
     def __repr__(self) -> str:
-        return (f"CheckpointLoadStatus(restored={len(self.restored)}, unused={self.unused}, "
-                f"missing={self.missing})")
+        return (
+            f"CheckpointLoadStatus(restored={len(self.restored)}, unused={self.unused}, "
+            f"missing={self.missing})"
+        )
 
 
 class Checkpoint:
@@ -130,8 +134,10 @@ class Checkpoint:
             stored = {k: data[k] for k in data.files}
         fmt = stored.pop(_FORMAT_KEY, None)
         if fmt is None or str(fmt) != FORMAT:
-            raise ValueError(f"{save_path} is not a pycollective.strategies checkpoint "
-                             f"(format {fmt!r}, expected {FORMAT!r})")
+            raise ValueError(
+                f"{save_path} is not a pycollective.strategies checkpoint "
+                f"(format {fmt!r}, expected {FORMAT!r})"
+            )
         counter = stored.pop(_COUNTER_KEY, None)
         variables, optimizers = self._track()
         restored: list[str] = []
@@ -186,8 +192,14 @@ def latest_checkpoint(checkpoint_dir: str, prefix: str = "") -> str | None:
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), np.ndarray, np.generic)
 
 
-def _walk(obj: Any, path: str, variables: dict[str, DistributedVariable],
-          optimizers: dict[str, Optimizer], seen: set[int], depth: int) -> None:
+def _walk(
+    obj: Any,
+    path: str,
+    variables: dict[str, DistributedVariable],
+    optimizers: dict[str, Optimizer],
+    seen: set[int],
+    depth: int,
+) -> None:
     if depth > 32 or isinstance(obj, _ATOMS) or callable(obj) and not hasattr(obj, "__dict__"):
         return
     if id(obj) in seen:
@@ -216,8 +228,7 @@ def _walk(obj: Any, path: str, variables: dict[str, DistributedVariable],
                 _walk(value, f"{path}/{key}", variables, optimizers, seen, depth + 1)
 
 
-def _optimizer_state(path: str, opt: Optimizer, var_paths: dict[int, str]) -> dict[str,
-                                                                                   np.ndarray]:
+def _optimizer_state(path: str, opt: Optimizer, var_paths: dict[int, str]) -> dict[str, np.ndarray]:
     out = {f"{path}/iterations": opt.iterations._checkpoint_value()}
     for var, slot_name, slot in opt._slot_order:
         var_path = var_paths.get(id(var), var.name)
@@ -225,9 +236,14 @@ def _optimizer_state(path: str, opt: Optimizer, var_paths: dict[int, str]) -> di
     return out
 
 
-def _restore_optimizer(path: str, opt: Optimizer, stored: dict[str, np.ndarray],
-                       variables: dict[str, DistributedVariable], restored: list[str],
-                       missing: list[str]) -> None:
+def _restore_optimizer(
+    path: str,
+    opt: Optimizer,
+    stored: dict[str, np.ndarray],
+    variables: dict[str, DistributedVariable],
+    restored: list[str],
+    missing: list[str],
+) -> None:
     if opt._strategy is None and opt._scope_strategy is None and variables:
         opt._bind(next(iter(variables.values())).distribute_strategy)
     key = f"{path}/iterations"
@@ -240,7 +256,7 @@ def _restore_optimizer(path: str, opt: Optimizer, stored: dict[str, np.ndarray],
     wanted: dict[str, list[str]] = {}
     for k in stored:
         if k.startswith(prefix):
-            var_path, _, slot_name = k[len(prefix):].rpartition("/")
+            var_path, _, slot_name = k[len(prefix) :].rpartition("/")
             wanted.setdefault(var_path, []).append(slot_name)
     for var_path, slot_names in wanted.items():
         var = variables.get(var_path)
@@ -257,8 +273,9 @@ def _restore_optimizer(path: str, opt: Optimizer, stored: dict[str, np.ndarray],
                 restored.append(k)
 
 
-def _should_write(variables: dict[str, DistributedVariable],
-                  optimizers: dict[str, Optimizer]) -> bool:
+def _should_write(
+    variables: dict[str, DistributedVariable], optimizers: dict[str, Optimizer]
+) -> bool:
     for var in variables.values():
         return bool(var.distribute_strategy.extended.should_checkpoint)
     for opt in optimizers.values():
@@ -302,6 +319,9 @@ def _check_key(name: str) -> None:
 
 def _require_cross_replica(what: str) -> None:
     frame = _context.current_frame()
-    if frame is not None and frame.replica_context is not None \
-            and frame.replica_context._collective_slots is not None:
+    if (
+        frame is not None
+        and frame.replica_context is not None
+        and frame.replica_context._collective_slots is not None
+    ):
         raise RuntimeError(f"Checkpoint.{what}() must be called outside strategy.run()")

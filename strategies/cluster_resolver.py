@@ -18,14 +18,17 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-_EXAMPLE = ('{"cluster": {"worker": ["host0:2222", "host1:2222"]}, '
-            '"task": {"type": "worker", "index": 0}}')
+_EXAMPLE = (
+    '{"cluster": {"worker": ["host0:2222", "host1:2222"]}, "task": {"type": "worker", "index": 0}}'
+)
 
 
 def _error(problem: str) -> ValueError:
-    return ValueError(f"TF_CONFIG {problem}. Expected a JSON object like TF_CONFIG='{_EXAMPLE}' "
-                      '(jobs "chief" and "worker" form the collective group; "task" names this '
-                      "process)")
+    return ValueError(
+        f"TF_CONFIG {problem}. Expected a JSON object like TF_CONFIG='{_EXAMPLE}' "
+        '(jobs "chief" and "worker" form the collective group; "task" names this '
+        "process)"
+    )
 
 
 class ClusterSpec:
@@ -45,15 +48,20 @@ class ClusterSpec:
                 try:
                     mapping = {int(k): v for k, v in tasks.items()}
                 except (TypeError, ValueError):
-                    raise _error(f'"cluster.{job}" maps task indices to addresses but has a key '
-                                 "that is not an integer") from None
+                    raise _error(
+                        f'"cluster.{job}" maps task indices to addresses but has a key '
+                        "that is not an integer"
+                    ) from None
             else:
-                raise _error(f'"cluster.{job}" must be a list of "host:port" strings, got '
-                             f"{type(tasks).__name__}")
+                raise _error(
+                    f'"cluster.{job}" must be a list of "host:port" strings, got '
+                    f"{type(tasks).__name__}"
+                )
             for index, address in mapping.items():
                 if not isinstance(address, str) or ":" not in address:
-                    raise _error(f'"cluster.{job}"[{index}] must be a "host:port" string, got '
-                                 f"{address!r}")
+                    raise _error(
+                        f'"cluster.{job}"[{index}] must be a "host:port" string, got {address!r}'
+                    )
             self._jobs[job] = dict(sorted(mapping.items()))
 
     def as_dict(self) -> dict[str, Any]:
@@ -78,8 +86,9 @@ class ClusterSpec:
     def task_address(self, job_name: str, task_index: int) -> str:
         tasks = self._job(job_name)
         if task_index not in tasks:
-            raise ValueError(f"No task with index {task_index} in job {job_name!r} (it has "
-                             f"tasks {list(tasks)})")
+            raise ValueError(
+                f"No task with index {task_index} in job {job_name!r} (it has tasks {list(tasks)})"
+            )
         return tasks[task_index]
 
     def job_tasks(self, job_name: str) -> list[str]:
@@ -110,12 +119,14 @@ class ClusterResolver:
     def cluster_spec(self) -> ClusterSpec:
         raise NotImplementedError
 
-    def master(self, task_type: str | None = None, task_id: int | None = None,
-               rpc_layer: str | None = None) -> str:
+    def master(
+        self, task_type: str | None = None, task_id: int | None = None, rpc_layer: str | None = None
+    ) -> str:
         raise NotImplementedError
 
-    def num_accelerators(self, task_type: str | None = None, task_id: int | None = None,
-                         config_proto: Any = None) -> dict[str, int]:
+    def num_accelerators(
+        self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None
+    ) -> dict[str, int]:
         """Accelerators per type on the task: none (CPU replicas)."""
         return defaultdict(int)
 
@@ -127,10 +138,16 @@ class ClusterResolver:
 class SimpleClusterResolver(ClusterResolver):
     """Simple implementation of ClusterResolver that accepts all attributes."""
 
-    def __init__(self, cluster_spec: ClusterSpec | Mapping[str, Any], master: str = "",
-                 task_type: str | None = None, task_id: int | None = None,
-                 environment: str = "", num_accelerators: dict[str, int] | None = None,
-                 rpc_layer: str | None = None) -> None:
+    def __init__(
+        self,
+        cluster_spec: ClusterSpec | Mapping[str, Any],
+        master: str = "",
+        task_type: str | None = None,
+        task_id: int | None = None,
+        environment: str = "",
+        num_accelerators: dict[str, int] | None = None,
+        rpc_layer: str | None = None,
+    ) -> None:
         self._cluster_spec = ClusterSpec(cluster_spec)
         self._master = master
         self.task_type = task_type
@@ -142,16 +159,18 @@ class SimpleClusterResolver(ClusterResolver):
     def cluster_spec(self) -> ClusterSpec:
         return self._cluster_spec
 
-    def master(self, task_type: str | None = None, task_id: int | None = None,
-               rpc_layer: str | None = None) -> str:
+    def master(
+        self, task_type: str | None = None, task_id: int | None = None, rpc_layer: str | None = None
+    ) -> str:
         if task_type is not None and task_id is not None:
             address = self._cluster_spec.task_address(task_type, task_id)
             layer = rpc_layer or self.rpc_layer
             return f"{layer}://{address}" if layer else address
         return self._master
 
-    def num_accelerators(self, task_type: str | None = None, task_id: int | None = None,
-                         config_proto: Any = None) -> dict[str, int]:
+    def num_accelerators(
+        self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None
+    ) -> dict[str, int]:
         return defaultdict(int, self._num_accelerators)
 
     @property
@@ -171,8 +190,13 @@ class TFConfigClusterResolver(ClusterResolver):
     Without TF_CONFIG the cluster is empty: a single worker.
     """
 
-    def __init__(self, task_type: str | None = None, task_id: int | None = None,
-                 rpc_layer: str | None = None, environment: str | None = None) -> None:
+    def __init__(
+        self,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
+        environment: str | None = None,
+    ) -> None:
         self._task_type = task_type
         self._task_id = task_id
         self._rpc_layer = rpc_layer
@@ -218,12 +242,16 @@ class TFConfigClusterResolver(ClusterResolver):
             raise _error(f'"task.index" must be a non-negative integer, got {raw_index!r}')
         if spec:
             if task_type not in spec.jobs:
-                raise _error(f'says this process is task "{task_type}" #{raw_index}, but '
-                             f'"cluster" has no job "{task_type}" (jobs: {spec.jobs})')
+                raise _error(
+                    f'says this process is task "{task_type}" #{raw_index}, but '
+                    f'"cluster" has no job "{task_type}" (jobs: {spec.jobs})'
+                )
             if raw_index not in spec.task_indices(task_type):
-                raise _error(f'says this process is task "{task_type}" #{raw_index}, but '
-                             f'"cluster.{task_type}" has {spec.num_tasks(task_type)} task(s) '
-                             f"(indices {spec.task_indices(task_type)}): index out of range")
+                raise _error(
+                    f'says this process is task "{task_type}" #{raw_index}, but '
+                    f'"cluster.{task_type}" has {spec.num_tasks(task_type)} task(s) '
+                    f"(indices {spec.task_indices(task_type)}): index out of range"
+                )
         return task_type, raw_index
 
     # ClusterResolver API -----------------------------------------------------------------------
@@ -234,8 +262,10 @@ class TFConfigClusterResolver(ClusterResolver):
         config = self._load()
         cluster = config.get("cluster", {})
         if not isinstance(cluster, dict):
-            raise _error(f'"cluster" must be an object mapping job names to address lists, got '
-                         f"{type(cluster).__name__}")
+            raise _error(
+                f'"cluster" must be an object mapping job names to address lists, got '
+                f"{type(cluster).__name__}"
+            )
         return ClusterSpec(cluster)
 
     @property
@@ -270,8 +300,9 @@ class TFConfigClusterResolver(ClusterResolver):
             return self._environment
         return self._load().get("environment", "")
 
-    def master(self, task_type: str | None = None, task_id: int | None = None,
-               rpc_layer: str | None = None) -> str:
+    def master(
+        self, task_type: str | None = None, task_id: int | None = None, rpc_layer: str | None = None
+    ) -> str:
         """Returns the master address: '' for a cluster of at most one task, else
         ``rpc_layer://host:port`` (or ``host:port``) of the task."""
         config = self._load()

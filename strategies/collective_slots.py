@@ -70,12 +70,14 @@ class CollectiveSlots:
         names: how to name replica ``r`` in messages (default ``"replica r"``).
     """
 
-    def __init__(self, num_replicas: int, timeout: float,
-                 names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, num_replicas: int, timeout: float, names: Sequence[str] | None = None
+    ) -> None:
         self._n = num_replicas
         self._timeout = float(timeout)
-        self._names = list(names) if names is not None else [f"replica {r}" for r in
-                                                             range(num_replicas)]
+        self._names = (
+            list(names) if names is not None else [f"replica {r}" for r in range(num_replicas)]
+        )
         self._cond = threading.Condition()
         self._next = [0] * num_replicas
         self._slots: dict[int, _Slot] = {}
@@ -88,8 +90,9 @@ class CollectiveSlots:
 
     # Replica side ------------------------------------------------------------------------------
 
-    def exchange(self, replica: int, what: str, value: Any,
-                 fn: Callable[[list[Any]], Sequence[Any]]) -> Any:
+    def exchange(
+        self, replica: int, what: str, value: Any, fn: Callable[[list[Any]], Sequence[Any]]
+    ) -> Any:
         """Deposits ``value`` for ``replica`` in its next slot; returns ``fn(values)[replica]``.
 
         ``fn`` gets the values of all replicas in replica order and returns one result per
@@ -118,7 +121,8 @@ class CollectiveSlots:
                 err = pc.ProtocolError(
                     f"{self._names[replica]} called {what} as collective #{index} of this "
                     f"run(), but {self._names[first]} called {slot.what}; every replica must "
-                    "make the same collective calls in the same order")
+                    "make the same collective calls in the same order"
+                )
                 self._fail_slot(slot, err, replica)
                 raise err
             slot.values[replica] = value
@@ -136,8 +140,9 @@ class CollectiveSlots:
         try:
             results = fn(slot.values)
             if len(results) != self._n:
-                raise pc.InternalError(f"{slot.what}: {len(results)} results for {self._n} "
-                                       "replicas")
+                raise pc.InternalError(
+                    f"{slot.what}: {len(results)} results for {self._n} replicas"
+                )
         except BaseException as exc:
             with self._cond:
                 slot.values = [None] * self._n
@@ -173,7 +178,8 @@ class CollectiveSlots:
                         f"(collective #{slot.index} of this run()) for {', '.join(missing)}, "
                         "which never arrived. Every replica must make the same collective calls "
                         "in the same order; if replicas are legitimately slow, raise the timeout "
-                        "(CommunicationOptions(timeout_seconds=...) or PYCOLLECTIVE_TIMEOUT).")
+                        "(CommunicationOptions(timeout_seconds=...) or PYCOLLECTIVE_TIMEOUT)."
+                    )
                     self._fail_slot(slot, err, replica)
                     self._failure = err
                     raise err
@@ -221,7 +227,8 @@ class CollectiveSlots:
         err = ReplicaFailed(
             f"{self._names[left[0]]} returned from its replica function without calling "
             f"{slot.what} (collective #{slot.index} of this run()), which {waiting} "
-            "called; every replica must make the same collective calls in the same order")
+            "called; every replica must make the same collective calls in the same order"
+        )
         self._fail_slot(slot, err, None)
 
     def _fail_slot(self, slot: _Slot, exc: BaseException, replica: int | None) -> None:
@@ -236,14 +243,18 @@ class CollectiveSlots:
         if isinstance(exc, ReplicaFailed) and slot.error_replica is None:
             return ReplicaFailed(str(exc))
         origin = self._names[slot.error_replica] if slot.error_replica is not None else "a replica"
-        err = ReplicaFailed(f"{slot.what} (collective #{slot.index} of this run()) failed in "
-                            f"{origin} with {type(exc).__name__}: {exc}")
+        err = ReplicaFailed(
+            f"{slot.what} (collective #{slot.index} of this run()) failed in "
+            f"{origin} with {type(exc).__name__}: {exc}"
+        )
         err.__cause__ = exc
         return err
 
     def _failed(self, replica: int, what: str, index: int) -> ReplicaFailed:
         cause = self._failure
-        err = ReplicaFailed(f"{self._names[replica]} could not complete {what} (collective "
-                            f"#{index} of this run()): {cause}")
+        err = ReplicaFailed(
+            f"{self._names[replica]} could not complete {what} (collective "
+            f"#{index} of this run()): {cause}"
+        )
         err.__cause__ = cause
         return err

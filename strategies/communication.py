@@ -35,19 +35,29 @@ class CommunicationOptions:
         implementation: a CommunicationImplementation (or its name).
     """
 
-    def __init__(self, bytes_per_pack: int = 0, timeout_seconds: float | None = None,
-                 implementation: CommunicationImplementation | str =
-                 CommunicationImplementation.AUTO) -> None:
-        if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int) \
-                or bytes_per_pack < 0:
-            raise ValueError(f"bytes_per_pack must be a non-negative integer, got "
-                             f"{bytes_per_pack!r}")
+    def __init__(
+        self,
+        bytes_per_pack: int = 0,
+        timeout_seconds: float | None = None,
+        implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO,
+    ) -> None:
+        if (
+            isinstance(bytes_per_pack, bool)
+            or not isinstance(bytes_per_pack, int)
+            or bytes_per_pack < 0
+        ):
+            raise ValueError(
+                f"bytes_per_pack must be a non-negative integer, got {bytes_per_pack!r}"
+            )
         if timeout_seconds is not None:
-            if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds,
-                                                                   (int, float)) \
-                    or timeout_seconds <= 0:
-                raise ValueError(f"timeout_seconds must be a positive number or None, got "
-                                 f"{timeout_seconds!r}")
+            if (
+                isinstance(timeout_seconds, bool)
+                or not isinstance(timeout_seconds, (int, float))
+                or timeout_seconds <= 0
+            ):
+                raise ValueError(
+                    f"timeout_seconds must be a positive number or None, got {timeout_seconds!r}"
+                )
             timeout_seconds = float(timeout_seconds)
         self.bytes_per_pack = bytes_per_pack
         self.timeout_seconds = timeout_seconds
@@ -58,26 +68,33 @@ class CommunicationOptions:
         if options is None:
             return self
         if not isinstance(options, CommunicationOptions):
-            raise TypeError(f"options must be a CommunicationOptions, got "
-                            f"{type(options).__name__}")
+            raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
         return CommunicationOptions(
             bytes_per_pack=options.bytes_per_pack or self.bytes_per_pack,
-            timeout_seconds=(options.timeout_seconds if options.timeout_seconds is not None
-                             else self.timeout_seconds),
-            implementation=(options.implementation
-                            if options.implementation != CommunicationImplementation.AUTO
-                            else self.implementation),
+            timeout_seconds=(
+                options.timeout_seconds
+                if options.timeout_seconds is not None
+                else self.timeout_seconds
+            ),
+            implementation=(
+                options.implementation
+                if options.implementation != CommunicationImplementation.AUTO
+                else self.implementation
+            ),
         )
 
     def __repr__(self) -> str:
-        return (f"CommunicationOptions(bytes_per_pack={self.bytes_per_pack}, "
-                f"timeout_seconds={self.timeout_seconds}, "
-                f"implementation={self.implementation})")
+        return (
+            f"CommunicationOptions(bytes_per_pack={self.bytes_per_pack}, "
+            f"timeout_seconds={self.timeout_seconds}, "
+            f"implementation={self.implementation})"
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CommunicationOptions) and (
             (self.bytes_per_pack, self.timeout_seconds, self.implementation)
-            == (other.bytes_per_pack, other.timeout_seconds, other.implementation))
+            == (other.bytes_per_pack, other.timeout_seconds, other.implementation)
+        )
 
 
 def _parse_implementation(value: Any) -> CommunicationImplementation:
@@ -85,5 +102,6 @@ def _parse_implementation(value: Any) -> CommunicationImplementation:
         return value
     if isinstance(value, str) and value.upper() in CommunicationImplementation.__members__:
         return CommunicationImplementation[value.upper()]
-    raise ValueError(f"implementation must be CommunicationImplementation.AUTO, RING or NCCL, "
-                     f"got {value!r}")
+    raise ValueError(
+        f"implementation must be CommunicationImplementation.AUTO, RING or NCCL, got {value!r}"
+    )

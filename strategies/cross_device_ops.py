@@ -68,14 +68,23 @@ class CrossDeviceOps:
 
     # tf.distribute.CrossDeviceOps API ----------------------------------------------------------
 
-    def reduce(self, reduce_op: Any, per_replica_value: Any, destinations: Any,
-               options: CommunicationOptions | None = None) -> Any:
+    def reduce(
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any,
+        options: CommunicationOptions | None = None,
+    ) -> Any:
         """Reduce ``per_replica_value`` to ``destinations`` (a Mirrored value, one component
         per replica; a single device string gives a plain tensor)."""
         return self.reduce_implementation(reduce_op, per_replica_value, destinations, options)
 
-    def batch_reduce(self, reduce_op: Any, value_destination_pairs: Sequence[tuple[Any, Any]],
-                     options: CommunicationOptions | None = None) -> list[Any]:
+    def batch_reduce(
+        self,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None = None,
+    ) -> list[Any]:
         """Reduce values to destinations in batches: the values are fused into packs, one
         collective per pack."""
         return self.batch_reduce_implementation(reduce_op, value_destination_pairs, options)
@@ -84,15 +93,24 @@ class CrossDeviceOps:
         """Broadcast ``tensor`` to ``destinations`` (a Mirrored value)."""
         return self.broadcast_implementation(tensor, destinations)
 
-    def reduce_implementation(self, reduce_op: Any, per_replica_value: Any, destinations: Any,
-                              options: CommunicationOptions | None) -> Any:
+    def reduce_implementation(
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any,
+        options: CommunicationOptions | None,
+    ) -> Any:
         backend = self._standalone_backend(per_replica_value)
-        return self._batch_reduce(backend, reduce_op, [(per_replica_value, destinations)],
-                                  options)[0]
+        return self._batch_reduce(backend, reduce_op, [(per_replica_value, destinations)], options)[
+            0
+        ]
 
-    def batch_reduce_implementation(self, reduce_op: Any,
-                                    value_destination_pairs: Sequence[tuple[Any, Any]],
-                                    options: CommunicationOptions | None) -> list[Any]:
+    def batch_reduce_implementation(
+        self,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None,
+    ) -> list[Any]:
         pairs = _check_pairs(value_destination_pairs)
         if not pairs:
             return []
@@ -105,9 +123,13 @@ class CrossDeviceOps:
 
     # Used by the strategies, with their backend ---------------------------------------------------
 
-    def _batch_reduce(self, backend: CollectiveBackend, reduce_op: Any,
-                      value_destination_pairs: Sequence[tuple[Any, Any]],
-                      options: CommunicationOptions | None) -> list[Any]:
+    def _batch_reduce(
+        self,
+        backend: CollectiveBackend,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None,
+    ) -> list[Any]:
         op = parse_reduce_op(reduce_op)
         pairs = _check_pairs(value_destination_pairs)
         n_local = backend.num_local_replicas
@@ -123,8 +145,10 @@ class CrossDeviceOps:
             if isinstance(value, DistributedValues):
                 comps = value.values
                 if len(comps) != n_local:
-                    raise ValueError(f"value {k} has {len(comps)} components but there are "
-                                     f"{n_local} local replicas")
+                    raise ValueError(
+                        f"value {k} has {len(comps)} components but there are "
+                        f"{n_local} local replicas"
+                    )
                 for r in range(n_local):
                     per_replica[r].append(_plain(comps[r]))
                 to_reduce.append(k)
@@ -132,8 +156,9 @@ class CrossDeviceOps:
                 results[k] = _reduce_non_distributed(op, value, n_sync)
         if to_reduce:
             bytes_per_pack = options.bytes_per_pack if options is not None else 0
-            reduced = backend.batch_allreduce(per_replica, op, bytes_per_pack=bytes_per_pack,
-                                              num_packs=self.num_packs)
+            reduced = backend.batch_allreduce(
+                per_replica, op, bytes_per_pack=bytes_per_pack, num_packs=self.num_packs
+            )
             for j, k in enumerate(to_reduce):
                 results[k] = [reduced[r][j] for r in range(n_local)]
         out = []
@@ -177,8 +202,7 @@ class AlgorithmAllReduce(CrossDeviceOps):
         super().__init__()
         names = list(pc.algorithms())
         if not isinstance(algorithm, str) or algorithm not in names:
-            raise ValueError(f"unknown algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(names)}")
+            raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(names)}")
         self.algorithm = algorithm
         self.num_packs = _check_num_packs(num_packs)
 
@@ -202,8 +226,11 @@ class NcclAllReduce(CrossDeviceOps):
         super().__init__()
         self.num_packs = _check_num_packs(num_packs)
         self.algorithm = "ring"
-        log_once("nccl-cpu", "NcclAllReduce: CPU replicas have no NCCL; using pycollective's "
-                             "ring all-reduce instead")
+        log_once(
+            "nccl-cpu",
+            "NcclAllReduce: CPU replicas have no NCCL; using pycollective's "
+            "ring all-reduce instead",
+        )
 
     def __repr__(self) -> str:
         return f"NcclAllReduce(num_packs={self.num_packs})"
@@ -241,8 +268,10 @@ class ReductionToOneDevice(CrossDeviceOps):
         if reduce_to_device is not None:
             parse_device(reduce_to_device)
         if accumulation_fn is not None:
-            raise ValueError("ReductionToOneDevice(accumulation_fn=...) is not supported: the "
-                             "reduction runs in pycollective's native kernels")
+            raise ValueError(
+                "ReductionToOneDevice(accumulation_fn=...) is not supported: the "
+                "reduction runs in pycollective's native kernels"
+            )
         self.reduce_to_device = reduce_to_device
         self.algorithm = "reduce_to_one"
 
@@ -253,8 +282,8 @@ class ReductionToOneDevice(CrossDeviceOps):
 # Helpers ------------------------------------------------------------------------------------------
 
 _DEVICE_RE = re.compile(
-    r"^(?:/job:[\w-]+)?(?:/replica:\d+)?(?:/task:\d+)?/?(?:device:)?([a-z_]+):(\d+)$",
-    re.IGNORECASE)
+    r"^(?:/job:[\w-]+)?(?:/replica:\d+)?(?:/task:\d+)?/?(?:device:)?([a-z_]+):(\d+)$", re.IGNORECASE
+)
 
 
 def parse_device(device: str) -> tuple[str, int]:
@@ -265,16 +294,21 @@ def parse_device(device: str) -> tuple[str, int]:
         raise TypeError(f"a device must be a string like '/cpu:0', got {type(device).__name__}")
     m = _DEVICE_RE.match(device.strip())
     if m is None:
-        raise ValueError(f"cannot parse device {device!r}; expected e.g. '/cpu:0' or "
-                         "'/job:localhost/replica:0/task:0/device:CPU:0'")
+        raise ValueError(
+            f"cannot parse device {device!r}; expected e.g. '/cpu:0' or "
+            "'/job:localhost/replica:0/task:0/device:CPU:0'"
+        )
     kind, index = m.group(1).lower(), int(m.group(2))
     if kind in ("gpu", "xla_gpu"):
         raise NotImplementedError(
             f"device {device!r}: GPU replicas need CUDA support in pycollective's strategies, "
-            "which is not built yet; use CPU replicas (devices=['/cpu:0', '/cpu:1', ...])")
+            "which is not built yet; use CPU replicas (devices=['/cpu:0', '/cpu:1', ...])"
+        )
     if kind not in ("cpu", "xla_cpu"):
-        raise ValueError(f"device {device!r}: unsupported device type {kind!r}; this build runs "
-                         "CPU replicas ('/cpu:N')")
+        raise ValueError(
+            f"device {device!r}: unsupported device type {kind!r}; this build runs "
+            "CPU replicas ('/cpu:N')"
+        )
     return "cpu", index
 
 
@@ -288,8 +322,10 @@ def _check_pairs(pairs: Any) -> list[tuple[Any, Any]]:
     out = []
     for p in pairs:
         if not isinstance(p, (tuple, list)) or len(p) != 2:
-            raise ValueError("value_destination_pairs must be a list of (value, destinations) "
-                             f"pairs, got an element {p!r}")
+            raise ValueError(
+                "value_destination_pairs must be a list of (value, destinations) "
+                f"pairs, got an element {p!r}"
+            )
         out.append((p[0], p[1]))
     return out
 
@@ -311,9 +347,11 @@ def _reduce_non_distributed(op: ReduceOp, value: Any, n_sync: int) -> Any:
     value = _plain(value)
     if op == ReduceOp.MEAN or n_sync == 1:
         return value
-    raise ValueError(f"A non-DistributedValues value {value!r} cannot be reduced with "
-                     f"ReduceOp.SUM over {n_sync} replicas; pass a PerReplica value (e.g. the "
-                     "result of strategy.run) or use ReduceOp.MEAN")
+    raise ValueError(
+        f"A non-DistributedValues value {value!r} cannot be reduced with "
+        f"ReduceOp.SUM over {n_sync} replicas; pass a PerReplica value (e.g. the "
+        "result of strategy.run) or use ReduceOp.MEAN"
+    )
 
 
 def _num_destinations(destinations: Any) -> int:
@@ -341,4 +379,3 @@ __all__ = [
     "NcclAllReduce",
     "ReductionToOneDevice",
 ]
-

@@ -35,11 +35,13 @@ class InputOptions:
     are accepted for compatibility (there is no device to prefetch to).
     """
 
-    def __init__(self, experimental_fetch_to_device: bool | None = None,
-                 experimental_replication_mode: InputReplicationMode =
-                 InputReplicationMode.PER_WORKER,
-                 experimental_place_dataset_on_device: bool = False,
-                 experimental_per_replica_buffer_size: int = 1) -> None:
+    def __init__(
+        self,
+        experimental_fetch_to_device: bool | None = None,
+        experimental_replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER,
+        experimental_place_dataset_on_device: bool = False,
+        experimental_per_replica_buffer_size: int = 1,
+    ) -> None:
         if not isinstance(experimental_replication_mode, InputReplicationMode):
             raise TypeError("experimental_replication_mode must be an InputReplicationMode")
         self.experimental_fetch_to_device = experimental_fetch_to_device
@@ -58,8 +60,12 @@ class InputContext:
         num_replicas_in_sync: replicas taking part in synchronous training.
     """
 
-    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0,
-                 num_replicas_in_sync: int = 1) -> None:
+    def __init__(
+        self,
+        num_input_pipelines: int = 1,
+        input_pipeline_id: int = 0,
+        num_replicas_in_sync: int = 1,
+    ) -> None:
         self._num_input_pipelines = num_input_pipelines
         self._input_pipeline_id = input_pipeline_id
         self._num_replicas_in_sync = num_replicas_in_sync
@@ -82,14 +88,18 @@ class InputContext:
     def get_per_replica_batch_size(self, global_batch_size: int) -> int:
         """Returns the per-replica batch size; ``global_batch_size`` must divide evenly."""
         if global_batch_size % self._num_replicas_in_sync != 0:
-            raise ValueError(f"The `global_batch_size` {global_batch_size} is not divisible by "
-                             f"`num_replicas_in_sync` {self._num_replicas_in_sync}")
+            raise ValueError(
+                f"The `global_batch_size` {global_batch_size} is not divisible by "
+                f"`num_replicas_in_sync` {self._num_replicas_in_sync}"
+            )
         return global_batch_size // self._num_replicas_in_sync
 
     def __repr__(self) -> str:
-        return (f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
-                f"input_pipeline_id={self._input_pipeline_id}, "
-                f"num_replicas_in_sync={self._num_replicas_in_sync})")
+        return (
+            f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
+            f"input_pipeline_id={self._input_pipeline_id}, "
+            f"num_replicas_in_sync={self._num_replicas_in_sync})"
+        )
 
 
 class ValueContext:
@@ -109,16 +119,20 @@ class ValueContext:
         return self._num_replicas_in_sync
 
     def __repr__(self) -> str:
-        return (f"ValueContext(replica_id_in_sync_group={self._replica_id_in_sync_group}, "
-                f"num_replicas_in_sync={self._num_replicas_in_sync})")
+        return (
+            f"ValueContext(replica_id_in_sync_group={self._replica_id_in_sync_group}, "
+            f"num_replicas_in_sync={self._num_replicas_in_sync})"
+        )
 
 
 def _batch_len(x: Any, where: str) -> int:
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) == 0:
-        raise ValueError(f"{where}: a dataset element must be an array with the batch on axis "
-                         f"0 (or a tuple/dict of them), got {type(x).__name__} with shape "
-                         f"{shape}")
+        raise ValueError(
+            f"{where}: a dataset element must be an array with the batch on axis "
+            f"0 (or a tuple/dict of them), got {type(x).__name__} with shape "
+            f"{shape}"
+        )
     return int(shape[0])
 
 
@@ -165,8 +179,10 @@ class DistributedDataset:
 
     def __init__(self, strategy: Any, dataset: Iterable[Any]) -> None:
         if not hasattr(dataset, "__iter__"):
-            raise TypeError(f"experimental_distribute_dataset expects an iterable of batches, "
-                            f"got {type(dataset).__name__}")
+            raise TypeError(
+                f"experimental_distribute_dataset expects an iterable of batches, "
+                f"got {type(dataset).__name__}"
+            )
         self._strategy = strategy
         self._dataset = dataset
 
@@ -184,11 +200,15 @@ class DistributedDataset:
                 raise ValueError("a dataset element has no arrays")
             lengths = {_batch_len(x, "experimental_distribute_dataset") for x in leaves}
             if len(lengths) != 1:
-                raise ValueError(f"the arrays of one dataset element have different batch sizes "
-                                 f"{sorted(lengths)}; they must agree on axis 0")
-            bounds = split_bounds(lengths.pop(), n_sync)[first:first + n_local]
-            per_replica = [_nest.map_structure(lambda x, b=b: _as_batch(x)[b[0]:b[1]], element)
-                           for b in bounds]
+                raise ValueError(
+                    f"the arrays of one dataset element have different batch sizes "
+                    f"{sorted(lengths)}; they must agree on axis 0"
+                )
+            bounds = split_bounds(lengths.pop(), n_sync)[first : first + n_local]
+            per_replica = [
+                _nest.map_structure(lambda x, b=b: _as_batch(x)[b[0] : b[1]], element)
+                for b in bounds
+            ]
             return regroup(per_replica)
 
         return DistributedIterator(next_fn)
@@ -203,29 +223,41 @@ class DistributedDatasetsFromFunction:
     same trailing shape). PER_REPLICA: ``dataset_fn`` is called once per local replica.
     """
 
-    def __init__(self, strategy: Any, dataset_fn: Callable[[InputContext], Iterable[Any]],
-                 options: InputOptions | None) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        dataset_fn: Callable[[InputContext], Iterable[Any]],
+        options: InputOptions | None,
+    ) -> None:
         if not callable(dataset_fn):
-            raise TypeError("distribute_datasets_from_function expects a function "
-                            "dataset_fn(input_context) -> iterable of batches")
+            raise TypeError(
+                "distribute_datasets_from_function expects a function "
+                "dataset_fn(input_context) -> iterable of batches"
+            )
         extended = strategy.extended
         self._strategy = strategy
         n_sync = strategy.num_replicas_in_sync
         first = extended._first_replica_id
         n_local = extended._num_local_replicas
-        mode = (options.experimental_replication_mode if options is not None
-                else InputReplicationMode.PER_WORKER)
+        mode = (
+            options.experimental_replication_mode
+            if options is not None
+            else InputReplicationMode.PER_WORKER
+        )
         self._mode = mode
         if mode == InputReplicationMode.PER_REPLICA:
-            self._datasets = [dataset_fn(InputContext(n_sync, first + r, n_sync))
-                              for r in range(n_local)]
+            self._datasets = [
+                dataset_fn(InputContext(n_sync, first + r, n_sync)) for r in range(n_local)
+            ]
         else:
-            self._datasets = [dataset_fn(InputContext(extended._num_workers,
-                                                      extended._worker_index, n_sync))]
+            self._datasets = [
+                dataset_fn(InputContext(extended._num_workers, extended._worker_index, n_sync))
+            ]
         for d in self._datasets:
             if not hasattr(d, "__iter__"):
-                raise TypeError(f"dataset_fn must return an iterable of batches, got "
-                                f"{type(d).__name__}")
+                raise TypeError(
+                    f"dataset_fn must return an iterable of batches, got {type(d).__name__}"
+                )
         self._n_local = n_local
 
     def __iter__(self) -> DistributedIterator:
@@ -246,8 +278,9 @@ class DistributedDatasetsFromFunction:
                     except StopIteration:
                         if not elements:
                             raise
-                        elements.append(_nest.map_structure(
-                            lambda x: _as_batch(x)[0:0], elements[0]))
+                        elements.append(
+                            _nest.map_structure(lambda x: _as_batch(x)[0:0], elements[0])
+                        )
                 return regroup(elements)
 
         return DistributedIterator(next_fn)
@@ -262,6 +295,8 @@ def _as_batch(x: Any) -> Any:
 def distribute_values(strategy: Any, value_fn: Callable[[ValueContext], Any]) -> PerReplica:
     extended = strategy.extended
     n_sync = strategy.num_replicas_in_sync
-    values = [value_fn(ValueContext(extended._first_replica_id + r, n_sync))
-              for r in range(extended._num_local_replicas)]
+    values = [
+        value_fn(ValueContext(extended._first_replica_id + r, n_sync))
+        for r in range(extended._num_local_replicas)
+    ]
     return regroup(values, always_wrap=True)

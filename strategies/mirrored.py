@@ -32,8 +32,10 @@ def resolve_devices(devices: Sequence[str] | None) -> tuple[str, ...]:
     if devices is None:
         return tuple(canonical_cpu_device(i) for i in range(default_cpu_replicas()))
     if isinstance(devices, str):
-        raise TypeError("devices must be a list of device strings, e.g. ['/cpu:0', '/cpu:1'], "
-                        f"not a single string {devices!r}")
+        raise TypeError(
+            "devices must be a list of device strings, e.g. ['/cpu:0', '/cpu:1'], "
+            f"not a single string {devices!r}"
+        )
     devices = list(devices)
     if not devices:
         raise ValueError("devices must name at least one device, e.g. ['/cpu:0']")
@@ -63,15 +65,21 @@ class MirroredStrategy(Strategy):
             size).
     """
 
-    def __init__(self, devices: Sequence[str] | None = None,
-                 cross_device_ops: CrossDeviceOps | None = None) -> None:
+    def __init__(
+        self, devices: Sequence[str] | None = None, cross_device_ops: CrossDeviceOps | None = None
+    ) -> None:
         resolved = resolve_devices(devices)
         if cross_device_ops is None:
             cross_device_ops = AlgorithmAllReduce("auto")
         if not isinstance(cross_device_ops, CrossDeviceOps):
-            raise TypeError(f"cross_device_ops must be a CrossDeviceOps (e.g. NcclAllReduce(), "
-                            f"AlgorithmAllReduce('ring')), got {type(cross_device_ops).__name__}")
+            raise TypeError(
+                f"cross_device_ops must be a CrossDeviceOps (e.g. NcclAllReduce(), "
+                f"AlgorithmAllReduce('ring')), got {type(cross_device_ops).__name__}"
+            )
         backend = LocalBackend(len(resolved), cross_device_ops.algorithm)
         super().__init__(MirroredExtended(self, backend, cross_device_ops, resolved))
-        logger.info("MirroredStrategy: %d CPU replicas, cross-device ops %r", len(resolved),
-                    cross_device_ops)
+        logger.info(
+            "MirroredStrategy: %d CPU replicas, cross-device ops %r",
+            len(resolved),
+            cross_device_ops,
+        )

@@ -33,8 +33,11 @@ def _algorithm_for(implementation: CommunicationImplementation) -> str:
     if implementation == CommunicationImplementation.RING:
         return "ring"
     if implementation == CommunicationImplementation.NCCL:
-        log_once("nccl-cpu-mw", "CommunicationImplementation.NCCL: CPU replicas have no NCCL; "
-                                "using pycollective's ring all-reduce instead")
+        log_once(
+            "nccl-cpu-mw",
+            "CommunicationImplementation.NCCL: CPU replicas have no NCCL; "
+            "using pycollective's ring all-reduce instead",
+        )
         return "ring"
     return "auto"
 
@@ -74,15 +77,20 @@ class MultiWorkerMirroredStrategy(Strategy):
     worker).
     """
 
-    def __init__(self, cluster_resolver: ClusterResolver | None = None,
-                 communication_options: CommunicationOptions | None = None) -> None:
-        resolver = cluster_resolver if cluster_resolver is not None \
-            else TFConfigClusterResolver()
-        options = communication_options if communication_options is not None \
-            else CommunicationOptions()
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver | None = None,
+        communication_options: CommunicationOptions | None = None,
+    ) -> None:
+        resolver = cluster_resolver if cluster_resolver is not None else TFConfigClusterResolver()
+        options = (
+            communication_options if communication_options is not None else CommunicationOptions()
+        )
         if not isinstance(options, CommunicationOptions):
-            raise TypeError(f"communication_options must be a CommunicationOptions, got "
-                            f"{type(options).__name__}")
+            raise TypeError(
+                f"communication_options must be a CommunicationOptions, got "
+                f"{type(options).__name__}"
+            )
         if isinstance(resolver, TFConfigClusterResolver):
             resolver.validate()
         self._cluster_resolver = resolver
@@ -90,8 +98,12 @@ class MultiWorkerMirroredStrategy(Strategy):
         members = collective_members(spec)
         task_type, task_id = resolver.task_type, resolver.task_id
         num_workers = max(len(members), 1)
-        adopt_group = (num_workers == 1 and cluster_resolver is None and _process_group_ready()
-                       and pc.world_size() > 1)
+        adopt_group = (
+            num_workers == 1
+            and cluster_resolver is None
+            and _process_group_ready()
+            and pc.world_size() > 1
+        )
         if adopt_group:
             # No TF_CONFIG, but this process already joined a process group (e.g. under
             # torchrun): its workers are the group's ranks.
@@ -102,7 +114,8 @@ class MultiWorkerMirroredStrategy(Strategy):
                 raise ValueError(
                     f"MultiWorkerMirroredStrategy runs on the chief and worker tasks, but this "
                     f"process is task {task_type!r} #{task_id}; the collective group is "
-                    f"{members}")
+                    f"{members}"
+                )
             rank = members.index((task_type, task_id))
         else:
             rank = 0
@@ -111,28 +124,50 @@ class MultiWorkerMirroredStrategy(Strategy):
         if num_workers > 1:
             if not adopt_group:
                 self._join_process_group(resolver, spec, members, rank, num_workers, options)
-            backend = MultiWorkerBackend(local, algorithm, options.timeout_seconds,
-                                         worker_index=rank, num_workers=num_workers)
+            backend = MultiWorkerBackend(
+                local,
+                algorithm,
+                options.timeout_seconds,
+                worker_index=rank,
+                num_workers=num_workers,
+            )
         else:
             backend = LocalBackend(local, algorithm, options.timeout_seconds)
         job = task_type or "worker"
-        devices = tuple(canonical_cpu_device(i, job=job, task=task_id or 0)
-                        for i in range(local))
-        super().__init__(CollectiveAllReduceExtended(self, backend, AlgorithmAllReduce(algorithm),
-                                                     devices, options))
-        logger.info("MultiWorkerMirroredStrategy: worker %d of %d, %d local replicas, "
-                    "algorithm %s", rank, num_workers, local, algorithm)
+        devices = tuple(canonical_cpu_device(i, job=job, task=task_id or 0) for i in range(local))
+        super().__init__(
+            CollectiveAllReduceExtended(
+                self, backend, AlgorithmAllReduce(algorithm), devices, options
+            )
+        )
+        logger.info(
+            "MultiWorkerMirroredStrategy: worker %d of %d, %d local replicas, algorithm %s",
+            rank,
+            num_workers,
+            local,
+            algorithm,
+        )
 
     @staticmethod
-    def _join_process_group(resolver: ClusterResolver, spec: Any, members: list, rank: int,
-                            num_workers: int, options: CommunicationOptions) -> None:
+    def _join_process_group(
+        resolver: ClusterResolver,
+        spec: Any,
+        members: list,
+        rank: int,
+        num_workers: int,
+        options: CommunicationOptions,
+    ) -> None:
         if not hasattr(pc, "init"):
             raise RuntimeError(
                 "MultiWorkerMirroredStrategy with several workers needs pycollective process "
-                "groups (pycollective.init), which this build of pycollective does not have yet")
+                "groups (pycollective.init), which this build of pycollective does not have yet"
+            )
         if not _process_group_ready():
-            if isinstance(resolver, TFConfigClusterResolver) and resolver._task_type is None \
-                    and resolver._task_id is None:
+            if (
+                isinstance(resolver, TFConfigClusterResolver)
+                and resolver._task_type is None
+                and resolver._task_id is None
+            ):
                 pc.init()  # from the environment: pycollective run, TF_CONFIG, ...
             else:
                 job, index = members[0]
@@ -141,7 +176,8 @@ class MultiWorkerMirroredStrategy(Strategy):
             raise RuntimeError(
                 f"the pycollective process group has rank {pc.rank()} of {pc.world_size()}, "
                 f"but the cluster resolver says rank {rank} of {num_workers}; initialize the "
-                "process group from the same cluster description")
+                "process group from the same cluster description"
+            )
 
     @property
     def cluster_resolver(self) -> ClusterResolver:
@@ -153,9 +189,12 @@ class _ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
     """tf.distribute.experimental.MultiWorkerMirroredStrategy(communication=AUTO,
     cluster_resolver=None): the older constructor."""
 
-    def __init__(self, communication: CommunicationImplementation =
-                 CommunicationImplementation.AUTO,
-                 cluster_resolver: ClusterResolver | None = None) -> None:
-        super().__init__(cluster_resolver=cluster_resolver,
-                         communication_options=CommunicationOptions(
-                             implementation=communication))
+    def __init__(
+        self,
+        communication: CommunicationImplementation = CommunicationImplementation.AUTO,
+        cluster_resolver: ClusterResolver | None = None,
+    ) -> None:
+        super().__init__(
+            cluster_resolver=cluster_resolver,
+            communication_options=CommunicationOptions(implementation=communication),
+        )

@@ -58,16 +58,23 @@ class Optimizer:
 
     _slot_names: tuple[str, ...] = ()
 
-    def __init__(self, learning_rate: float | Callable[[int], float] = 0.01,
-                 name: str = "Optimizer", gradient_aggregation: Any = ReduceOp.MEAN,
-                 bytes_per_pack: int = DEFAULT_BYTES_PER_PACK) -> None:
-        if not callable(learning_rate) and (not isinstance(learning_rate, (int, float))
-                                            or learning_rate < 0):
-            raise ValueError(f"learning_rate must be a non-negative number or a callable, got "
-                             f"{learning_rate!r}")
+    def __init__(
+        self,
+        learning_rate: float | Callable[[int], float] = 0.01,
+        name: str = "Optimizer",
+        gradient_aggregation: Any = ReduceOp.MEAN,
+        bytes_per_pack: int = DEFAULT_BYTES_PER_PACK,
+    ) -> None:
+        if not callable(learning_rate) and (
+            not isinstance(learning_rate, (int, float)) or learning_rate < 0
+        ):
+            raise ValueError(
+                f"learning_rate must be a non-negative number or a callable, got {learning_rate!r}"
+            )
         if not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
-            raise ValueError(f"bytes_per_pack must be a non-negative integer, got "
-                             f"{bytes_per_pack!r}")
+            raise ValueError(
+                f"bytes_per_pack must be a non-negative integer, got {bytes_per_pack!r}"
+            )
         self.learning_rate = learning_rate
         self.name = name
         self.gradient_aggregation = parse_reduce_op(gradient_aggregation)
@@ -101,8 +108,10 @@ class Optimizer:
         try:
             return self._slots[id(var)][slot_name]
         except KeyError:
-            raise KeyError(f"no slot {slot_name!r} for variable {var.name!r} (slots are created "
-                           "by the first apply_gradients or by build())") from None
+            raise KeyError(
+                f"no slot {slot_name!r} for variable {var.name!r} (slots are created "
+                "by the first apply_gradients or by build())"
+            ) from None
 
     def build(self, var_list: Iterable[DistributedVariable]) -> None:
         """Creates the slots of every variable now (apply_gradients does it on first use)."""
@@ -116,14 +125,19 @@ class Optimizer:
             if self._strategy is None:
                 self._strategy = strategy
                 self._iterations = strategy.extended._create_variable(
-                    np.zeros((), np.int64), name=f"{self.name}/iterations", trainable=False,
+                    np.zeros((), np.int64),
+                    name=f"{self.name}/iterations",
+                    trainable=False,
                     aggregation=VariableAggregation.ONLY_FIRST_REPLICA,
                     synchronization=VariableSynchronization.ON_WRITE,
-                    broadcast_initial=False)
+                    broadcast_initial=False,
+                )
             elif strategy is not self._strategy:
-                raise ValueError(f"optimizer {self.name!r} was used with {self._strategy!r}; "
-                                 f"it cannot also update variables of {strategy!r}: create one "
-                                 "optimizer per strategy")
+                raise ValueError(
+                    f"optimizer {self.name!r} was used with {self._strategy!r}; "
+                    f"it cannot also update variables of {strategy!r}: create one "
+                    "optimizer per strategy"
+                )
 
     def _create_slots(self, var_list: Iterable[DistributedVariable]) -> None:
         with self._lock:
@@ -133,23 +147,30 @@ class Optimizer:
                 slots = {}
                 for slot_name in self._slot_names:
                     slot = self._strategy.extended._create_variable(
-                        np.zeros(var.shape, var.dtype), name=f"{var.name}/{slot_name}",
-                        trainable=False, aggregation=VariableAggregation.NONE,
+                        np.zeros(var.shape, var.dtype),
+                        name=f"{var.name}/{slot_name}",
+                        trainable=False,
+                        aggregation=VariableAggregation.NONE,
                         synchronization=VariableSynchronization.ON_WRITE,
-                        broadcast_initial=False)
+                        broadcast_initial=False,
+                    )
                     slots[slot_name] = slot
                     self._slot_order.append((var, slot_name, slot))
                 self._slots[id(var)] = slots
 
     def _lr(self, step: int) -> float:
-        return float(self.learning_rate(step) if callable(self.learning_rate)
-                     else self.learning_rate)
+        return float(
+            self.learning_rate(step) if callable(self.learning_rate) else self.learning_rate
+        )
 
     # Applying gradients ------------------------------------------------------------------------
 
-    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, DistributedVariable]],
-                        name: str | None = None,
-                        skip_gradients_aggregation: bool = False) -> DistributedVariable:
+    def apply_gradients(
+        self,
+        grads_and_vars: Iterable[tuple[Any, DistributedVariable]],
+        name: str | None = None,
+        skip_gradients_aggregation: bool = False,
+    ) -> DistributedVariable:
         """Applies gradients to variables; returns ``iterations``.
 
         Inside ``strategy.run`` every replica must call it (with its own gradients); unless
@@ -163,8 +184,10 @@ class Optimizer:
             return self.iterations
         for _, v in pairs:
             if not isinstance(v, DistributedVariable):
-                raise TypeError(f"apply_gradients expects (gradient, variable) pairs with "
-                                f"variables created by Variable(), got {type(v).__name__}")
+                raise TypeError(
+                    f"apply_gradients expects (gradient, variable) pairs with "
+                    f"variables created by Variable(), got {type(v).__name__}"
+                )
         strategy = pairs[0][1].distribute_strategy
         for _, v in pairs[1:]:
             if v.distribute_strategy is not strategy:
@@ -183,89 +206,129 @@ class Optimizer:
             if skip_gradients_aggregation:
                 self._apply_on_replica(ctx._local_id, grads, variables)
                 return self.iterations
-            ctx._exchange(f"apply_gradients({len(pairs)} variables)", (grads, variables),
-                          lambda payloads: self._apply_synchronized(strategy, payloads))
+            ctx._exchange(
+                f"apply_gradients({len(pairs)} variables)",
+                (grads, variables),
+                lambda payloads: self._apply_synchronized(strategy, payloads),
+            )
             return self.iterations
         # Cross-replica context.
         self._create_slots(variables)
         distributed = [isinstance(g, DistributedValues) for g in grads]
         if all(distributed) and not skip_gradients_aggregation:
             n_local = strategy.extended._num_local_replicas
-            self._apply_synchronized(strategy, [([select_replica(i, g) for g in grads], variables)
-                                                for i in range(n_local)])
+            self._apply_synchronized(
+                strategy,
+                [([select_replica(i, g) for g in grads], variables) for i in range(n_local)],
+            )
             return self.iterations
         if any(distributed) and not skip_gradients_aggregation:
             pairs_to_reduce = [(g, v) for g, v, d in zip(grads, variables, distributed) if d]
-            reduced = iter(strategy.extended.batch_reduce_to(
-                self.gradient_aggregation, pairs_to_reduce,
-                options=CommunicationOptions(bytes_per_pack=self.bytes_per_pack)))
+            reduced = iter(
+                strategy.extended.batch_reduce_to(
+                    self.gradient_aggregation,
+                    pairs_to_reduce,
+                    options=CommunicationOptions(bytes_per_pack=self.bytes_per_pack),
+                )
+            )
             grads = [next(reduced) if d else g for g, d in zip(grads, distributed)]
         for i in range(strategy.extended._num_local_replicas):
-            local = [select_replica(i, g) if isinstance(g, (Mirrored, DistributedValues)) else g
-                     for g in grads]
+            local = [
+                select_replica(i, g) if isinstance(g, (Mirrored, DistributedValues)) else g
+                for g in grads
+            ]
             self._apply_on_replica(i, local, variables)
         return self.iterations
 
-    def _apply_synchronized(self, strategy: Any,
-                            payloads: list[tuple[list[Any], list[DistributedVariable]]]
-                            ) -> list[None]:
+    def _apply_synchronized(
+        self, strategy: Any, payloads: list[tuple[list[Any], list[DistributedVariable]]]
+    ) -> list[None]:
         """Runs once for all local replicas: ``payloads[r]`` is replica r's (gradients,
         variables). Reduces the gradients across all replicas in sync and updates every copy."""
         variables = payloads[0][1]
         for r, (_, vs) in enumerate(payloads[1:], start=1):
             if len(vs) != len(variables) or any(a is not b for a, b in zip(vs, variables)):
-                raise ValueError(f"apply_gradients: replica {r} passed other variables than "
-                                 "replica 0; every replica must update the same variables in "
-                                 "the same order")
-        per_replica = [[self._numpy_grad(g, v) for g, v in zip(grads, variables)]
-                       for grads, _ in payloads]
+                raise ValueError(
+                    f"apply_gradients: replica {r} passed other variables than "
+                    "replica 0; every replica must update the same variables in "
+                    "the same order"
+                )
+        per_replica = [
+            [self._numpy_grad(g, v) for g, v in zip(grads, variables)] for grads, _ in payloads
+        ]
         step = int(self.iterations._arrays[0])
         fused = self._fused(step)
         backend = strategy.extended.backend
         # The kernel computes from copy 0 and writes every copy: only for mirrored state,
         # whose copies are identical (a sync-on-read variable's copies differ on purpose).
-        states = ([self._replicated(v, [ts[i] for ts in per_replica])
-                   for i, v in enumerate(variables)] if fused is not None else [])
-        if fused is not None and all(isinstance(v, MirroredVariable) for v in variables) \
-                and fused_update.supported(states):
+        states = (
+            [self._replicated(v, [ts[i] for ts in per_replica]) for i, v in enumerate(variables)]
+            if fused is not None
+            else []
+        )
+        if (
+            fused is not None
+            and all(isinstance(v, MirroredVariable) for v in variables)
+            and fused_update.supported(states)
+        ):
             rule, hyper = fused
-            scale = (1.0 / backend.num_replicas_in_sync
-                     if self.gradient_aggregation == ReduceOp.MEAN else 1.0)
+            scale = (
+                1.0 / backend.num_replicas_in_sync
+                if self.gradient_aggregation == ReduceOp.MEAN
+                else 1.0
+            )
             hyper = dataclasses.replace(hyper, grad_scale=scale)
-            backend.apply_update(rule, hyper, per_replica,
-                                 lambda i, grads: fused_update.ReplicatedTensor(
-                                     grads, states[i].copies, states[i].slots),
-                                 self.bytes_per_pack)
+            backend.apply_update(
+                rule,
+                hyper,
+                per_replica,
+                lambda i, grads: fused_update.ReplicatedTensor(
+                    grads, states[i].copies, states[i].slots
+                ),
+                self.bytes_per_pack,
+            )
             for copy in self.iterations._arrays:
                 copy[...] = step + 1
         else:
             if backend.num_replicas_in_sync > 1:
                 per_replica = backend.batch_allreduce(
-                    per_replica, self.gradient_aggregation, bytes_per_pack=self.bytes_per_pack,
-                    num_packs=strategy.extended._cross_device_ops.num_packs)
+                    per_replica,
+                    self.gradient_aggregation,
+                    bytes_per_pack=self.bytes_per_pack,
+                    num_packs=strategy.extended._cross_device_ops.num_packs,
+                )
             for index, grads in enumerate(per_replica):
                 self._apply_on_replica(index, grads, variables)
         return [None] * len(payloads)
 
-    def _replicated(self, var: DistributedVariable,
-                    grads: list[np.ndarray]) -> fused_update.ReplicatedTensor:
+    def _replicated(
+        self, var: DistributedVariable, grads: list[np.ndarray]
+    ) -> fused_update.ReplicatedTensor:
         slots = self._slots[id(var)]
         return fused_update.ReplicatedTensor(
-            grads, var._arrays, [slots[name]._arrays for name in self._slot_names])
+            grads, var._arrays, [slots[name]._arrays for name in self._slot_names]
+        )
 
     @staticmethod
     def _numpy_grad(g: Any, var: DistributedVariable) -> np.ndarray:
-        if (type(g) is np.ndarray and g.dtype == var.dtype and g.shape == var.shape
-                and g.flags.c_contiguous):
+        if (
+            type(g) is np.ndarray
+            and g.dtype == var.dtype
+            and g.shape == var.shape
+            and g.flags.c_contiguous
+        ):
             return g  # the common case, without building the error context below
         grad = _tensors.to_numpy(g, f"gradient of {var.name!r}")
         if grad.shape != var.shape:
-            raise ValueError(f"gradient of {var.name!r} has shape {grad.shape}, the "
-                             f"variable has shape {var.shape}")
+            raise ValueError(
+                f"gradient of {var.name!r} has shape {grad.shape}, the "
+                f"variable has shape {var.shape}"
+            )
         return _tensors.contiguous(grad.astype(var.dtype, copy=False))
 
-    def _apply_on_replica(self, index: int, grads: list[Any],
-                          variables: list[DistributedVariable]) -> None:
+    def _apply_on_replica(
+        self, index: int, grads: list[Any], variables: list[DistributedVariable]
+    ) -> None:
         """Replica ``index`` applies its (already reduced) gradients to its own copies."""
         iterations = self.iterations
         step = int(iterations._arrays[index])
@@ -286,32 +349,39 @@ class Optimizer:
     def _overrides_update_step(self, owner: type) -> bool:
         return type(self)._update_step is not owner._update_step
 
-    def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
-                     lr: float, step: int) -> None:
+    def _update_step(
+        self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], lr: float, step: int
+    ) -> None:
         """Updates ``var`` (one replica's copy) in place."""
         raise NotImplementedError
 
-    def _functional_update(self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any,
-                           xp: Any) -> tuple[Any, dict[str, Any]]:
+    def _functional_update(
+        self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any, xp: Any
+    ) -> tuple[Any, dict[str, Any]]:
         """The same rule as ``_update_step`` without mutation, for compiled steps
         (TPUStrategy): returns ``(new_var, new_slots)``. ``xp`` is the array module (jax.numpy);
         ``lr`` and ``step`` may be traced scalars."""
         raise NotImplementedError(
             f"{type(self).__name__} has no functional update rule, so it cannot update "
             "variables inside a compiled TPUStrategy step; use SGD or Adam, or define "
-            "_functional_update")
+            "_functional_update"
+        )
 
     def _check_functional(self, owner: type) -> None:
         if self._overrides_update_step(owner):
             raise NotImplementedError(
                 f"{type(self).__name__} overrides _update_step, which a compiled TPUStrategy "
                 "step cannot run (it updates numpy arrays in place); override "
-                "_functional_update too, with the same arithmetic on jax arrays")
+                "_functional_update too, with the same arithmetic on jax arrays"
+            )
 
     def get_config(self) -> dict[str, Any]:
-        return {"name": self.name, "learning_rate": self.learning_rate,
-                "gradient_aggregation": self.gradient_aggregation.name,
-                "bytes_per_pack": self.bytes_per_pack}
+        return {
+            "name": self.name,
+            "learning_rate": self.learning_rate,
+            "gradient_aggregation": self.gradient_aggregation.name,
+            "bytes_per_pack": self.bytes_per_pack,
+        }
 
 
 class SGD(Optimizer):
@@ -321,9 +391,14 @@ class SGD(Optimizer):
     ``w += m`` (Nesterov: ``w += momentum * m - lr * g``).
     """
 
-    def __init__(self, learning_rate: float | Callable[[int], float] = 0.01,
-                 momentum: float = 0.0, nesterov: bool = False, name: str = "SGD",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        learning_rate: float | Callable[[int], float] = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        name: str = "SGD",
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(momentum, (int, float)) or not 0 <= momentum <= 1:
             raise ValueError(f"momentum must be a number in [0, 1], got {momentum!r}")
         super().__init__(learning_rate, name, **kwargs)
@@ -331,8 +406,9 @@ class SGD(Optimizer):
         self.nesterov = bool(nesterov)
         self._slot_names = ("momentum",) if self.momentum > 0 else ()
 
-    def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
-                     lr: float, step: int) -> None:
+    def _update_step(
+        self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], lr: float, step: int
+    ) -> None:
         lr_t = var.dtype.type(lr)
         if self.momentum == 0:
             var -= lr_t * grad
@@ -346,8 +422,9 @@ class SGD(Optimizer):
         else:
             var += m
 
-    def _functional_update(self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any,
-                           xp: Any) -> tuple[Any, dict[str, Any]]:
+    def _functional_update(
+        self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any, xp: Any
+    ) -> tuple[Any, dict[str, Any]]:
         self._check_functional(SGD)
         if self.momentum == 0:
             return var - lr * grad, {}
@@ -369,17 +446,23 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """Adam, as Keras defines it::
 
-        alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)      (t = step + 1)
-        m += (g - m) * (1 - beta_1)
-        v += (g * g - v) * (1 - beta_2)
-        w -= alpha * m / (sqrt(v) + epsilon)
+    alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)      (t = step + 1)
+    m += (g - m) * (1 - beta_1)
+    v += (g * g - v) * (1 - beta_2)
+    w -= alpha * m / (sqrt(v) + epsilon)
     """
 
     _slot_names = ("m", "v")
 
-    def __init__(self, learning_rate: float | Callable[[int], float] = 0.001,
-                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
-                 name: str = "Adam", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        learning_rate: float | Callable[[int], float] = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        name: str = "Adam",
+        **kwargs: Any,
+    ) -> None:
         for label, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"{label} must be a number in [0, 1), got {value!r}")
@@ -392,29 +475,35 @@ class Adam(Optimizer):
 
     def _step_size(self, lr: float, step: int) -> float:
         t = step + 1
-        return lr * np.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+        return lr * np.sqrt(1 - self.beta_2**t) / (1 - self.beta_1**t)
 
     def _fused(self, step: int) -> tuple[str, fused_update.Hyper] | None:
         if self._overrides_update_step(Adam):
             return None
-        return "adam", fused_update.Hyper(lr=self._step_size(self._lr(step), step),
-                                          beta_1=self.beta_1, beta_2=self.beta_2,
-                                          epsilon=self.epsilon)
+        return "adam", fused_update.Hyper(
+            lr=self._step_size(self._lr(step), step),
+            beta_1=self.beta_1,
+            beta_2=self.beta_2,
+            epsilon=self.epsilon,
+        )
 
-    def _functional_update(self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any,
-                           xp: Any) -> tuple[Any, dict[str, Any]]:
+    def _functional_update(
+        self, var: Any, grad: Any, slots: dict[str, Any], lr: Any, step: Any, xp: Any
+    ) -> tuple[Any, dict[str, Any]]:
         self._check_functional(Adam)
         # t and the step size in float32 whatever the variable's dtype: in float16 or bfloat16
         # beta ** t loses most of its digits (and t itself past 2048 or 256).
         t = (step + 1).astype(xp.float32)
-        alpha = (lr * xp.sqrt(1 - xp.float32(self.beta_2) ** t)
-                 / (1 - xp.float32(self.beta_1) ** t)).astype(var.dtype)
+        alpha = (
+            lr * xp.sqrt(1 - xp.float32(self.beta_2) ** t) / (1 - xp.float32(self.beta_1) ** t)
+        ).astype(var.dtype)
         m = slots["m"] + (grad - slots["m"]) * (1 - self.beta_1)
         v = slots["v"] + (grad * grad - slots["v"]) * (1 - self.beta_2)
         return var - alpha * m / (xp.sqrt(v) + self.epsilon), {"m": m, "v": v}
 
-    def _update_step(self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
-                     lr: float, step: int) -> None:
+    def _update_step(
+        self, var: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], lr: float, step: int
+    ) -> None:
         alpha = var.dtype.type(self._step_size(lr, step))
         m, v = slots["m"], slots["v"]
         m += (grad - m) * var.dtype.type(1 - self.beta_1)
@@ -422,5 +511,9 @@ class Adam(Optimizer):
         var -= alpha * m / (np.sqrt(v) + var.dtype.type(self.epsilon))
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
-                "epsilon": self.epsilon}
+        return {
+            **super().get_config(),
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+        }

@@ -24,8 +24,10 @@ class ReduceOp(enum.Enum):
             return ReduceOp.SUM
         if name == "MEAN":
             return ReduceOp.MEAN
-        raise ValueError(f"Could not convert from VariableAggregation {name} to ReduceOp: only "
-                         "SUM and MEAN aggregations reduce across replicas")
+        raise ValueError(
+            f"Could not convert from VariableAggregation {name} to ReduceOp: only "
+            "SUM and MEAN aggregations reduce across replicas"
+        )
 
 
 def parse_reduce_op(op: Any) -> ReduceOp:
@@ -34,5 +36,6 @@ def parse_reduce_op(op: Any) -> ReduceOp:
         return op
     if isinstance(op, str) and op.upper() in ("SUM", "MEAN"):
         return ReduceOp[op.upper()]
-    raise ValueError(f"reduce_op must be ReduceOp.SUM or ReduceOp.MEAN (or 'SUM'/'MEAN'), got "
-                     f"{op!r}")
+    raise ValueError(
+        f"reduce_op must be ReduceOp.SUM or ReduceOp.MEAN (or 'SUM'/'MEAN'), got {op!r}"
+    )

@@ -57,8 +57,9 @@ class ReplicaContext:
         self._collective_slots: CollectiveSlots | None = None
 
     def __repr__(self) -> str:
-        return (f"ReplicaContext(replica {self._replica_id} of "
-                f"{self._strategy.num_replicas_in_sync})")
+        return (
+            f"ReplicaContext(replica {self._replica_id} of {self._strategy.num_replicas_in_sync})"
+        )
 
     @property
     def strategy(self) -> Strategy:
@@ -85,8 +86,9 @@ class ReplicaContext:
             return fn([value])[0]
         return self._collective_slots.exchange(self._local_id, what, value, fn)
 
-    def all_reduce(self, reduce_op: Any, value: Any,
-                   options: CommunicationOptions | None = None) -> Any:
+    def all_reduce(
+        self, reduce_op: Any, value: Any, options: CommunicationOptions | None = None
+    ) -> Any:
         """All-reduces ``value`` (a tensor, or a nest of tensors) across all replicas.
 
         A nest is fused: tensors are concatenated into flat buffers (per dtype, in packs of
@@ -101,15 +103,17 @@ class ReplicaContext:
         opts = ext._options.merge(options)
 
         def reduce_all(per_replica: list[list[Any]]) -> list[list[Any]]:
-            return ext.backend.batch_allreduce(per_replica, op,
-                                               bytes_per_pack=opts.bytes_per_pack,
-                                               num_packs=ext._cross_device_ops.num_packs)
+            return ext.backend.batch_allreduce(
+                per_replica,
+                op,
+                bytes_per_pack=opts.bytes_per_pack,
+                num_packs=ext._cross_device_ops.num_packs,
+            )
 
         result = self._exchange(f"all_reduce({op.name}, {len(flat)} tensors)", flat, reduce_all)
         return _nest.pack_sequence_as(value, result)
 
-    def all_gather(self, value: Any, axis: int,
-                   options: CommunicationOptions | None = None) -> Any:
+    def all_gather(self, value: Any, axis: int, options: CommunicationOptions | None = None) -> Any:
         """All-gathers ``value`` (a tensor or a nest) across replicas along ``axis``: every
         replica gets the concatenation in replica order. Sizes along ``axis`` may differ
         between replicas."""
@@ -126,12 +130,15 @@ class ReplicaContext:
                     outs[r][j] = x
             return outs
 
-        result = self._exchange(f"all_gather(axis={axis}, {len(flat)} tensors)", flat,
-                                gather_all)
+        result = self._exchange(f"all_gather(axis={axis}, {len(flat)} tensors)", flat, gather_all)
         return _nest.pack_sequence_as(value, result)
 
-    def merge_call(self, merge_fn: Callable[..., Any], args: Sequence[Any] = (),
-                   kwargs: dict[str, Any] | None = None) -> Any:
+    def merge_call(
+        self,
+        merge_fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         """Merge args across replicas and run ``merge_fn`` in a cross-replica context.
 
         Every replica must call it; they meet, ``merge_fn(strategy, *args, **kwargs)`` runs once
@@ -165,10 +172,15 @@ class _Scope:
     def __enter__(self) -> Strategy:
         current = _context.current_frame()
         default = _context.default_strategy()
-        if current is not None and current.strategy is not self._strategy \
-                and current.strategy is not default:
-            raise RuntimeError(f"Mixing different Strategy objects: {self._strategy!r} is not "
-                               f"{current.strategy!r}, whose scope is active")
+        if (
+            current is not None
+            and current.strategy is not self._strategy
+            and current.strategy is not default
+        ):
+            raise RuntimeError(
+                f"Mixing different Strategy objects: {self._strategy!r} is not "
+                f"{current.strategy!r}, whose scope is active"
+            )
         if current is not None and current.strategy is self._strategy:
             frame = _context.Frame(self._strategy, current.replica_context)
         else:
@@ -214,8 +226,13 @@ class Strategy:
         created in it are MirroredVariables (or SyncOnReadVariables)."""
         return _Scope(self)
 
-    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: dict[str, Any] | None = None, options: Any = None) -> Any:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
         """Invokes ``fn`` on each replica, with the given arguments.
 
         Each local replica runs ``fn`` concurrently on its own thread, in its own
@@ -271,22 +288,31 @@ class Strategy:
                 continue
             comps = [_tensors.to_numpy(_plain(c)) for c in leaf.values]
             dtype = comps[0].dtype
-            pairs.append((PerReplica([np.asarray(c.sum(axis=axis), dtype=dtype)
-                                      for c in comps]), None))
+            pairs.append(
+                (PerReplica([np.asarray(c.sum(axis=axis), dtype=dtype) for c in comps]), None)
+            )
             if op == ReduceOp.SUM:
                 finish.append((1, lambda res, t=template: _like_out(res[0], t)))
             else:  # MEAN over every replica's elements: sum the counts too
-                pairs.append((PerReplica([np.asarray(float(c.shape[axis])) for c in comps]),
-                              None))
-                finish.append((2, lambda res, t=template, d=dtype: _like_out(
-                    (_tensors.to_numpy(res[0]) / _tensors.to_numpy(res[1])).astype(d), t)))
+                pairs.append((PerReplica([np.asarray(float(c.shape[axis])) for c in comps]), None))
+                finish.append(
+                    (
+                        2,
+                        lambda res, t=template, d=dtype: _like_out(
+                            (_tensors.to_numpy(res[0]) / _tensors.to_numpy(res[1])).astype(d), t
+                        ),
+                    )
+                )
         sum_op = ReduceOp.SUM if axis is not None else op
-        reduced = (ext._cross_device_ops._batch_reduce(ext.backend, sum_op, pairs, ext._options)
-                   if pairs else [])
+        reduced = (
+            ext._cross_device_ops._batch_reduce(ext.backend, sum_op, pairs, ext._options)
+            if pairs
+            else []
+        )
         out = []
         k = 0
         for takes, leaf_finish in finish:
-            out.append(leaf_finish([_primary(m) for m in reduced[k:k + takes]]))
+            out.append(leaf_finish([_primary(m) for m in reduced[k : k + takes]]))
             k += takes
         return _nest.pack_sequence_as(value, out)
 
@@ -316,28 +342,29 @@ class Strategy:
         """Deprecated alias of experimental_local_results."""
         return self.experimental_local_results(value)
 
-    def experimental_distribute_dataset(self, dataset: Iterable[Any],
-                                        options: InputOptions | None = None
-                                        ) -> DistributedDataset:
+    def experimental_distribute_dataset(
+        self, dataset: Iterable[Any], options: InputOptions | None = None
+    ) -> DistributedDataset:
         """Distributes an iterable of global batches: each batch (an array, or a
         tuple/dict of arrays) is split across all replicas in sync along axis 0."""
         return DistributedDataset(self, dataset)
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable[..., Iterable[Any]],
-                                          options: InputOptions | None = None
-                                          ) -> DistributedDatasetsFromFunction:
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[..., Iterable[Any]], options: InputOptions | None = None
+    ) -> DistributedDatasetsFromFunction:
         """Distributes datasets made by ``dataset_fn(InputContext)``: one per worker, yielding
         per-replica batches (see InputContext.get_per_replica_batch_size)."""
         return DistributedDatasetsFromFunction(self, dataset_fn, options)
 
-    def experimental_distribute_datasets_from_function(self, dataset_fn: Callable[..., Any],
-                                                       options: InputOptions | None = None
-                                                       ) -> DistributedDatasetsFromFunction:
+    def experimental_distribute_datasets_from_function(
+        self, dataset_fn: Callable[..., Any], options: InputOptions | None = None
+    ) -> DistributedDatasetsFromFunction:
         """Deprecated: renamed distribute_datasets_from_function."""
         return self.distribute_datasets_from_function(dataset_fn, options)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable[..., Any]
-                                                     ) -> PerReplica:
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[..., Any]
+    ) -> PerReplica:
         """Generates a PerReplica value from ``value_fn(ValueContext)``, called once per local
         replica."""
         return distribute_values(self, value_fn)
@@ -349,11 +376,16 @@ class Strategy:
 
     def _require_cross_replica(self, what: str) -> None:
         frame = _context.current_frame()
-        if frame is not None and frame.replica_context is not None \
-                and frame.replica_context._collective_slots is not None:
-            raise RuntimeError(f"strategy.{what}() must be called in a cross-replica context "
-                               "(outside strategy.run); inside run use get_replica_context()."
-                               "all_reduce/all_gather or merge_call")
+        if (
+            frame is not None
+            and frame.replica_context is not None
+            and frame.replica_context._collective_slots is not None
+        ):
+            raise RuntimeError(
+                f"strategy.{what}() must be called in a cross-replica context "
+                "(outside strategy.run); inside run use get_replica_context()."
+                "all_reduce/all_gather or merge_call"
+            )
 
 
 class StrategyExtended:
@@ -367,9 +399,14 @@ class StrategyExtended:
         options: default CommunicationOptions (timeout, bytes_per_pack).
     """
 
-    def __init__(self, container_strategy: Strategy, backend: CollectiveBackend,
-                 cross_device_ops: CrossDeviceOps, devices: Sequence[str],
-                 options: CommunicationOptions | None = None) -> None:
+    def __init__(
+        self,
+        container_strategy: Strategy,
+        backend: CollectiveBackend,
+        cross_device_ops: CrossDeviceOps,
+        devices: Sequence[str],
+        options: CommunicationOptions | None = None,
+    ) -> None:
         if len(devices) != backend.num_local_replicas:
             raise ValueError(f"{len(devices)} devices for {backend.num_local_replicas} replicas")
         self._init_common(container_strategy, devices, options)
@@ -377,8 +414,12 @@ class StrategyExtended:
         self._cross_device_ops = cross_device_ops
         self._timeout = self._options.timeout_seconds or backend.timeout
 
-    def _init_common(self, container_strategy: Strategy, devices: Sequence[str],
-                     options: CommunicationOptions | None) -> None:
+    def _init_common(
+        self,
+        container_strategy: Strategy,
+        devices: Sequence[str],
+        options: CommunicationOptions | None,
+    ) -> None:
         """The state every StrategyExtended has, whatever runs its replicas (a strategy whose
         replicas do not run on a collective backend, like TPUStrategy, calls only this)."""
         self._container_strategy_ref = container_strategy
@@ -457,36 +498,54 @@ class StrategyExtended:
 
     # Running replicas ---------------------------------------------------------------------------
 
-    def call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-                              kwargs: dict[str, Any] | None = None) -> Any:
+    def call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         """Run ``fn`` once per replica (what strategy.run does)."""
         return self._call_for_each_replica(fn, args, kwargs or {})
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any],
-                               kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
         strategy = self._container_strategy()
         frame = _context.current_frame()
-        if frame is not None and frame.replica_context is not None \
-                and frame.replica_context._collective_slots is not None:
-            raise RuntimeError("strategy.run() was called inside a replica function; nested "
-                               "run() is not supported: call the function directly")
-        if frame is not None and frame.strategy is not strategy \
-                and frame.strategy is not _context.default_strategy():
-            raise RuntimeError(f"run() of {strategy!r} was called inside the scope of "
-                               f"{frame.strategy!r}")
+        if (
+            frame is not None
+            and frame.replica_context is not None
+            and frame.replica_context._collective_slots is not None
+        ):
+            raise RuntimeError(
+                "strategy.run() was called inside a replica function; nested "
+                "run() is not supported: call the function directly"
+            )
+        if (
+            frame is not None
+            and frame.strategy is not strategy
+            and frame.strategy is not _context.default_strategy()
+        ):
+            raise RuntimeError(
+                f"run() of {strategy!r} was called inside the scope of {frame.strategy!r}"
+            )
         if not isinstance(args, (tuple, list)):
             raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
         if not self._run_lock.acquire(blocking=False):
-            raise RuntimeError("strategy.run() is already running (in another thread, or "
-                               "this call comes from inside merge_fn); a strategy runs one step "
-                               "at a time")
+            raise RuntimeError(
+                "strategy.run() is already running (in another thread, or "
+                "this call comes from inside merge_fn); a strategy runs one step "
+                "at a time"
+            )
         try:
             return self._run_replicas(strategy, fn, tuple(args), kwargs)
         finally:
             self._run_lock.release()
 
-    def _run_replicas(self, strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> Any:
+    def _run_replicas(
+        self,
+        strategy: Strategy,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         n = self._num_local_replicas
         first = self._first_replica_id
         n_sync = self._num_replicas_in_sync
@@ -526,7 +585,8 @@ class StrategyExtended:
         else:
             if self._replica_threads is None:
                 self._replica_threads = ReplicaThreads(
-                    [f"pycollective-replica-{first + r}" for r in range(n)])
+                    [f"pycollective-replica-{first + r}" for r in range(n)]
+                )
             try:
                 self._replica_threads.run([functools.partial(replica_main, r) for r in range(n)])
             except BaseException as exc:
@@ -534,8 +594,9 @@ class StrategyExtended:
                 raise
         failed = [(r, e) for r, e in enumerate(errors) if e is not None]
         if failed:
-            r, exc = next(((r, e) for r, e in failed if not isinstance(e, ReplicaFailed)),
-                          failed[0])
+            r, exc = next(
+                ((r, e) for r, e in failed if not isinstance(e, ReplicaFailed)), failed[0]
+            )
             if hasattr(exc, "add_note") and n_sync > 1:
                 exc.add_note(f"(raised in replica {first + r} of {n_sync}, in strategy.run)")
             raise exc
@@ -546,25 +607,42 @@ class StrategyExtended:
     def _require_cross_replica(self, what: str) -> None:
         self._container_strategy()._require_cross_replica(f"extended.{what}")
 
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any,
-                  options: CommunicationOptions | None = None) -> Any:
+    def reduce_to(
+        self,
+        reduce_op: Any,
+        value: Any,
+        destinations: Any,
+        options: CommunicationOptions | None = None,
+    ) -> Any:
         """Combine (via e.g. sum or mean) values across replicas; returns a Mirrored value
         (a plain tensor when ``destinations`` is one device string)."""
         self._require_cross_replica("reduce_to")
         return self._cross_device_ops._batch_reduce(
-            self._backend, reduce_op, [(value, destinations)], self._options.merge(options))[0]
+            self._backend, reduce_op, [(value, destinations)], self._options.merge(options)
+        )[0]
 
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[tuple[Any, Any]],
-                        options: CommunicationOptions | None = None) -> list[Any]:
+    def batch_reduce_to(
+        self,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None = None,
+    ) -> list[Any]:
         """Combine multiple ``reduce_to`` calls into one: the values are concatenated into one
         flat buffer per replica (per dtype), reduced with ONE collective (or one per pack, see
         CommunicationOptions.bytes_per_pack / num_packs) and split back."""
         self._require_cross_replica("batch_reduce_to")
         return self._cross_device_ops._batch_reduce(
-            self._backend, reduce_op, value_destination_pairs, self._options.merge(options))
+            self._backend, reduce_op, value_destination_pairs, self._options.merge(options)
+        )
 
-    def update(self, var: DistributedVariable, fn: Callable[..., Any], args: Sequence[Any] = (),
-               kwargs: dict[str, Any] | None = None, group: bool = True) -> Any:
+    def update(
+        self,
+        var: DistributedVariable,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
         """Run ``fn(component, *args, **kwargs)`` once per local replica to update ``var``: the
         component is replica i's copy (a ComponentVariable; its assign touches that copy only)
         and PerReplica/Mirrored arguments give their component i."""
@@ -572,9 +650,10 @@ class StrategyExtended:
         if not isinstance(var, DistributedVariable):
             raise TypeError(f"update expects a distributed variable, got {type(var).__name__}")
         kwargs = kwargs or {}
-        results = [fn(var.values[i], *select_replica(i, tuple(args)),
-                      **select_replica(i, kwargs))
-                   for i in range(len(var.values))]
+        results = [
+            fn(var.values[i], *select_replica(i, tuple(args)), **select_replica(i, kwargs))
+            for i in range(len(var.values))
+        ]
         return regroup(results, Mirrored if group else PerReplica)
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
@@ -602,26 +681,34 @@ class StrategyExtended:
         """Reads the value of a variable (aggregated for sync-on-read variables)."""
         return v.read_value()
 
-    def _create_variable(self, initial: np.ndarray, name: str, trainable: bool,
-                         aggregation: VariableAggregation,
-                         synchronization: VariableSynchronization,
-                         broadcast_initial: bool = True) -> DistributedVariable:
+    def _create_variable(
+        self,
+        initial: np.ndarray,
+        name: str,
+        trainable: bool,
+        aggregation: VariableAggregation,
+        synchronization: VariableSynchronization,
+        broadcast_initial: bool = True,
+    ) -> DistributedVariable:
         n = self._num_local_replicas
         arrays = [np.array(initial, copy=True, order="C") for _ in range(n)]
         if self._num_workers > 1 and broadcast_initial:
             # Every worker starts from the chief's initial value (a collective: every worker
             # creates its variables in the same order).
             arrays = [np.array(a, copy=True) for a in self._backend.broadcast(arrays, root=0)]
-        cls = SyncOnReadVariable if synchronization == VariableSynchronization.ON_READ \
+        cls = (
+            SyncOnReadVariable
+            if synchronization == VariableSynchronization.ON_READ
             else MirroredVariable
-        var = cls(self._container_strategy(), arrays, name, trainable, aggregation,
-                  synchronization)
+        )
+        var = cls(self._container_strategy(), arrays, name, trainable, aggregation, synchronization)
         self._created.add(var)
         return var
 
 
-def non_distributed_reduce_rule(op: ReduceOp, axis: int | None, n_sync: int,
-                                num_local_replicas: int) -> str:
+def non_distributed_reduce_rule(
+    op: ReduceOp, axis: int | None, n_sync: int, num_local_replicas: int
+) -> str:
     """How ``Strategy.reduce`` treats a value that is not distributed (tf's rules, shared by
     every strategy): ``"per_replica"`` -- with one local replica the value is that replica's
     value, reduced across workers like a PerReplica; ``"same"`` -- (``axis=None``) the value is
@@ -631,10 +718,12 @@ def non_distributed_reduce_rule(op: ReduceOp, axis: int | None, n_sync: int,
     if num_local_replicas == 1:
         return "per_replica"
     if op == ReduceOp.SUM and n_sync > 1:
-        raise ValueError(f"A non-DistributedValues value cannot be reduced with "
-                         f"ReduceOp.SUM over {n_sync} replicas; pass a PerReplica "
-                         "value (e.g. the result of strategy.run) or use "
-                         "ReduceOp.MEAN")
+        raise ValueError(
+            f"A non-DistributedValues value cannot be reduced with "
+            f"ReduceOp.SUM over {n_sync} replicas; pass a PerReplica "
+            "value (e.g. the result of strategy.run) or use "
+            "ReduceOp.MEAN"
+        )
     return "same" if axis is None else "mean_along_axis"
 
 
@@ -650,8 +739,12 @@ class _DefaultDistributionStrategy(Strategy):
     """The strategy in effect when no other is: one replica, the calling thread."""
 
     def __init__(self) -> None:
-        extended = StrategyExtended(self, LocalBackend(1), AlgorithmAllReduce("auto"),
-                                    ("/job:localhost/replica:0/task:0/device:CPU:0",))
+        extended = StrategyExtended(
+            self,
+            LocalBackend(1),
+            AlgorithmAllReduce("auto"),
+            ("/job:localhost/replica:0/task:0/device:CPU:0",),
+        )
         super().__init__(extended)
         extended._default_replica_context = ReplicaContext(self, 0)
 

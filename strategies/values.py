@@ -82,11 +82,11 @@ def select_replica(index: int, structure: Any) -> Any:
     if structure == ():  # run()'s usual empty args: immutable, so one object serves all
         return structure
     return _nest.map_structure(
-        lambda x: x.values[index] if _is_per_replica_container(x) else x, structure)
+        lambda x: x.values[index] if _is_per_replica_container(x) else x, structure
+    )
 
 
-def regroup(per_replica: Sequence[Any], wrap: type = PerReplica,
-            always_wrap: bool = False) -> Any:
+def regroup(per_replica: Sequence[Any], wrap: type = PerReplica, always_wrap: bool = False) -> Any:
     """Combines one nest per replica into one nest of distributed values.
 
     A leaf that is the same object on every replica stays as it is (a variable passed to every
@@ -110,11 +110,15 @@ def regroup(per_replica: Sequence[Any], wrap: type = PerReplica,
 def local_results(value: Any, num_replicas: int) -> tuple[Any, ...]:
     """One nest per local replica: distributed leaves (variables included) give their
     components; plain leaves are repeated."""
+
     def pick(i: int) -> Any:
-        return _nest.map_structure(
-            lambda x: x.values[i] if isinstance(x, DistributedValues) else x, value) \
-            if _nest.is_nested(value) else (
-                value.values[i] if isinstance(value, DistributedValues) else value)
+        return (
+            _nest.map_structure(
+                lambda x: x.values[i] if isinstance(x, DistributedValues) else x, value
+            )
+            if _nest.is_nested(value)
+            else (value.values[i] if isinstance(value, DistributedValues) else value)
+        )
 
     if isinstance(value, DistributedValues) and len(value.values) != num_replicas:
         return value.values

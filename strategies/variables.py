@@ -88,37 +88,51 @@ class Variable(metaclass=_VariableMeta):
     """
 
 
-def _create_variable(initial_value: Any = None, trainable: bool | None = None,
-                     name: str | None = None, dtype: Any = None,
-                     aggregation: Any = VariableAggregation.NONE,
-                     synchronization: Any = VariableSynchronization.AUTO,
-                     shape: Any = None) -> DistributedVariable:
+def _create_variable(
+    initial_value: Any = None,
+    trainable: bool | None = None,
+    name: str | None = None,
+    dtype: Any = None,
+    aggregation: Any = VariableAggregation.NONE,
+    synchronization: Any = VariableSynchronization.AUTO,
+    shape: Any = None,
+) -> DistributedVariable:
     if initial_value is None:
         raise ValueError("Variable needs an initial_value")
     aggregation = _parse_enum(VariableAggregation, aggregation, "aggregation")
     synchronization = _parse_enum(VariableSynchronization, synchronization, "synchronization")
     if synchronization == VariableSynchronization.NONE:
-        raise ValueError("VariableSynchronization.NONE is not supported with distribution "
-                         "strategies; use AUTO/ON_WRITE (mirrored) or ON_READ (sync on read)")
+        raise ValueError(
+            "VariableSynchronization.NONE is not supported with distribution "
+            "strategies; use AUTO/ON_WRITE (mirrored) or ON_READ (sync on read)"
+        )
     if synchronization == VariableSynchronization.AUTO:
         synchronization = VariableSynchronization.ON_WRITE
     if trainable is None:
         trainable = synchronization != VariableSynchronization.ON_READ
     elif trainable and synchronization == VariableSynchronization.ON_READ:
-        raise ValueError("Synchronization value can be set to VariableSynchronization.ON_READ "
-                         "only for non-trainable variables; pass trainable=False")
+        raise ValueError(
+            "Synchronization value can be set to VariableSynchronization.ON_READ "
+            "only for non-trainable variables; pass trainable=False"
+        )
     frame = _context.current_frame()
     if frame is not None and frame.replica_context is not None:
-        raise RuntimeError("Variables are created in strategy.scope() (a cross-replica "
-                           "context), not inside strategy.run(); create them before calling run")
+        raise RuntimeError(
+            "Variables are created in strategy.scope() (a cross-replica "
+            "context), not inside strategy.run(); create them before calling run"
+        )
     value = initial_value() if callable(initial_value) else initial_value
     arr = np.array(_tensors.to_numpy(value, "initial_value"), dtype=dtype, copy=True, order="C")
     if shape is not None and tuple(shape) != arr.shape:
         raise ValueError(f"initial_value has shape {arr.shape} but shape={tuple(shape)}")
     strategy = _context.get_strategy()
     return strategy.extended._create_variable(
-        arr, name=name or "Variable", trainable=bool(trainable), aggregation=aggregation,
-        synchronization=synchronization)
+        arr,
+        name=name or "Variable",
+        trainable=bool(trainable),
+        aggregation=aggregation,
+        synchronization=synchronization,
+    )
 
 
 class DistributedVariable(VariableOps, Variable, DistributedValues):
@@ -127,9 +141,15 @@ class DistributedVariable(VariableOps, Variable, DistributedValues):
     ``values`` are the per-replica :class:`ComponentVariable` objects.
     """
 
-    def __init__(self, strategy: Any, arrays: list[np.ndarray], name: str, trainable: bool,
-                 aggregation: VariableAggregation,
-                 synchronization: VariableSynchronization) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        arrays: list[np.ndarray],
+        name: str,
+        trainable: bool,
+        aggregation: VariableAggregation,
+        synchronization: VariableSynchronization,
+    ) -> None:
         self._strategy = strategy
         self._arrays = [_tensors.contiguous(a) for a in arrays]
         self._name = name
@@ -137,8 +157,7 @@ class DistributedVariable(VariableOps, Variable, DistributedValues):
         self._aggregation = aggregation
         self._synchronization = synchronization
         self._initial_value = self._arrays[0].copy()
-        DistributedValues.__init__(self, [ComponentVariable(self, i)
-                                          for i in range(len(arrays))])
+        DistributedValues.__init__(self, [ComponentVariable(self, i) for i in range(len(arrays))])
 
     # Properties ---------------------------------------------------------------------------------
 
@@ -230,18 +249,33 @@ class DistributedVariable(VariableOps, Variable, DistributedValues):
 
     # Writing ------------------------------------------------------------------------------------
 
-    def assign(self, value: Any, use_locking: bool = False, name: str | None = None,
-               read_value: bool = True) -> Any:
+    def assign(
+        self,
+        value: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Any:
         self._update("assign", value)
         return self if read_value else None
 
-    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None,
-                   read_value: bool = True) -> Any:
+    def assign_add(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Any:
         self._update("assign_add", delta)
         return self if read_value else None
 
-    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None,
-                   read_value: bool = True) -> Any:
+    def assign_sub(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Any:
         self._update("assign_sub", delta)
         return self if read_value else None
 
@@ -251,8 +285,10 @@ class DistributedVariable(VariableOps, Variable, DistributedValues):
     def _convert(self, value: Any) -> np.ndarray:
         arr = np.asarray(_tensors.to_numpy(value, f"value assigned to {self._name!r}"))
         if arr.shape != self.shape:
-            raise ValueError(f"Cannot update variable {self._name!r} of shape "
-                             f"{self.shape} with a value of shape {arr.shape}")
+            raise ValueError(
+                f"Cannot update variable {self._name!r} of shape "
+                f"{self.shape} with a value of shape {arr.shape}"
+            )
         return _tensors.contiguous(arr.astype(self.dtype, copy=False))
 
     def _apply(self, index: int, kind: str, value: np.ndarray) -> None:
@@ -274,8 +310,10 @@ class DistributedVariable(VariableOps, Variable, DistributedValues):
     def _restore(self, value: np.ndarray) -> None:
         value = np.asarray(value)
         if value.shape != self.shape:
-            raise ValueError(f"checkpoint value for variable {self._name!r} has shape "
-                             f"{value.shape}, but the variable has shape {self.shape}")
+            raise ValueError(
+                f"checkpoint value for variable {self._name!r} has shape "
+                f"{value.shape}, but the variable has shape {self.shape}"
+            )
         self._restore_value(_tensors.contiguous(value.astype(self.dtype, copy=False)))
 
     def _restore_value(self, value: np.ndarray) -> None:
@@ -283,8 +321,10 @@ class DistributedVariable(VariableOps, Variable, DistributedValues):
             self._apply(i, "assign", value)
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self._name!r} shape={self.shape} dtype={self.dtype} "
-                f"replicas={len(self._arrays)} aggregation={self._aggregation.name}>")
+        return (
+            f"<{type(self).__name__} {self._name!r} shape={self.shape} dtype={self.dtype} "
+            f"replicas={len(self._arrays)} aggregation={self._aggregation.name}>"
+        )
 
     __hash__ = object.__hash__
 
@@ -320,7 +360,8 @@ class MirroredVariable(DistributedVariable):
                             f"{kind} with different values. Pass aggregation="
                             "VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA to Variable(), "
                             "or update it in a cross-replica context (merge_call or "
-                            "strategy.extended.update)")
+                            "strategy.extended.update)"
+                        )
                 combined = values
             elif agg == VariableAggregation.ONLY_FIRST_REPLICA:
                 combined = backend.broadcast(values, root=0) if n_sync > 1 else values
@@ -341,8 +382,9 @@ class MirroredVariable(DistributedVariable):
         else:
             vals = [self._convert(value)] * n_local
         if len(vals) != n_local:
-            raise ValueError(f"{kind}: {len(vals)} values for variable {self._name!r} with "
-                             f"{n_local} replicas")
+            raise ValueError(
+                f"{kind}: {len(vals)} values for variable {self._name!r} with {n_local} replicas"
+            )
         for i, v in enumerate(vals):
             self._apply(i, kind, v)
 
@@ -354,9 +396,11 @@ def _aggregate_per_replica(var: DistributedVariable, values: list[np.ndarray]) -
     if agg == VariableAggregation.NONE:
         if backend.num_replicas_in_sync == 1:
             return values
-        raise ValueError(f"Cannot update MirroredVariable {var._name!r} (aggregation NONE) with "
-                         "a PerReplica value: pass aggregation=SUM, MEAN or "
-                         "ONLY_FIRST_REPLICA to Variable(), or reduce the value first")
+        raise ValueError(
+            f"Cannot update MirroredVariable {var._name!r} (aggregation NONE) with "
+            "a PerReplica value: pass aggregation=SUM, MEAN or "
+            "ONLY_FIRST_REPLICA to Variable(), or reduce the value first"
+        )
     if agg == VariableAggregation.ONLY_FIRST_REPLICA:
         return backend.broadcast(values, root=0)
     return backend.allreduce(values, ReduceOp.from_variable_aggregation(agg))
@@ -376,9 +420,11 @@ class SyncOnReadVariable(DistributedVariable):
         if agg == VariableAggregation.ONLY_FIRST_REPLICA:
             return self._arrays[0]
         if agg == VariableAggregation.NONE:
-            raise ValueError(f"Cannot read SyncOnReadVariable {self._name!r} in a cross-replica "
-                             "context: its aggregation is NONE; create it with aggregation="
-                             "VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA")
+            raise ValueError(
+                f"Cannot read SyncOnReadVariable {self._name!r} in a cross-replica "
+                "context: its aggregation is NONE; create it with aggregation="
+                "VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA"
+            )
         backend = self._strategy.extended.backend
         op = ReduceOp.from_variable_aggregation(agg)
         return backend.allreduce([a.copy() for a in self._arrays], op)[0]
@@ -389,9 +435,11 @@ class SyncOnReadVariable(DistributedVariable):
             self._apply(rid, kind, self._convert(value))
             return
         if kind != "assign" and self._aggregation == VariableAggregation.SUM:
-            raise ValueError(f"SyncOnReadVariable does not support `{kind}` in cross-replica "
-                             "context when aggregation is set to VariableAggregation.SUM "
-                             f"(variable {self._name!r}); use assign, or update it inside run")
+            raise ValueError(
+                f"SyncOnReadVariable does not support `{kind}` in cross-replica "
+                "context when aggregation is set to VariableAggregation.SUM "
+                f"(variable {self._name!r}); use assign, or update it inside run"
+            )
         n_local = len(self._arrays)
         if isinstance(value, DistributedValues) and not isinstance(value, DistributedVariable):
             vals = [self._convert(v) for v in value.values]
@@ -463,18 +511,33 @@ class ComponentVariable(VariableOps):
     def numpy(self) -> np.ndarray:
         return self._live().copy()
 
-    def assign(self, value: Any, use_locking: bool = False, name: str | None = None,
-               read_value: bool = True) -> Any:
+    def assign(
+        self,
+        value: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Any:
         self._container._apply(self._index, "assign", self._container._convert(value))
         return self if read_value else None
 
-    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None,
-                   read_value: bool = True) -> Any:
+    def assign_add(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Any:
         self._container._apply(self._index, "assign_add", self._container._convert(delta))
         return self if read_value else None
 
-    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None,
-                   read_value: bool = True) -> Any:
+    def assign_sub(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Any:
         self._container._apply(self._index, "assign_sub", self._container._convert(delta))
         return self if read_value else None
 
@@ -493,5 +556,3 @@ def variables_in(structure: Any) -> list[DistributedVariable]:
     from . import _nest
 
     return [x for x in _nest.flatten(structure) if isinstance(x, DistributedVariable)]
-
-

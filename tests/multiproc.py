@@ -43,17 +43,27 @@ def native_stacks(pid: int) -> str:
     if shutil.which("gdb") is None:
         return ""
     try:
-        res = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
-                             capture_output=True, text=True, timeout=30)
+        res = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     frames = [line for line in res.stdout.splitlines() if line.startswith(("Thread", "#"))]
     return "\n--- its threads (gdb)\n" + "\n".join(frames[-150:])
 
 
-def run_ranks(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
-              env: dict[str, str] | None = None, per_rank_env: list[dict] | None = None,
-              expect_exit: dict[int, int | None] | None = None) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any],
+    n: int,
+    *args: Any,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    per_rank_env: list[dict] | None = None,
+    expect_exit: dict[int, int | None] | None = None,
+) -> list[Any]:
     """Runs fn on n ranks; returns each rank's result. ``expect_exit`` maps ranks that are meant
     to die (exit code, or None for "killed by a signal / any") to skip their result."""
     module_file = sys.modules[fn.__module__].__file__
@@ -62,29 +72,46 @@ def run_ranks(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
     procs, outs = [], []
     for r in range(n):
         e = dict(os.environ)
-        e.update({
-            "PYCOLLECTIVE_RANK": str(r), "PYCOLLECTIVE_WORLD_SIZE": str(n),
-            "PYCOLLECTIVE_MASTER_ADDR": "127.0.0.1", "PYCOLLECTIVE_MASTER_PORT": str(port),
-            "PYCOLLECTIVE_TOKEN": token,
-            # A hang becomes an error inside the rank well before the harness kills it.
-            "PYCOLLECTIVE_TIMEOUT": str(max(2.0, timeout / 3)),
-            "PYCOLLECTIVE_CONNECT_TIMEOUT": str(max(5.0, timeout / 3)),
-        })
+        e.update(
+            {
+                "PYCOLLECTIVE_RANK": str(r),
+                "PYCOLLECTIVE_WORLD_SIZE": str(n),
+                "PYCOLLECTIVE_MASTER_ADDR": "127.0.0.1",
+                "PYCOLLECTIVE_MASTER_PORT": str(port),
+                "PYCOLLECTIVE_TOKEN": token,
+                # A hang becomes an error inside the rank well before the harness kills it.
+                "PYCOLLECTIVE_TIMEOUT": str(max(2.0, timeout / 3)),
+                "PYCOLLECTIVE_CONNECT_TIMEOUT": str(max(5.0, timeout / 3)),
+            }
+        )
         e.update(env or {})
         if per_rank_env:
             e.update(per_rank_env[r])
         out = open(os.path.join(tmp, f"rank{r}.log"), "w+")
         outs.append(out)
-        procs.append(subprocess.Popen(
-            [sys.executable, __file__, module_file, fn.__name__, os.path.join(tmp, f"rank{r}.json"),
-             json.dumps(list(args))],
-            env=e, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    module_file,
+                    fn.__name__,
+                    os.path.join(tmp, f"rank{r}.json"),
+                    json.dumps(list(args)),
+                ],
+                env=e,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     expect_exit = expect_exit or {}
     deadline = time.monotonic() + timeout
     # Ranks meant to die (or freeze) may still be around once the others finished: they are
     # killed then, not waited for.
     while time.monotonic() < deadline and any(
-            p.poll() is None for r, p in enumerate(procs) if r not in expect_exit):
+        p.poll() is None for r, p in enumerate(procs) if r not in expect_exit
+    ):
         time.sleep(0.02)
     hung = [r for r, p in enumerate(procs) if p.poll() is None and r not in expect_exit]
     stacks = {r: native_stacks(procs[r].pid) for r in hung}
@@ -98,8 +125,10 @@ def run_ranks(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 60.0,
         logs.append(out.read())
         out.close()
     if hung:
-        tails = "\n".join(f"--- rank {r} (last lines)\n" + "\n".join(logs[r].splitlines()[-15:])
-                          + stacks[r] for r in hung)
+        tails = "\n".join(
+            f"--- rank {r} (last lines)\n" + "\n".join(logs[r].splitlines()[-15:]) + stacks[r]
+            for r in hung
+        )
         raise RankFailure(f"ranks {hung} still running after {timeout} s; killed.\n{tails}")
     results = []
     for r, p in enumerate(procs):

@@ -44,8 +44,13 @@ def reduce_ref(xs: list[np.ndarray], op: str) -> np.ndarray:
     dt = xs[0].dtype
     if dt.kind == "f" or dt == BF16:
         stack = np.stack([x.astype(np.float64) for x in xs])
-        res = {"sum": lambda s: s.sum(0), "prod": lambda s: s.prod(0), "min": lambda s: s.min(0),
-               "max": lambda s: s.max(0), "avg": lambda s: s.sum(0) / len(xs)}[op](stack)
+        res = {
+            "sum": lambda s: s.sum(0),
+            "prod": lambda s: s.prod(0),
+            "min": lambda s: s.min(0),
+            "max": lambda s: s.max(0),
+            "avg": lambda s: s.sum(0) / len(xs),
+        }[op](stack)
         return res.astype(dt)
     stack = np.stack(xs)
     with np.errstate(over="ignore"):
@@ -67,14 +72,19 @@ def assert_close(got: np.ndarray, want: np.ndarray, op: str, n: int, what: str =
     g = np.asarray(got)
     assert g.shape == want.shape, f"{what}: shape {g.shape} != {want.shape}"
     if exact:
-        assert np.array_equal(g.view(np.uint8) if dt == BF16 else g,
-                              want.view(np.uint8) if dt == BF16 else want), f"{what}: not exact"
+        assert np.array_equal(
+            g.view(np.uint8) if dt == BF16 else g, want.view(np.uint8) if dt == BF16 else want
+        ), f"{what}: not exact"
         return
-    eps = {np.dtype(np.float16): 2**-10, np.dtype(np.float32): 2**-23,
-           np.dtype(np.float64): 2**-52}.get(np.dtype(dt), 2**-7)
+    eps = {
+        np.dtype(np.float16): 2**-10,
+        np.dtype(np.float32): 2**-23,
+        np.dtype(np.float64): 2**-52,
+    }.get(np.dtype(dt), 2**-7)
     tol = 4 * max(n, 2) * eps
     gf, wf = g.astype(np.float64), want.astype(np.float64)
     bound = tol * np.maximum(1.0, np.abs(wf)) * (n if op in ("sum", "avg") else 1)
     bad = np.abs(gf - wf) > bound
-    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} elements off, e.g. got "
-                           f"{gf[bad][:3]} want {wf[bad][:3]}")
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} elements off, e.g. got {gf[bad][:3]} want {wf[bad][:3]}"
+    )

@@ -22,8 +22,21 @@ def run(args: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(180)
 def test_inproc_outputs(tmp_path):
     j, c, p = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
-    res = run(["--mode", "inproc", "--world", "3", *TINY, "--json", str(j), "--csv", str(c),
-               "--plot", str(p)])
+    res = run(
+        [
+            "--mode",
+            "inproc",
+            "--world",
+            "3",
+            *TINY,
+            "--json",
+            str(j),
+            "--csv",
+            str(c),
+            "--plot",
+            str(p),
+        ]
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if "busbw(GB/s)" in line)
@@ -81,10 +94,31 @@ def test_corrupted_result_fails_the_command(monkeypatch, capsys):
 @pytest.mark.timeout(240)
 def test_tune_writes_a_table_that_auto_follows(tmp_path, monkeypatch):
     path = tmp_path / "tuning.json"
-    res = subprocess.run([sys.executable, "-m", "pycollective.cli", "tune", "--output", str(path),
-                          "--world", "2", "--replicas", "2", "--transports", "shm",
-                          "-b", "4K", "-e", "16K", "--budget", "0.05"],
-                         capture_output=True, text=True, timeout=200)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pycollective.cli",
+            "tune",
+            "--output",
+            str(path),
+            "--world",
+            "2",
+            "--replicas",
+            "2",
+            "--transports",
+            "shm",
+            "-b",
+            "4K",
+            "-e",
+            "16K",
+            "--budget",
+            "0.05",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(path.read_text())
     assert {c["transport"] for c in data["choices"]} == {"shm", "inproc"}
@@ -115,9 +149,15 @@ def test_interleaved_timing_shares_rounds_and_takes_the_slowest_rank():
     order = []
     calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b")}
     barriers = []
-    samples = time_interleaved(calls, iters=8, warmup=1, budget_s=10.0, rounds=4,
-                               before_each=lambda: barriers.append(1),
-                               max_over_ranks=lambda x: np.asarray(x) + 1.0)  # "slower rank"
+    samples = time_interleaved(
+        calls,
+        iters=8,
+        warmup=1,
+        budget_s=10.0,
+        rounds=4,
+        before_each=lambda: barriers.append(1),
+        max_over_ranks=lambda x: np.asarray(x) + 1.0,
+    )  # "slower rank"
     assert order[:2] == ["a", "b"]  # warm-up
     timed = order[4:]  # after warm-up and one probe each: 4 rounds of 2 a's then 2 b's
     assert timed == (["a", "a", "b", "b"] * 4)
@@ -139,8 +179,9 @@ def test_interleaved_timing_respects_the_budget():
 
     from pycollective.bench.timing import time_interleaved
 
-    samples = time_interleaved({"slow": lambda: time.sleep(0.01)}, iters=1000, warmup=0,
-                               budget_s=0.1, rounds=4)
+    samples = time_interleaved(
+        {"slow": lambda: time.sleep(0.01)}, iters=1000, warmup=0, budget_s=0.1, rounds=4
+    )
     assert 4 <= len(samples["slow"]) <= 8  # one iteration per round, the budget allows ~2
 
 
@@ -151,13 +192,20 @@ def test_summary_says_which_algorithm_auto_ran():
     def row(algo, t, **extra):
         return Row("allreduce", 4096, 1024, "float32", algo, "shm", 2, t, t, t, extra=extra)
 
-    same = report.summary([row("ring", 1e-5), row("halving_doubling", 2e-5),
-                           row("auto", 1.1e-5, chose="ring")])
+    same = report.summary(
+        [row("ring", 1e-5), row("halving_doubling", 2e-5), row("auto", 1.1e-5, chose="ring")]
+    )
     assert any("auto 1.10x of best (it runs ring: the same code" in line for line in same)
-    other = report.summary([row("ring", 1e-5), row("halving_doubling", 2e-5),
-                            row("auto", 2.1e-5, chose="halving_doubling")])
-    assert any("auto 2.10x of best (it runs halving_doubling, 2.00x of best)" in line
-               for line in other)
+    other = report.summary(
+        [
+            row("ring", 1e-5),
+            row("halving_doubling", 2e-5),
+            row("auto", 2.1e-5, chose="halving_doubling"),
+        ]
+    )
+    assert any(
+        "auto 2.10x of best (it runs halving_doubling, 2.00x of best)" in line for line in other
+    )
 
 
 def test_torch_bench_runs_and_checks(tmp_path):
@@ -165,10 +213,34 @@ def test_torch_bench_runs_and_checks(tmp_path):
     lines printed (timings are not asserted)."""
     pytest.importorskip("torch", reason="the torch backend benchmark needs torch")
     out = tmp_path / "torch.json"
-    res = subprocess.run([sys.executable, "-m", "pycollective.bench.torch_bench", "--worlds",
-                          "2", "-b", "4K", "-e", "64K", "-f", "16", "-n", "8", "--budget",
-                          "0.05", "--ddp-steps", "2", "--batch", "4", "--json", str(out)],
-                         capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pycollective.bench.torch_bench",
+            "--worlds",
+            "2",
+            "-b",
+            "4K",
+            "-e",
+            "64K",
+            "-f",
+            "16",
+            "-n",
+            "8",
+            "--budget",
+            "0.05",
+            "--ddp-steps",
+            "2",
+            "--batch",
+            "4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     summary = json.loads(out.read_text())["summary"]
     assert len(summary) == 3 and all("goal" in line for line in summary), summary

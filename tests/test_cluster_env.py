@@ -426,11 +426,13 @@ def test_spec_pickles():
 def test_announced_coordinator_port():
     """init(announce=): rank 0's service may take an OS-chosen port (0), which it announces;
     the other ranks still need a real address."""
-    spec = ClusterSpec.from_env({}, rank=0, world_size=2, master="127.0.0.1:0", token="t",
-                                announced=True)
+    spec = ClusterSpec.from_env(
+        {}, rank=0, world_size=2, master="127.0.0.1:0", token="t", announced=True
+    )
     assert spec.master_port == 0 and spec.announced
     with pytest.raises(ValueError, match="master_port is 0"):
-        ClusterSpec.from_env({}, rank=1, world_size=2, master="127.0.0.1:0", token="t",
-                             announced=True)
+        ClusterSpec.from_env(
+            {}, rank=1, world_size=2, master="127.0.0.1:0", token="t", announced=True
+        )
     with pytest.raises(ValueError, match="master_port is 0"):
         ClusterSpec.from_env({}, rank=0, world_size=2, master="127.0.0.1:0", token="t")

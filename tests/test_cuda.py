@@ -78,6 +78,7 @@ def _host(x) -> np.ndarray:
 
 # ---- kernels ----
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("op", OPS)
@@ -92,19 +93,31 @@ def test_reduce_kernels_match_the_cpu_bitwise(gpu, dtype, op):
         es = a.dtype.itemsize
         # offsets (elements) of dst, a, b: aligned; equally misaligned (head peel); unequal
         # (scalar path); dst aliasing a
-        for off_d, off_a, off_b, alias in [(0, 0, 0, False), (1, 1, 1, False), (3, 1, 2, False),
-                                           (0, 0, 0, True)]:
+        for off_d, off_a, off_b, alias in [
+            (0, 0, 0, False),
+            (1, 1, 1, False),
+            (3, 1, 2, False),
+            (0, 0, 0, True),
+        ]:
             ha, hb = _raw(a), _raw(b)
             da, db = DeviceArray.from_host(ha), DeviceArray.from_host(hb)
             dd = da if alias else DeviceArray.from_host(np.zeros_like(ha))
             hd = ha.copy() if alias else np.zeros_like(ha)
             hsrc = hd if alias else ha
-            _C.cuda_reduce(dd.ptr + off_d * es, da.ptr + off_a * es, db.ptr + off_b * es, count,
-                           code, opc, 0)
-            _C.reduce_into(hd.ctypes.data + off_d * es, hsrc.ctypes.data + off_a * es,
-                           hb.ctypes.data + off_b * es, count, code, opc)
+            _C.cuda_reduce(
+                dd.ptr + off_d * es, da.ptr + off_a * es, db.ptr + off_b * es, count, code, opc, 0
+            )
+            _C.reduce_into(
+                hd.ctypes.data + off_d * es,
+                hsrc.ctypes.data + off_a * es,
+                hb.ctypes.data + off_b * es,
+                count,
+                code,
+                opc,
+            )
             assert dd.get().tobytes() == hd.tobytes(), (
-                f"{dtype} {op} count={count} offsets={(off_d, off_a, off_b)} alias={alias}")
+                f"{dtype} {op} count={count} offsets={(off_d, off_a, off_b)} alias={alias}"
+            )
 
 
 @pytest.mark.gpu
@@ -146,6 +159,7 @@ def test_pointer_query(gpu):
 
 
 # ---- collectives on device buffers (LocalCommunicator) ----
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -197,8 +211,7 @@ def test_replicas_on_several_devices(gpu):
     if gpu < 2:
         pytest.skip("needs 2 CUDA devices")
     c = pc.LocalCommunicator(gpu, timeout=60)
-    xs = [DeviceArray.from_host(np.full(1 << 20, d + 1, np.float32), device=d)
-          for d in range(gpu)]
+    xs = [DeviceArray.from_host(np.full(1 << 20, d + 1, np.float32), device=d) for d in range(gpu)]
     ys = c.allreduce(xs, algo="ring")
     assert [y.device for y in ys] == list(range(gpu))
     assert all(float(y.get()[-1]) == gpu * (gpu + 1) / 2 for y in ys)
@@ -241,6 +254,7 @@ def test_torch_cuda_tensors_including_bfloat16(torch_cuda):
 
 # ---- NCCL ----
 
+
 @pytest.fixture(scope="module")
 def nccl_gpu(gpu):
     try:
@@ -273,8 +287,9 @@ def test_single_rank_nccl_collectives(nccl_gpu):
     with pytest.raises(TypeError, match="avg"):
         comm.allreduce(DeviceArray(4, np.int32), op="avg")
     with pytest.raises(ValueError, match="divisible"):
-        pc.nccl.check_call("reduce_scatter", adapt_device(DeviceArray(3, np.float32), "x"),
-                           pc.ReduceOp.SUM, 2, "x")
+        pc.nccl.check_call(
+            "reduce_scatter", adapt_device(DeviceArray(3, np.float32), "x"), pc.ReduceOp.SUM, 2, "x"
+        )
     comm.abort("test abort")
     with pytest.raises(pc.Aborted, match="test abort"):
         comm.allreduce(x)
@@ -374,6 +389,7 @@ def test_watchdog_aborts_a_collective_that_never_finishes(nccl_gpu):
 # path down to the native call, which must fail with a CollectiveError subclass, not hang or
 # crash, in a CPU-only build and in a CUDA build on a machine without a GPU.
 
+
 class FakeDeviceTensor:
     """__cuda_array_interface__ over host memory (reported as device 0 by a patched query)."""
 
@@ -383,8 +399,14 @@ class FakeDeviceTensor:
     @property
     def __cuda_array_interface__(self) -> dict:
         a = self.array
-        return {"shape": a.shape, "typestr": a.dtype.str, "data": (a.ctypes.data, False),
-                "version": 3, "strides": None, "stream": None}
+        return {
+            "shape": a.shape,
+            "typestr": a.dtype.str,
+            "data": (a.ctypes.data, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
 
 
 @pytest.fixture
@@ -413,7 +435,9 @@ def test_device_collective_without_a_device_fails_cleanly(no_device):
     t = time.monotonic()
     with pytest.raises(pc.CudaError):
         c.allreduce(xs, inplace=True, algo="ring")
-    assert time.monotonic() - t < 25  # every replica was released, nobody waited for the 30 s timeout
+    assert (
+        time.monotonic() - t < 25
+    )  # every replica was released, nobody waited for the 30 s timeout
     with pytest.raises(pc.CudaError):  # allocating a result needs a device too
         pc.LocalCommunicator(2, timeout=30).allreduce(xs[:2])
 
@@ -447,11 +471,20 @@ def test_process_group_refuses_host_tensors_for_nccl_and_device_tensors_for_othe
     group = pc.ProcessGroup.__new__(pc.ProcessGroup)
     group._where, group.size, group.rank = "rank 0", 2, 0
     with pytest.raises(TypeError, match="expected a device tensor"):
-        group._run_nccl("allreduce", np.ones(4, np.float32), pc.ReduceOp.SUM, "nccl", 0, False,
-                        None, False)
+        group._run_nccl(
+            "allreduce", np.ones(4, np.float32), pc.ReduceOp.SUM, "nccl", 0, False, None, False
+        )
     with pytest.raises(TypeError, match="NCCL"):
-        group._run_nccl("allreduce", FakeDeviceTensor(np.ones(4, np.float32)), pc.ReduceOp.SUM,
-                        "ring", 0, False, None, False)
+        group._run_nccl(
+            "allreduce",
+            FakeDeviceTensor(np.ones(4, np.float32)),
+            pc.ReduceOp.SUM,
+            "ring",
+            0,
+            False,
+            None,
+            False,
+        )
 
 
 def test_process_group_nccl_ids_travel_through_the_store(monkeypatch):
@@ -470,12 +503,16 @@ def test_process_group_nccl_ids_travel_through_the_store(monkeypatch):
             return store[key]
 
     monkeypatch.setattr(pc.nccl, "get_unique_id", lambda: bytes(range(128)))
-    monkeypatch.setattr(pc.nccl, "NcclCommunicator",
-                        lambda n, uid, rank, device, timeout: made.append(
-                            (n, uid, rank, device)) or object())
+    monkeypatch.setattr(
+        pc.nccl,
+        "NcclCommunicator",
+        lambda n, uid, rank, device, timeout: made.append((n, uid, rank, device)) or object(),
+    )
     worlds = [SimpleNamespace(client=Client(), timeout=5.0) for _ in range(2)]
-    groups = [SimpleNamespace(_world=w, group_id=3, members=[0, 2], rank=r, size=2)
-              for r, w in enumerate(worlds)]
+    groups = [
+        SimpleNamespace(_world=w, group_id=3, members=[0, 2], rank=r, size=2)
+        for r, w in enumerate(worlds)
+    ]
     c0 = pc.nccl.group_communicator(groups[0], device=0)
     c1 = pc.nccl.group_communicator(groups[1], device=1)
     assert made == [(2, bytes(range(128)), 0, 0), (2, bytes(range(128)), 1, 1)]

@@ -66,8 +66,14 @@ def _dies_mid_collective(rank, n, how, collective="allreduce"):
 @pytest.mark.parametrize("transport", ["tcp", "shm", "grpc"])
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_dead_rank_is_reported_fast(how, transport):
-    res = run_ranks(_dies_mid_collective, 3, how, timeout=40,
-                    env={"PYCOLLECTIVE_TRANSPORT": transport}, expect_exit={1: None})
+    res = run_ranks(
+        _dies_mid_collective,
+        3,
+        how,
+        timeout=40,
+        env={"PYCOLLECTIVE_TRANSPORT": transport},
+        expect_exit={1: None},
+    )
     for r in (0, 2):
         name, msg, seconds = res[r]
         assert name in ("RemoteError", "Aborted"), res[r]
@@ -81,8 +87,9 @@ def test_dead_rank_is_reported_fast(how, transport):
 
 @pytest.mark.timeout(60)
 def test_dead_rank_during_a_fused_update_is_reported_fast():
-    res = run_ranks(_dies_mid_collective, 3, "kill", "allreduce_apply", timeout=40,
-                    expect_exit={1: None})
+    res = run_ranks(
+        _dies_mid_collective, 3, "kill", "allreduce_apply", timeout=40, expect_exit={1: None}
+    )
     for r in (0, 2):
         name, msg, seconds = res[r]
         assert name in ("RemoteError", "Aborted"), res[r]
@@ -108,8 +115,13 @@ def _frozen_rank(rank, n):
 
 @pytest.mark.timeout(60)
 def test_frozen_rank_is_reported_within_heartbeat_window():
-    res = run_ranks(_frozen_rank, 2, timeout=30, expect_exit={1: None},
-                    env={"PYCOLLECTIVE_HEARTBEAT_TIMEOUT": "2"})
+    res = run_ranks(
+        _frozen_rank,
+        2,
+        timeout=30,
+        expect_exit={1: None},
+        env={"PYCOLLECTIVE_HEARTBEAT_TIMEOUT": "2"},
+    )
     name, msg, seconds = res[0]
     assert name in ("Aborted", "RemoteError"), res[0]
     assert "rank 1" in msg and "heartbeat" in msg.lower(), msg
@@ -145,24 +157,30 @@ def _mismatch(rank, n, what):
         from pycollective import fused_update as fu
 
         update = fu.ReplicatedTensor([x.copy()], [np.zeros_like(x)])
-        call = ((lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1.0), [update])) if rank == 0
-                else (lambda: pc.allreduce(x, algo="ring")))
+        call = (
+            (lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1.0), [update]))
+            if rank == 0
+            else (lambda: pc.allreduce(x, algo="ring"))
+        )
     return _expect_error(call)
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("what,text", [
-    ("collective", "collective: here"),
-    ("shape", "same element count in a different shape"),
-    ("dtype", "dtype: here"),
-    ("op", "op: here"),
-    ("algo", "algorithm: here"),
-    ("count", "element count: here"),
-    ("fused", "collective: here"),
-    ("rule", "update rule: here"),
-    ("rule", "nesterov"),  # the rule is named, not numbered (the optimizer layer names it)
-    ("algo", "reduce_to_one"),  # the algorithm is named (the registry names it)
-])
+@pytest.mark.parametrize(
+    "what,text",
+    [
+        ("collective", "collective: here"),
+        ("shape", "same element count in a different shape"),
+        ("dtype", "dtype: here"),
+        ("op", "op: here"),
+        ("algo", "algorithm: here"),
+        ("count", "element count: here"),
+        ("fused", "collective: here"),
+        ("rule", "update rule: here"),
+        ("rule", "nesterov"),  # the rule is named, not numbered (the optimizer layer names it)
+        ("algo", "reduce_to_one"),  # the algorithm is named (the registry names it)
+    ],
+)
 def test_mismatched_calls_fail_on_every_rank(what, text):
     res = run_ranks(_mismatch, 2, what, timeout=40)
     for r, (name, msg, seconds) in enumerate(res):
@@ -183,8 +201,12 @@ def _wrong_token(rank, n):
 
 @pytest.mark.timeout(60)
 def test_wrong_token_is_refused():
-    res = run_ranks(_wrong_token, 2, timeout=40,
-                    per_rank_env=[{}, {"PYCOLLECTIVE_TOKEN": "not-the-cluster-token"}])
+    res = run_ranks(
+        _wrong_token,
+        2,
+        timeout=40,
+        per_rank_env=[{}, {"PYCOLLECTIVE_TOKEN": "not-the-cluster-token"}],
+    )
     assert res[1][0] != "joined" and "token" in res[1][1].lower(), res[1]
     assert res[0][0] != "joined", res[0]
 

@@ -39,8 +39,9 @@ def reference(rule, hyper, grads, w, slots):
 @pytest.mark.parametrize("replicas,copies", [(1, 1), (3, 3), (1, 2), (4, 1)])
 def test_rule_matches_numpy(rule, dtype, count, replicas, copies):
     rng = np.random.default_rng(count + replicas)
-    hyper = fu.Hyper(lr=0.05, momentum=0.9, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-                     grad_scale=1.0 / replicas)
+    hyper = fu.Hyper(
+        lr=0.05, momentum=0.9, beta_1=0.9, beta_2=0.999, epsilon=1e-7, grad_scale=1.0 / replicas
+    )
     grads = [rng.standard_normal(count).astype(dtype) for _ in range(replicas)]
     w0 = rng.standard_normal(count).astype(dtype)
     slot0 = [np.abs(rng.standard_normal(count)).astype(dtype) for _ in fu.RULES[rule][1]]
@@ -62,8 +63,11 @@ def test_many_tensors_in_one_call():
     shapes = [(3,), (200, 7), (1,), (70_000,)]
     grads = [[rng.standard_normal(s).astype(np.float32) for _ in range(2)] for s in shapes]
     copies = [[np.ones(s, np.float32) for _ in range(2)] for s in shapes]
-    fu.apply("sgd", fu.Hyper(lr=0.5, grad_scale=0.5),
-             [fu.ReplicatedTensor(g, c) for g, c in zip(grads, copies)])
+    fu.apply(
+        "sgd",
+        fu.Hyper(lr=0.5, grad_scale=0.5),
+        [fu.ReplicatedTensor(g, c) for g, c in zip(grads, copies)],
+    )
     for g, c in zip(grads, copies):
         np.testing.assert_allclose(c[1], 1 - 0.5 * (g[0] + g[1]) / 2, rtol=1e-6, atol=1e-6)
 
@@ -94,15 +98,24 @@ def test_bad_calls_say_what_is_wrong():
         h = a.astype(np.float16)
         fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([h.copy()], [h])])
     with pytest.raises(TypeError, match="one dtype per call"):  # check=False keeps this check
-        fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a]),
-                                         fu.ReplicatedTensor([a.astype(np.float64)],
-                                                             [a.astype(np.float64)])],
-                 check=False)
+        fu.apply(
+            "sgd",
+            fu.Hyper(lr=1),
+            [
+                fu.ReplicatedTensor([a.copy()], [a]),
+                fu.ReplicatedTensor([a.astype(np.float64)], [a.astype(np.float64)]),
+            ],
+            check=False,
+        )
     with pytest.raises(TypeError, match="one dtype per call"):
-        fu.apply("sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a]),
-                                         fu.ReplicatedTensor([a.astype(np.float64)],
-                                                             [a.astype(np.float64)])])
-
+        fu.apply(
+            "sgd",
+            fu.Hyper(lr=1),
+            [
+                fu.ReplicatedTensor([a.copy()], [a]),
+                fu.ReplicatedTensor([a.astype(np.float64)], [a.astype(np.float64)]),
+            ],
+        )
 
 
 _BITS_SCRIPT = """
@@ -132,13 +145,20 @@ def test_every_instruction_set_computes_the_same_bits():
     digests = {}
     for level in ("generic", "avx2", "avx512"):
         env = dict(os.environ, PYCOLLECTIVE_SIMD=level)
-        out = subprocess.run([sys.executable, "-c", _BITS_SCRIPT], env=env, capture_output=True,
-                             text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _BITS_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         used, digest = out.stdout.split()
         digests[used] = digest  # a level this CPU lacks falls back to one it has
     if len(digests) < 2:
         pytest.skip(f"this CPU runs only the {next(iter(digests))} kernels")
     assert len(set(digests.values())) == 1, digests
+
 
 # Across processes: fused_update.allreduce_apply ------------------------------------------------
 
@@ -153,26 +173,39 @@ def _allreduce_apply_ranks(rank, n, transport):
     checks = 0
     for rule in fu.RULES:
         for dtype in (np.float32, np.float64):
-            hyper = fu.Hyper(lr=0.05, momentum=0.9, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-                             grad_scale=1.0 / n)
+            hyper = fu.Hyper(
+                lr=0.05, momentum=0.9, beta_1=0.9, beta_2=0.999, epsilon=1e-7, grad_scale=1.0 / n
+            )
             rng = np.random.default_rng(len(rule))  # every rank draws the same numbers
-            grads = [[rng.standard_normal(c).astype(dtype) for c in ACROSS_COUNTS]
-                     for _ in range(n)]
+            grads = [
+                [rng.standard_normal(c).astype(dtype) for c in ACROSS_COUNTS] for _ in range(n)
+            ]
             w0 = [rng.standard_normal(c).astype(dtype) for c in ACROSS_COUNTS]
-            s0 = [[np.abs(rng.standard_normal(c)).astype(dtype) for c in ACROSS_COUNTS]
-                  for _ in fu.RULES[rule][1]]
+            s0 = [
+                [np.abs(rng.standard_normal(c)).astype(dtype) for c in ACROSS_COUNTS]
+                for _ in fu.RULES[rule][1]
+            ]
             copies = 1 + len(rule) % 2  # one copy for some rules, two for others
             var_copies = [[w.copy() for _ in range(copies)] for w in w0]
-            slot_copies = [[[s[i].copy() for _ in range(copies)] for s in s0]
-                           for i in range(len(ACROSS_COUNTS))]
-            fu.allreduce_apply(rule, hyper, [
-                fu.ReplicatedTensor([grads[rank][i]], var_copies[i], slot_copies[i])
-                for i in range(len(ACROSS_COUNTS))])
-            tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12,
-                                                                              atol=1e-12)
+            slot_copies = [
+                [[s[i].copy() for _ in range(copies)] for s in s0]
+                for i in range(len(ACROSS_COUNTS))
+            ]
+            fu.allreduce_apply(
+                rule,
+                hyper,
+                [
+                    fu.ReplicatedTensor([grads[rank][i]], var_copies[i], slot_copies[i])
+                    for i in range(len(ACROSS_COUNTS))
+                ],
+            )
+            tol = (
+                dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+            )
             for i in range(len(ACROSS_COUNTS)):
-                want_w, want_slots = reference(rule, hyper, [g[i] for g in grads], w0[i],
-                                               [s[i] for s in s0])
+                want_w, want_slots = reference(
+                    rule, hyper, [g[i] for g in grads], w0[i], [s[i] for s in s0]
+                )
                 for c in var_copies[i]:
                     np.testing.assert_allclose(c, want_w, **tol, err_msg=f"{rule} {dtype} {i}")
                     np.testing.assert_array_equal(c, var_copies[i][0])
@@ -202,16 +235,27 @@ def _allreduce_apply_bad_calls(rank, n):
     a = np.ones(8, np.float32)
     errors = []
     for call in (
-            lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1), [
-                fu.ReplicatedTensor([a.copy(), a.copy()], [a])]),
-            lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1), [
-                fu.ReplicatedTensor([a.astype(np.float16)], [a.astype(np.float16)])]),
-            lambda: fu.allreduce_apply("momentum", fu.Hyper(lr=1), [
-                fu.ReplicatedTensor([a.copy()], [a])]),
-            # A bad second tensor is refused before the first one's collective runs.
-            lambda: fu.allreduce_apply("momentum", fu.Hyper(lr=1), [
+        lambda: fu.allreduce_apply(
+            "sgd", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy(), a.copy()], [a])]
+        ),
+        lambda: fu.allreduce_apply(
+            "sgd",
+            fu.Hyper(lr=1),
+            [fu.ReplicatedTensor([a.astype(np.float16)], [a.astype(np.float16)])],
+        ),
+        lambda: fu.allreduce_apply(
+            "momentum", fu.Hyper(lr=1), [fu.ReplicatedTensor([a.copy()], [a])]
+        ),
+        # A bad second tensor is refused before the first one's collective runs.
+        lambda: fu.allreduce_apply(
+            "momentum",
+            fu.Hyper(lr=1),
+            [
                 fu.ReplicatedTensor([a.copy()], [a], [[a.copy()]]),
-                fu.ReplicatedTensor([a.copy()], [a.copy()], [[a.copy(), a.copy()]])])):
+                fu.ReplicatedTensor([a.copy()], [a.copy()], [[a.copy(), a.copy()]]),
+            ],
+        ),
+    ):
         try:
             call()
             errors.append(None)
@@ -241,8 +285,9 @@ def _allreduce_apply_in_a_subgroup(rank, n):
     w = np.full(1000, 10.0, np.float32)
     if group is not None:
         grad = np.full(1000, float(rank + 1), np.float32)  # ranks 0 and 2: 1 and 3
-        fu.allreduce_apply("sgd", fu.Hyper(lr=0.5, grad_scale=0.5),
-                           [fu.ReplicatedTensor([grad], [w])], group=group)
+        fu.allreduce_apply(
+            "sgd", fu.Hyper(lr=0.5, grad_scale=0.5), [fu.ReplicatedTensor([grad], [w])], group=group
+        )
     # The world's own sequence is untouched by the subgroup's collective.
     total = np.asarray(pc.allreduce(np.ones(2, np.float32))).tolist()
     pc.shutdown()

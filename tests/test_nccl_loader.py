@@ -22,11 +22,25 @@ from pycollective import nccl
 from pycollective._ext import _C
 
 ALL_SYMBOLS = [
-    "ncclGetVersion", "ncclGetUniqueId", "ncclCommInitRankConfig", "ncclCommFinalize",
-    "ncclCommDestroy", "ncclCommAbort", "ncclCommGetAsyncError", "ncclGetErrorString",
-    "ncclGetLastError", "ncclCommCount", "ncclCommCuDevice", "ncclCommUserRank",
-    "ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
-    "ncclGroupStart", "ncclGroupEnd",
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRankConfig",
+    "ncclCommFinalize",
+    "ncclCommDestroy",
+    "ncclCommAbort",
+    "ncclCommGetAsyncError",
+    "ncclGetErrorString",
+    "ncclGetLastError",
+    "ncclCommCount",
+    "ncclCommCuDevice",
+    "ncclCommUserRank",
+    "ncclAllReduce",
+    "ncclBroadcast",
+    "ncclReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclGroupStart",
+    "ncclGroupEnd",
 ]
 
 
@@ -49,10 +63,12 @@ def _fake_nccl(version: int, symbols=ALL_SYMBOLS) -> str:
         if s == "ncclGetVersion":
             lines.append(f"int ncclGetVersion(int* v) {{ *v = {version}; return 0; }}")
         elif s == "ncclGetUniqueId":
-            lines.append("int ncclGetUniqueId(char* id) { for (int i = 0; i < 128; ++i) "
-                         "id[i] = (char)(i * 3); return 0; }")
+            lines.append(
+                "int ncclGetUniqueId(char* id) { for (int i = 0; i < 128; ++i) "
+                "id[i] = (char)(i * 3); return 0; }"
+            )
         elif s in ("ncclGetErrorString", "ncclGetLastError"):
-            lines.append(f"const char* {s}(void* x) {{ (void)x; return \"fake\"; }}")
+            lines.append(f'const char* {s}(void* x) {{ (void)x; return "fake"; }}')
         else:
             lines.append(f"int {s}(void) {{ return 0; }}")
     return "\n".join(lines) + "\n"
@@ -115,9 +131,11 @@ def test_search_order_is_wheels_then_system(no_env, fakes, tmp_path):
         nccl.probe(dirs)
     msg = str(info.value)
     # Every candidate, in order, each with why it failed.
-    at = [msg.index(os.path.join(missing, "libnccl.so.2")),
-          msg.index(os.path.join(fakes["not_nccl"], "libnccl.so.2")),
-          msg.index("libnccl.so.2 (system loader)")]
+    at = [
+        msg.index(os.path.join(missing, "libnccl.so.2")),
+        msg.index(os.path.join(fakes["not_nccl"], "libnccl.so.2")),
+        msg.index("libnccl.so.2 (system loader)"),
+    ]
     assert at == sorted(at)
     assert "lacks ncclGetVersion" in msg  # the library that is not NCCL
     assert "pip install nvidia-nccl-cu12" in msg and "PYCOLLECTIVE_NCCL_LIBRARY" in msg
@@ -148,8 +166,9 @@ def test_a_working_library_loads(monkeypatch, fakes):
 
 
 def test_wheel_folder_is_used_when_it_works(no_env, fakes):
-    info = nccl.probe([(fakes["not_nccl"], "nvidia-nccl-cu13 wheel"),
-                       (fakes["good"], "nvidia-nccl-cu12 wheel")])
+    info = nccl.probe(
+        [(fakes["not_nccl"], "nvidia-nccl-cu13 wheel"), (fakes["good"], "nvidia-nccl-cu12 wheel")]
+    )
     assert info["origin"] == "nvidia-nccl-cu12 wheel" and info["version"] == "2.21.5"
 
 
@@ -171,8 +190,15 @@ def test_process_library_and_unique_id_through_a_fake_nccl(fakes):
     """)
     env = dict(os.environ, PYCOLLECTIVE_NCCL_LIBRARY=fakes["good"])
     args = [sys.executable] + (["-S"] if sys.flags.no_site else []) + ["-c", code]
-    done = subprocess.run(args, check=False, env=env, capture_output=True, text=True, timeout=60,
-                          cwd=os.path.dirname(fakes["good"]))
+    done = subprocess.run(
+        args,
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(fakes["good"]),
+    )
     assert done.returncode == 0, done.stderr
     import json
 
@@ -194,8 +220,9 @@ def test_unique_id_without_nccl_raises(tmp_path):
     """)
     env = dict(os.environ, PYCOLLECTIVE_NCCL_LIBRARY=str(tmp_path / "absent.so"))
     args = [sys.executable] + (["-S"] if sys.flags.no_site else []) + ["-c", code]
-    done = subprocess.run(args, check=False, env=env, capture_output=True, text=True, timeout=60,
-                          cwd=str(tmp_path))
+    done = subprocess.run(
+        args, check=False, env=env, capture_output=True, text=True, timeout=60, cwd=str(tmp_path)
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["NcclUnavailable", "True"]
 

@@ -38,18 +38,24 @@ def _pairwise(rank, n, transport):
         want = np.concatenate([_block(dtype, p, rank, recvs[p]) for p in range(n)])
         assert out.tobytes() == want.tobytes(), (dtype, "alltoallv")
         # Lists, asynchronously.
-        work = world.alltoall_async([_block(dtype, rank, p, 1 + p) for p in range(n)],
-                                    [np.empty((1 + rank, 3), x.dtype) for _ in range(n)])
+        work = world.alltoall_async(
+            [_block(dtype, rank, p, 1 + p) for p in range(n)],
+            [np.empty((1 + rank, 3), x.dtype) for _ in range(n)],
+        )
         got = work.wait(timeout=30)
         for p in range(n):
             assert got[p].tobytes() == _block(dtype, p, rank, 1 + rank).tobytes()
         for root in range(n):
             g = pc.gather(_block(dtype, rank, root, 4), root=root)
             if rank == root:
-                assert g.tobytes() == np.stack([_block(dtype, p, root, 4) for p in range(n)]).tobytes()
+                assert (
+                    g.tobytes() == np.stack([_block(dtype, p, root, 4) for p in range(n)]).tobytes()
+                )
             else:
                 assert g is None
-            chunks = np.stack([_block(dtype, root, p, 2) for p in range(n)]) if rank == root else None
+            chunks = (
+                np.stack([_block(dtype, root, p, 2) for p in range(n)]) if rank == root else None
+            )
             mine = np.empty((2, 3), x.dtype)
             assert pc.scatter(chunks, mine, root=root) is mine
             assert mine.tobytes() == _block(dtype, root, rank, 2).tobytes()

@@ -46,8 +46,13 @@ def _all_collectives(rank, n, transport, dtypes):
                     full = reduce_ref(xs, "sum").reshape(-1)
                     base, extra = divmod(count, n)
                     start = rank * base + min(rank, extra)
-                    assert_close(np.asarray(part).reshape(-1),
-                                 full[start:start + base + (rank < extra)], "sum", n, "rs")
+                    assert_close(
+                        np.asarray(part).reshape(-1),
+                        full[start : start + base + (rank < extra)],
+                        "sum",
+                        n,
+                        "rs",
+                    )
                 checks += 4
     pc.barrier()
     # Results are bitwise identical on every rank: gather a digest of one float sum.
@@ -153,8 +158,9 @@ def _single_rank(rank, n):
 def test_world_of_one():
     [[values, inline_error]] = run_ranks(_single_rank, 1, timeout=45)
     assert values == [0.0, 1.0, 2.0, 3.0]
-    assert "'inline'" in inline_error and "in-process replicas (LocalCommunicator)" in \
-        inline_error, inline_error
+    assert (
+        "'inline'" in inline_error and "in-process replicas (LocalCommunicator)" in inline_error
+    ), inline_error
 
 
 def _torch_tensors(rank, n):

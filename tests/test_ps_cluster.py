@@ -43,10 +43,15 @@ TOKEN = "test-cluster-token"
 def cluster():
     """2 ps and 2 worker tasks in this process; yields the chief's cluster dict."""
     placeholder = {"ps": ["127.0.0.1:0"] * 2, "worker": ["127.0.0.1:0"] * 2}
-    servers = [Server(placeholder, job, i, token=TOKEN)
-               for job, i in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1))]
-    yield {"chief": ["127.0.0.1:1"], "ps": [s.address for s in servers[:2]],
-           "worker": [s.address for s in servers[2:]]}
+    servers = [
+        Server(placeholder, job, i, token=TOKEN)
+        for job, i in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1))
+    ]
+    yield {
+        "chief": ["127.0.0.1:1"],
+        "ps": [s.address for s in servers[:2]],
+        "worker": [s.address for s in servers[2:]],
+    }
     for s in servers:
         s.stop(0)
 
@@ -54,11 +59,13 @@ def cluster():
 def make_strategy(cluster, **kwargs):
     kwargs.setdefault("rpc_timeout", 10)
     kwargs.setdefault("closure_timeout", 30)
-    return ParameterServerStrategy(SimpleClusterResolver(cluster, task_type="chief", task_id=0),
-                                   token=TOKEN, **kwargs)
+    return ParameterServerStrategy(
+        SimpleClusterResolver(cluster, task_type="chief", task_id=0), token=TOKEN, **kwargs
+    )
 
 
 # A small softmax-regression model with hand-written gradients ------------------------------------
+
 
 def digits():
     from sklearn.datasets import load_digits
@@ -105,20 +112,23 @@ def step_on_iterator(model, optimizer, iterator):
 
 # Tests ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make_opt", [lambda: SGD(0.5, momentum=0.9), lambda: Adam(0.02)],
-                         ids=["sgd-momentum", "adam"])
+
+@pytest.mark.parametrize(
+    "make_opt", [lambda: SGD(0.5, momentum=0.9), lambda: Adam(0.02)], ids=["sgd-momentum", "adam"]
+)
 def test_sync_equals_single_replica(cluster, make_opt):
     (x, y), _ = digits()
     steps, half = 12, 16
-    strategy = make_strategy(cluster, update_mode="sync",
-                             variable_partitioner=FixedShardsPartitioner(2))
+    strategy = make_strategy(
+        cluster, update_mode="sync", variable_partitioner=FixedShardsPartitioner(2)
+    )
     assert strategy.num_replicas_in_sync == 2
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():
         model, opt = Softmax(), make_opt()
     assert isinstance(model.w, ShardedVariable)
     for k in range(steps):
-        xb, yb = x[k * 2 * half:(k + 1) * 2 * half], y[k * 2 * half:(k + 1) * 2 * half]
+        xb, yb = x[k * 2 * half : (k + 1) * 2 * half], y[k * 2 * half : (k + 1) * 2 * half]
         # One function per worker and step: each worker's gradient is the mean over its half;
         # the ps averages the two, i.e. the mean over the whole batch.
         coordinator.schedule(step_on_batch, args=(model, opt, xb[:half], yb[:half]))
@@ -130,12 +140,10 @@ def test_sync_equals_single_replica(cluster, make_opt):
     with reference.scope():
         ref_model, ref_opt = Softmax(), make_opt()
     for k in range(steps):
-        xb, yb = x[k * 2 * half:(k + 1) * 2 * half], y[k * 2 * half:(k + 1) * 2 * half]
+        xb, yb = x[k * 2 * half : (k + 1) * 2 * half], y[k * 2 * half : (k + 1) * 2 * half]
         reference.run(step_on_batch, args=(ref_model, ref_opt, xb, yb))
-    np.testing.assert_allclose(model.w.read_value(), ref_model.w.read_value(), rtol=1e-5,
-                               atol=1e-6)
-    np.testing.assert_allclose(model.b.read_value(), ref_model.b.read_value(), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(model.w.read_value(), ref_model.w.read_value(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.b.read_value(), ref_model.b.read_value(), rtol=1e-5, atol=1e-6)
     assert int(opt.iterations.read_value()) == steps
 
 
@@ -153,14 +161,18 @@ def test_async_training_reaches_90_percent(cluster):
             yield x_train[rows], y_train[rows]
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    losses = [coordinator.schedule(step_on_iterator, args=(model, opt, iterator))
-              for _ in range(160)]
+    losses = [
+        coordinator.schedule(step_on_iterator, args=(model, opt, iterator)) for _ in range(160)
+    ]
     coordinator.join()
     coordinator.close()
-    assert {rv.worker for rv in losses} == {"/job:worker/replica:0/task:0",
-                                            "/job:worker/replica:0/task:1"}
-    assert np.mean([rv.fetch() for rv in losses[-20:]]) < np.mean([rv.fetch()
-                                                                   for rv in losses[:20]])
+    assert {rv.worker for rv in losses} == {
+        "/job:worker/replica:0/task:0",
+        "/job:worker/replica:0/task:1",
+    }
+    assert np.mean([rv.fetch() for rv in losses[-20:]]) < np.mean(
+        [rv.fetch() for rv in losses[:20]]
+    )
     accuracy = (model.logits(x_test).argmax(1) == y_test).mean()
     assert accuracy >= 0.9, accuracy
     assert int(opt.iterations.read_value()) == 160  # each worker's push applied on arrival
@@ -176,14 +188,17 @@ def test_partitioned_variable_spans_both_ps(cluster):
         opt = SGD(0.5)
     assert isinstance(v, ShardedVariable) and len(v.variables) == 2
     assert [s.shape for s in v.variables] == [(4, 3), (3, 3)]
-    assert [s.device for s in v.variables] == ["/job:ps/replica:0/task:0/device:CPU:0",
-                                               "/job:ps/replica:0/task:1/device:CPU:0"]
+    assert [s.device for s in v.variables] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
     assert not isinstance(scalar, ShardedVariable)
     # Each ps task really holds its shard.
     for shard, address, rows in zip(v.variables, cluster["ps"], (slice(0, 4), slice(4, 7))):
         stub = pb_grpc.ParameterServerStub(grpc.insecure_channel(address))
-        resp = stub.Pull(pb.PullRequest(keys=[shard._shards[0].key]), timeout=5,
-                         metadata=wire.metadata(TOKEN))
+        resp = stub.Pull(
+            pb.PullRequest(keys=[shard._shards[0].key]), timeout=5, metadata=wire.metadata(TOKEN)
+        )
         np.testing.assert_array_equal(wire.decode_tensor(resp.values[0]), initial[rows])
     np.testing.assert_array_equal(np.asarray(v), initial)
     v.assign_add(np.ones((7, 3), np.float32))
@@ -206,8 +221,9 @@ def test_checkpoint_of_variables_and_optimizer_state(cluster, tmp_path):
     with strategy.scope():
         model, opt = Softmax(), Adam(0.05)
     for k in range(4):
-        coordinator.schedule(step_on_batch, args=(model, opt, x[k * 32:(k + 1) * 32],
-                                                  y[k * 32:(k + 1) * 32]))
+        coordinator.schedule(
+            step_on_batch, args=(model, opt, x[k * 32 : (k + 1) * 32], y[k * 32 : (k + 1) * 32])
+        )
     coordinator.join()
     ckpt = Checkpoint(model=model, optimizer=opt)
     path = ckpt.write(str(tmp_path / "ps.npz"))
@@ -247,6 +263,7 @@ def test_errors_of_scheduled_functions(cluster):
 
 # Authentication ----------------------------------------------------------------------------------------
 
+
 class _Trap:
     """Unpickling this would create a directory: proof of code execution."""
 
@@ -273,21 +290,24 @@ def test_unauthenticated_or_tampered_messages_are_refused(cluster, tmp_path, cap
     request = pb.RunClosureRequest(closure_id=1, closure=signed)
     # No token, or a wrong one: refused before any handler runs.
     assert code_of(worker.RunClosure, request, None) == grpc.StatusCode.UNAUTHENTICATED
-    assert code_of(worker.RunClosure, request, wire.metadata("wrong")) \
+    assert (
+        code_of(worker.RunClosure, request, wire.metadata("wrong"))
         == grpc.StatusCode.UNAUTHENTICATED
-    assert code_of(ps.Pull, pb.PullRequest(keys=["x"]), None) \
-        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert code_of(ps.Pull, pb.PullRequest(keys=["x"]), None) == grpc.StatusCode.UNAUTHENTICATED
     # Streaming calls too.
     with pytest.raises(grpc.RpcError) as info:
         list(ps.PullStream(pb.PullRequest(keys=["x"]), timeout=5))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     chunks = iter([pb.AssignChunk(header=pb.AssignRequest(keys=["x"], kind="assign"))])
-    assert code_of(ps.AssignStream, chunks, wire.metadata("wrong")) \
-        == grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        code_of(ps.AssignStream, chunks, wire.metadata("wrong")) == grpc.StatusCode.UNAUTHENTICATED
+    )
     caplog.set_level(logging.WARNING, logger="pycollective.strategies.parameter_server")
     # The right token, but a payload signed with another key, or altered after signing.
-    forged = pb.RunClosureRequest(closure_id=2, closure=wire.sign(wire.payload_key("other"),
-                                                                  "closure", body))
+    forged = pb.RunClosureRequest(
+        closure_id=2, closure=wire.sign(wire.payload_key("other"), "closure", body)
+    )
     assert code_of(worker.RunClosure, forged, good_md) == grpc.StatusCode.UNAUTHENTICATED
     tampered = pb.RunClosureRequest()
     tampered.CopyFrom(request)

@@ -47,19 +47,30 @@ class Task:
 
     def __init__(self, job: str, index: int, address: str = "127.0.0.1:0") -> None:
         env = dict(os.environ)
-        env.update({
-            "PYCOLLECTIVE_TOKEN": TOKEN,
-            "TF_CONFIG": json.dumps({"cluster": {job: ["127.0.0.1:0"] * index + [address]},
-                                     "task": {"type": job, "index": index}}),
-            "PYTHONPATH": os.pathsep.join([HERE] + [p for p in env.get("PYTHONPATH", "")
-                                                    .split(os.pathsep) if p]),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "PYCOLLECTIVE_TOKEN": TOKEN,
+                "TF_CONFIG": json.dumps(
+                    {
+                        "cluster": {job: ["127.0.0.1:0"] * index + [address]},
+                        "task": {"type": job, "index": index},
+                    }
+                ),
+                "PYTHONPATH": os.pathsep.join(
+                    [HERE] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+                ),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.job, self.index = job, index
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pycollective.strategies.parameter_server"], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()))
+            [sys.executable, "-m", "pycollective.strategies.parameter_server"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -106,10 +117,14 @@ def tasks():
 
 
 def make_strategy(ps, workers, **kwargs):
-    cluster = {"chief": ["127.0.0.1:1"], "ps": [t.address for t in ps],
-               "worker": [t.address for t in workers]}
-    return ParameterServerStrategy(SimpleClusterResolver(cluster, task_type="chief", task_id=0),
-                                   token=TOKEN, **kwargs)
+    cluster = {
+        "chief": ["127.0.0.1:1"],
+        "ps": [t.address for t in ps],
+        "worker": [t.address for t in workers],
+    }
+    return ParameterServerStrategy(
+        SimpleClusterResolver(cluster, task_type="chief", task_id=0), token=TOKEN, **kwargs
+    )
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:
@@ -121,6 +136,7 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 
 
 # Scheduled on the workers ------------------------------------------------------------------------------
+
 
 def ones_dataset():
     while True:
@@ -139,6 +155,7 @@ def ones_step(var, optimizer):
 
 
 # Tests --------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(60)
 def test_killed_worker_finishes_on_the_others_and_rejoins(tasks):
@@ -177,8 +194,11 @@ def test_killed_ps_raises_within_deadline_and_resumes_from_checkpoint(tasks, tmp
     ps = [tasks("ps", 0), tasks("ps", 1)]
     workers = [tasks("worker", 0)]
     rpc_timeout = 2.0
-    kwargs = {"variable_partitioner": FixedShardsPartitioner(2), "rpc_timeout": rpc_timeout,
-              "closure_timeout": 20}
+    kwargs = {
+        "variable_partitioner": FixedShardsPartitioner(2),
+        "rpc_timeout": rpc_timeout,
+        "closure_timeout": 20,
+    }
     strategy = make_strategy(ps, workers, **kwargs)
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():

@@ -18,14 +18,26 @@ EXAMPLE = os.path.join(ROOT, "examples", "ps_train_digits.py")
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYCOLLECTIVE_TOKEN")}
-    return subprocess.run([sys.executable, "-m", "pycollective.cli", "run", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pycollective.cli", "run", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_cluster_environments():
     envs = launcher.ps_cluster_environments(2, 3, base={})
-    assert [(job, i) for job, i, _ in envs] == [("chief", 0), ("ps", 0), ("ps", 1),
-                                                ("worker", 0), ("worker", 1), ("worker", 2)]
+    assert [(job, i) for job, i, _ in envs] == [
+        ("chief", 0),
+        ("ps", 0),
+        ("ps", 1),
+        ("worker", 0),
+        ("worker", 1),
+        ("worker", 2),
+    ]
     tokens = {env["PYCOLLECTIVE_TOKEN"] for _, _, env in envs}
     assert len(tokens) == 1 and len(tokens.pop()) == 32
     import json
@@ -38,8 +50,20 @@ def test_cluster_environments():
 
 @pytest.mark.timeout(60)
 def test_example_trains_on_a_local_cluster():
-    result = run("--ps", "2", "--workers", "2", "--timeout", "50", sys.executable, EXAMPLE,
-                 "--update-mode", "sync", "--epochs", "2")
+    result = run(
+        "--ps",
+        "2",
+        "--workers",
+        "2",
+        "--timeout",
+        "50",
+        sys.executable,
+        EXAMPLE,
+        "--update-mode",
+        "sync",
+        "--epochs",
+        "2",
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     for label in ("[ps 0]", "[ps 1]", "[worker 0]", "[worker 1]", "[chief]"):

@@ -59,6 +59,7 @@ def test_partitioner_arguments_and_shard_rows():
 
 # Wire format -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int8", "bool", "complex64"])
 def test_tensor_round_trip(dtype):
     x = (np.arange(24).reshape(2, 3, 4) % 3).astype(dtype)
@@ -114,13 +115,15 @@ def test_cluster_needs_a_token_and_ps_tasks(monkeypatch):
     with pytest.raises(ValueError, match="PYCOLLECTIVE_TOKEN"):
         ParameterServerStrategy(SimpleClusterResolver(spec, task_type="chief", task_id=0))
     with pytest.raises(ValueError, match="'ps' tasks"):
-        ParameterServerStrategy(SimpleClusterResolver({"worker": ["127.0.0.1:2"]},
-                                                      task_type="worker", task_id=0))
+        ParameterServerStrategy(
+            SimpleClusterResolver({"worker": ["127.0.0.1:2"]}, task_type="worker", task_id=0)
+        )
     with pytest.raises(ValueError, match="update_mode"):
         ParameterServerStrategy(update_mode="eventually")
 
 
 # One machine ------------------------------------------------------------------------------------------
+
 
 def _data(n=96, seed=0):
     rng = np.random.default_rng(seed)
@@ -152,10 +155,14 @@ def _train(strategy, make_opt, steps=8, batch=24):
     return w.read_value(), b.read_value(), int(opt.iterations.read_value())
 
 
-@pytest.mark.parametrize("make_opt", [
-    lambda: SGD(0.5, momentum=0.9, gradient_aggregation=ReduceOp.SUM),
-    lambda: Adam(0.05, gradient_aggregation=ReduceOp.SUM),
-], ids=["sgd-momentum", "adam"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda: SGD(0.5, momentum=0.9, gradient_aggregation=ReduceOp.SUM),
+        lambda: Adam(0.05, gradient_aggregation=ReduceOp.SUM),
+    ],
+    ids=["sgd-momentum", "adam"],
+)
 def test_one_machine_equals_one_replica(make_opt):
     strategy = ParameterServerStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
     assert not strategy.is_cluster and strategy.num_replicas_in_sync == 3
@@ -170,8 +177,11 @@ def test_one_machine_keeps_one_copy_on_the_parameter_device():
     strategy = ParameterServerStrategy(compute_devices=["/cpu:0", "/cpu:1"])
     with strategy.scope():
         v = Variable(np.zeros(2, np.float32), aggregation=VariableAggregation.MEAN)
-        counter = Variable(0.0, synchronization=VariableSynchronization.ON_READ,
-                           aggregation=VariableAggregation.SUM)
+        counter = Variable(
+            0.0,
+            synchronization=VariableSynchronization.ON_READ,
+            aggregation=VariableAggregation.SUM,
+        )
     assert strategy.extended.parameter_devices == (v.device,)
     assert len(v.values) == 1
 

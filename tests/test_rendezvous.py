@@ -554,8 +554,9 @@ def test_rank_silent_from_the_moment_it_watches_is_reported(make_service, make_c
     clients[0].start_heartbeat(recorder, interval=0.1)
     channel, stub = raw_stub(service.address)
     with channel:
-        watch = stub.WatchAbort(pb.WatchAbortRequest(rank=1),
-                                metadata=(("x-pycollective-token", TOKEN),))
+        watch = stub.WatchAbort(
+            pb.WatchAbortRequest(rank=1), metadata=(("x-pycollective-token", TOKEN),)
+        )
         watch.initial_metadata()  # the service now watches rank 1, which never heartbeats
         rank, reason, _ = recorder.wait(5.0)
         watch.cancel()

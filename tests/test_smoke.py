@@ -60,15 +60,19 @@ def test_two_processes_over_shm_match_numpy(tmp_path):
     )
     script = tmp_path / "smoke.py"
     script.write_text(program)
-    res = subprocess.run([CLI, "run", "-n", "2", "--timeout", "60", sys.executable, str(script)],
-                         capture_output=True, text=True, timeout=80, cwd=tmp_path)
+    res = subprocess.run(
+        [CLI, "run", "-n", "2", "--timeout", "60", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=80,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "[rank 0] ok 0" in res.stdout and "[rank 1] ok 1" in res.stdout
 
 
 @pytest.mark.timeout(60)
 def test_doctor_runs(tmp_path):
-    res = subprocess.run([CLI, "doctor"], capture_output=True, text=True, timeout=50,
-                         cwd=tmp_path)
+    res = subprocess.run([CLI, "doctor"], capture_output=True, text=True, timeout=50, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert f"version: {pc.__version__}" in res.stdout and "transports:" in res.stdout

@@ -25,8 +25,7 @@ CLI = [os.path.join(os.path.dirname(sys.executable), "pycollective")]
 
 def _run(args: list[str], cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYCOLLECTIVE_PACKAGE_DIR"}
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -34,7 +33,8 @@ def decoy_dir(tmp_path: Path) -> Path:
     """A directory whose pycollective/ is a package that aborts any process importing it."""
     (tmp_path / "pycollective").mkdir()
     (tmp_path / "pycollective" / "__init__.py").write_text(
-        "raise SystemExit('the decoy pycollective package was imported')\n")
+        "raise SystemExit('the decoy pycollective package was imported')\n"
+    )
     return tmp_path
 
 
@@ -46,15 +46,39 @@ def checkout_root(tmp_path: Path) -> Path:
         pytest.skip("the tests do not sit in a source checkout")
     if os.path.samefile(SOURCE_FOLDER, INSTALLED):
         pytest.skip("editable install: the source folder is the installed package")
-    shutil.copytree(SOURCE_FOLDER, tmp_path / "pycollective",
-                    ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    shutil.copytree(
+        SOURCE_FOLDER,
+        tmp_path / "pycollective",
+        ignore=shutil.ignore_patterns("_C*", "__pycache__"),
+    )
     return tmp_path
 
 
 @pytest.mark.timeout(120)
 def test_benchmark_ranks_import_the_installed_package_beside_a_decoy(decoy_dir):
-    res = _run(CLI + ["bench", "--world", "2", "-b", "4K", "-e", "4K", "-n", "3", "-w", "1",
-                      "--budget", "0.05", "--algos", "ring", "--peers", ""], decoy_dir)
+    res = _run(
+        CLI
+        + [
+            "bench",
+            "--world",
+            "2",
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "--budget",
+            "0.05",
+            "--algos",
+            "ring",
+            "--peers",
+            "",
+        ],
+        decoy_dir,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "decoy" not in res.stdout + res.stderr
     assert "all results correct" in res.stdout
@@ -71,10 +95,13 @@ def test_module_command_ignores_the_current_directory(decoy_dir):
 
 @pytest.mark.timeout(90)
 def test_launcher_ranks_import_the_installed_package_from_a_checkout_root(checkout_root):
-    program = ("import numpy, pycollective as pc; pc.init(); "
-               "print('package', pc.__file__, pc.allreduce(numpy.ones(2)).tolist())")
-    res = _run(CLI + ["run", "-n", "2", "--timeout", "60", sys.executable, "-c", program],
-               checkout_root)
+    program = (
+        "import numpy, pycollective as pc; pc.init(); "
+        "print('package', pc.__file__, pc.allreduce(numpy.ones(2)).tolist())"
+    )
+    res = _run(
+        CLI + ["run", "-n", "2", "--timeout", "60", sys.executable, "-c", program], checkout_root
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     expected = f"package {os.path.join(INSTALLED, '__init__.py')} [2.0, 2.0]"
     assert res.stdout.count(expected) == 2, res.stdout
@@ -104,8 +131,13 @@ def test_version_names_version_and_commit(tmp_path):
 def test_doctor_reports_build_libraries_transports_tuning_and_variables(tmp_path):
     env_table = tmp_path / "tuning.json"
     res = subprocess.run(
-        CLI + ["doctor", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        env=dict(os.environ, PYCOLLECTIVE_TOKEN="s3cret", PYCOLLECTIVE_TUNING=str(env_table)))
+        CLI + ["doctor", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYCOLLECTIVE_TOKEN="s3cret", PYCOLLECTIVE_TUNING=str(env_table)),
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     build = report["pycollective"]

@@ -27,11 +27,14 @@ def load(name: str) -> dict:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("argv, floor", [
-    (["--model", "softmax", "--replicas", "4", "--epochs", "3"], 0.9),
-    (["--model", "mlp", "--replicas", "3", "--epochs", "3"], 0.9),
-    (["--model", "mlp", "--replicas", "2", "--epochs", "2", "--optimizer", "sgd"], 0.8),
-])
+@pytest.mark.parametrize(
+    "argv, floor",
+    [
+        (["--model", "softmax", "--replicas", "4", "--epochs", "3"], 0.9),
+        (["--model", "mlp", "--replicas", "3", "--epochs", "3"], 0.9),
+        (["--model", "mlp", "--replicas", "2", "--epochs", "2", "--optimizer", "sgd"], 0.8),
+    ],
+)
 def test_train_digits(capsys, argv, floor):
     accuracy = load("train_digits.py")["main"](argv)
     out = capsys.readouterr().out
@@ -50,12 +53,24 @@ def test_train_digits_torch(capsys):
 def test_train_digits_multi_worker():
     if not hasattr(pc, "init"):
         pytest.skip("pycollective has no process groups (pycollective.init) in this build")
-    cmd = [sys.executable, "-m", "pycollective.cli", "run", "-n", "2", "--timeout", "90",
-           sys.executable, str(EXAMPLES / "train_digits.py"), "--multi-worker", "--epochs", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pycollective.cli",
+        "run",
+        "-n",
+        "2",
+        "--timeout",
+        "90",
+        sys.executable,
+        str(EXAMPLES / "train_digits.py"),
+        "--multi-worker",
+        "--epochs",
+        "2",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(PYCOLLECTIVE_TIMEOUT="30", PYCOLLECTIVE_CPU_REPLICAS="2")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110,
-                          check=False)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "[rank 0] MultiWorkerMirroredStrategy: 4 replicas" in out, out[-4000:]

@@ -26,12 +26,16 @@ def strategy(request):
 
 # Construction ------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_devices_are_canonical_cpu_replicas():
-    s = ds.MirroredStrategy(["/cpu:0", "/device:CPU:1", "/job:localhost/replica:0/task:0/device:CPU:2"])
+    s = ds.MirroredStrategy(
+        ["/cpu:0", "/device:CPU:1", "/job:localhost/replica:0/task:0/device:CPU:2"]
+    )
     assert s.num_replicas_in_sync == 3
     assert s.extended.worker_devices == tuple(
-        f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3))
+        f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)
+    )
     assert s.extended.parameter_devices == s.extended.worker_devices
 
 
@@ -42,12 +46,15 @@ def test_gpu_devices_are_refused_with_a_clear_error():
 
 
 @pytest.mark.timeout(20)
-@pytest.mark.parametrize("devices, match", [
-    ([], "at least one"),
-    (["/cpu:0", "/cpu:0"], "more than once"),
-    (["/tpu:0"], "unsupported device type"),
-    (["cpu zero"], "cannot parse device"),
-])
+@pytest.mark.parametrize(
+    "devices, match",
+    [
+        ([], "at least one"),
+        (["/cpu:0", "/cpu:0"], "more than once"),
+        (["/tpu:0"], "unsupported device type"),
+        (["cpu zero"], "cannot parse device"),
+    ],
+)
 def test_bad_devices(devices, match):
     with pytest.raises(ValueError, match=match):
         ds.MirroredStrategy(devices)
@@ -74,8 +81,9 @@ def test_cross_device_ops_name_algorithms():
     for ops, algo in cases:
         s = ds.MirroredStrategy(cpus(2), cross_device_ops=ops)
         assert s.extended.backend.algorithm == algo
-        out = s.run(lambda: ds.get_replica_context().all_reduce(
-            "sum", np.arange(5, dtype=np.float32)))
+        out = s.run(
+            lambda: ds.get_replica_context().all_reduce("sum", np.arange(5, dtype=np.float32))
+        )
         for r in s.experimental_local_results(out):
             np.testing.assert_array_equal(r, 2 * np.arange(5, dtype=np.float32))
     with pytest.raises(ValueError, match="unknown algorithm 'bogus'; choose one of"):
@@ -114,6 +122,7 @@ def test_cross_device_ops_standalone():
 
 
 # Contexts -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(20)
 def test_contexts_outside_inside_scope_and_run():
@@ -168,6 +177,7 @@ def test_experimental_set_strategy():
 
 
 # run ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(20)
 def test_run_replicas_are_concurrent_threads():
@@ -224,11 +234,13 @@ def test_replica_threads_end_with_their_strategy():
 def test_run_splits_per_replica_arguments(strategy):
     n = strategy.num_replicas_in_sync
     pr = strategy.experimental_distribute_values_from_function(
-        lambda ctx: np.full(2, ctx.replica_id_in_sync_group, np.float32))
+        lambda ctx: np.full(2, ctx.replica_id_in_sync_group, np.float32)
+    )
     assert isinstance(pr, ds.PerReplica) and len(pr.values) == n
     shared = np.ones(2)
-    out = strategy.run(lambda x, y, *, z: (x + 1, y is shared, z), args=(pr, shared),
-                       kwargs={"z": pr})
+    out = strategy.run(
+        lambda x, y, *, z: (x + 1, y is shared, z), args=(pr, shared), kwargs={"z": pr}
+    )
     xs = strategy.experimental_local_results(out[0])
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(x, np.full(2, i + 1))
@@ -253,20 +265,23 @@ def test_nested_run_is_refused():
 
 # Cross-replica reductions ---------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_reduce_sum_mean_and_axis(strategy):
     n = strategy.num_replicas_in_sync
     # Uneven per-replica batches: replica r has r + 1 rows.
     pr = strategy.experimental_distribute_values_from_function(
-        lambda ctx: np.arange(2 * (ctx.replica_id_in_sync_group + 1), dtype=np.float32)
-        .reshape(-1, 2) + ctx.replica_id_in_sync_group)
+        lambda ctx: (
+            np.arange(2 * (ctx.replica_id_in_sync_group + 1), dtype=np.float32).reshape(-1, 2)
+            + ctx.replica_id_in_sync_group
+        )
+    )
     rows = np.concatenate(strategy.experimental_local_results(pr))
-    np.testing.assert_allclose(strategy.reduce(ReduceOp.SUM, pr, axis=0), rows.sum(0),
-                               rtol=1e-6)
-    np.testing.assert_allclose(strategy.reduce(ReduceOp.MEAN, pr, axis=0), rows.mean(0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(strategy.reduce(ReduceOp.SUM, pr, axis=0), rows.sum(0), rtol=1e-6)
+    np.testing.assert_allclose(strategy.reduce(ReduceOp.MEAN, pr, axis=0), rows.mean(0), rtol=1e-6)
     same = strategy.experimental_distribute_values_from_function(
-        lambda ctx: np.full(3, ctx.replica_id_in_sync_group + 1.0))
+        lambda ctx: np.full(3, ctx.replica_id_in_sync_group + 1.0)
+    )
     total = sum(range(1, n + 1))
     np.testing.assert_allclose(strategy.reduce("SUM", same, axis=None), np.full(3, total))
     np.testing.assert_allclose(strategy.reduce("MEAN", same, axis=None), np.full(3, total / n))
@@ -290,14 +305,17 @@ def test_reduce_non_distributed_values_follow_tf():
 @pytest.mark.timeout(20)
 def test_gather_concatenates_in_replica_order(strategy):
     pr = strategy.experimental_distribute_values_from_function(
-        lambda ctx: np.full((ctx.replica_id_in_sync_group + 1, 2), ctx.replica_id_in_sync_group))
+        lambda ctx: np.full((ctx.replica_id_in_sync_group + 1, 2), ctx.replica_id_in_sync_group)
+    )
     expected = np.concatenate(strategy.experimental_local_results(pr), axis=0)
     np.testing.assert_array_equal(strategy.gather(pr, axis=0), expected)
     pr2 = strategy.experimental_distribute_values_from_function(
-        lambda ctx: np.full((2, 1), ctx.replica_id_in_sync_group))
+        lambda ctx: np.full((2, 1), ctx.replica_id_in_sync_group)
+    )
     np.testing.assert_array_equal(
         strategy.gather(pr2, axis=1),
-        np.concatenate(strategy.experimental_local_results(pr2), axis=1))
+        np.concatenate(strategy.experimental_local_results(pr2), axis=1),
+    )
 
 
 @pytest.mark.timeout(20)
@@ -309,6 +327,7 @@ def test_reduce_inside_run_is_refused():
 
 # Replica-context collectives ------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_all_reduce_of_a_nest_is_fused(strategy):
     n = strategy.num_replicas_in_sync
@@ -317,8 +336,10 @@ def test_all_reduce_of_a_nest_is_fused(strategy):
 
     def fn():
         r = ds.get_replica_context().replica_id_in_sync_group
-        nest = {"w": np.full((2, 3), r, np.float32), "b": [np.full(4, r, np.float32),
-                                                            np.float32(r)]}
+        nest = {
+            "w": np.full((2, 3), r, np.float32),
+            "b": [np.full(4, r, np.float32), np.float32(r)],
+        }
         return ds.get_replica_context().all_reduce(ReduceOp.SUM, nest)
 
     out = strategy.run(fn)
@@ -337,9 +358,11 @@ def test_all_reduce_mean_and_integers():
     def fn():
         r = ds.get_replica_context().replica_id_in_sync_group
         ctx = ds.get_replica_context()
-        return (ctx.all_reduce("MEAN", np.array([r], np.float64)),
-                ctx.all_reduce("MEAN", np.array([r], np.int64)),
-                ctx.all_reduce("SUM", np.array([r], np.int32)))
+        return (
+            ctx.all_reduce("MEAN", np.array([r], np.float64)),
+            ctx.all_reduce("MEAN", np.array([r], np.int64)),
+            ctx.all_reduce("SUM", np.array([r], np.int32)),
+        )
 
     f, i, si = s.run(fn)
     assert f.values[2][0] == 1.5 and i.values[0][0] == 1 and i.values[0].dtype == np.int64
@@ -363,7 +386,8 @@ def test_all_gather_ragged(strategy):
     def fn():
         r = ds.get_replica_context().replica_id_in_sync_group
         return ds.get_replica_context().all_gather(
-            (np.full((r + 1, 2), r), np.array([r, r])), axis=0)
+            (np.full((r + 1, 2), r), np.array([r, r])), axis=0
+        )
 
     out = strategy.run(fn)
     n = strategy.num_replicas_in_sync
@@ -391,8 +415,9 @@ def test_merge_call(strategy):
 
     def fn():
         r = ds.get_replica_context().replica_id_in_sync_group
-        return ds.get_replica_context().merge_call(merge_fn, args=(np.full(2, r + 1.0), v),
-                                                   kwargs={"scale": 2})
+        return ds.get_replica_context().merge_call(
+            merge_fn, args=(np.full(2, r + 1.0), v), kwargs={"scale": 2}
+        )
 
     out = strategy.run(fn)
     assert len(calls) == 1
@@ -410,12 +435,14 @@ def test_merge_call_returning_per_replica_gives_each_replica_its_part():
     def fn():
         r = ds.get_replica_context().replica_id_in_sync_group
         return ds.get_replica_context().merge_call(
-            lambda strategy, x: ds.PerReplica([c * 10 for c in x.values]), args=(r,))
+            lambda strategy, x: ds.PerReplica([c * 10 for c in x.values]), args=(r,)
+        )
 
     assert s.experimental_local_results(s.run(fn)) == (0, 10, 20)
 
 
 # Failures never hang --------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(20)
 def test_a_replica_that_raises_releases_the_others():
@@ -469,8 +496,10 @@ def test_a_replica_that_returns_early_fails_the_slot_at_once():
         return ctx.all_reduce("SUM", np.ones(2))
 
     t0 = time.monotonic()
-    with pytest.raises(ds.ReplicaFailed, match="replica 1 returned from its replica function "
-                                               "without calling all_reduce"):
+    with pytest.raises(
+        ds.ReplicaFailed,
+        match="replica 1 returned from its replica function without calling all_reduce",
+    ):
         s.run(fn)
     assert time.monotonic() - t0 < 30  # failed at once, not at the collective timeout (60 s)
 
@@ -485,8 +514,9 @@ def test_different_collectives_are_a_protocol_error():
             return ctx.all_gather(np.ones(2), axis=0)
         return ctx.all_reduce("SUM", np.ones(2))
 
-    with pytest.raises(pc.ProtocolError, match="replica 1 called all_gather.*but replica 0 "
-                                               "called all_reduce"):
+    with pytest.raises(
+        pc.ProtocolError, match="replica 1 called all_gather.*but replica 0 called all_reduce"
+    ):
         s.run(fn)
 
 
@@ -504,8 +534,10 @@ def test_slow_replica_times_out_with_the_missing_replica_named(monkeypatch):
         return ctx.all_reduce("SUM", np.ones(2))
 
     t0 = time.monotonic()
-    with pytest.raises(pc.CollectiveTimeout, match="replica 0 waited 0.5 s in all_reduce.*for "
-                                                   "replica 1, which never arrived"):
+    with pytest.raises(
+        pc.CollectiveTimeout,
+        match="replica 0 waited 0.5 s in all_reduce.*for replica 1, which never arrived",
+    ):
         try:
             s.run(fn)
         finally:
@@ -526,12 +558,13 @@ def test_merge_fn_error_reaches_the_caller():
 
 # Distributed input ----------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_distribute_dataset_splits_global_batches_evenly_and_unevenly(strategy):
     n = strategy.num_replicas_in_sync
     x = np.arange(22 * 3, dtype=np.float32).reshape(22, 3)
     y = np.arange(22)
-    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 22, 8)]  # 8, 8, 6 rows
+    batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 22, 8)]  # 8, 8, 6 rows
     steps = list(strategy.experimental_distribute_dataset(batches))
     assert len(steps) == 3
     for (bx, by), (px, py) in zip(batches, steps):
@@ -579,7 +612,7 @@ def test_distribute_datasets_from_function(strategy):
         contexts.append(ctx)
         per_replica = ctx.get_per_replica_batch_size(2 * n)
         data = np.arange(2 * n * 3 + 2, dtype=np.float32)  # 3 full steps, then 2 leftover rows
-        return [data[i:i + per_replica] for i in range(0, len(data), per_replica)]
+        return [data[i : i + per_replica] for i in range(0, len(data), per_replica)]
 
     steps = list(strategy.distribute_datasets_from_function(dataset_fn))
     assert len(contexts) == 1
@@ -598,13 +631,17 @@ def test_distribute_datasets_from_function(strategy):
 def test_distribute_datasets_from_function_per_replica():
     s = ds.MirroredStrategy(cpus(3))
     opts = ds.InputOptions(experimental_replication_mode=ds.InputReplicationMode.PER_REPLICA)
-    steps = list(s.distribute_datasets_from_function(
-        lambda ctx: [np.full(2, ctx.input_pipeline_id)] * 2, options=opts))
+    steps = list(
+        s.distribute_datasets_from_function(
+            lambda ctx: [np.full(2, ctx.input_pipeline_id)] * 2, options=opts
+        )
+    )
     assert len(steps) == 2
     assert [int(p[0]) for p in s.experimental_local_results(steps[0])] == [0, 1, 2]
 
 
 # Extended -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(20)
 def test_batch_reduce_to_issues_one_collective(strategy):
@@ -612,12 +649,16 @@ def test_batch_reduce_to_issues_one_collective(strategy):
     backend = strategy.extended.backend
     calls = []
     original = backend._allreduce
-    backend._allreduce = lambda arrays, op, owned=False: (calls.append(len(arrays[0]))
-                                                         or original(arrays, op, owned))
+    backend._allreduce = lambda arrays, op, owned=False: (
+        calls.append(len(arrays[0])) or original(arrays, op, owned)
+    )
     try:
-        values = [strategy.experimental_distribute_values_from_function(
-            lambda ctx, k=k: np.full((k + 1, 2), ctx.replica_id_in_sync_group + k,
-                                     np.float32)) for k in range(6)]
+        values = [
+            strategy.experimental_distribute_values_from_function(
+                lambda ctx, k=k: np.full((k + 1, 2), ctx.replica_id_in_sync_group + k, np.float32)
+            )
+            for k in range(6)
+        ]
         out = strategy.extended.batch_reduce_to(ReduceOp.SUM, [(v, None) for v in values])
     finally:
         del backend._allreduce
@@ -639,8 +680,9 @@ def test_batch_reduce_to_packs():
     s.extended.batch_reduce_to("SUM", [(v, None) for v in vals] + [(mixed, None)])
     assert backend.call_counts["allreduce"] - before == 2  # one per dtype
     before = backend.call_counts["allreduce"]
-    s.extended.batch_reduce_to("SUM", [(v, None) for v in vals],
-                               options=ds.CommunicationOptions(bytes_per_pack=2048))
+    s.extended.batch_reduce_to(
+        "SUM", [(v, None) for v in vals], options=ds.CommunicationOptions(bytes_per_pack=2048)
+    )
     assert backend.call_counts["allreduce"] - before == 2  # two packs of 2 KiB
     s2 = ds.MirroredStrategy(cpus(2), cross_device_ops=ds.AlgorithmAllReduce("ring", num_packs=0))
     before = s2.extended.backend.call_counts["allreduce"]
@@ -654,13 +696,15 @@ def test_reduce_to_update_broadcast_to_and_friends():
     with s.scope():
         v = ds.Variable(np.zeros(2, np.float32), name="v")
     pr = s.experimental_distribute_values_from_function(
-        lambda ctx: np.full(2, ctx.replica_id_in_sync_group + 1.0, np.float32))
+        lambda ctx: np.full(2, ctx.replica_id_in_sync_group + 1.0, np.float32)
+    )
     m = s.extended.reduce_to(ReduceOp.MEAN, pr, destinations=v)
     assert isinstance(m, ds.Mirrored) and np.allclose(m.values[2], 2.0)
     single = s.extended.reduce_to("SUM", pr, destinations="/cpu:1")
     np.testing.assert_array_equal(single, np.full(2, 6.0))
-    res = s.extended.update(v, lambda comp, delta: comp.assign_add(delta) and comp.numpy(),
-                            args=(m,))
+    res = s.extended.update(
+        v, lambda comp, delta: comp.assign_add(delta) and comp.numpy(), args=(m,)
+    )
     assert isinstance(res, ds.Mirrored)
     for comp in v.values:
         np.testing.assert_array_equal(comp.numpy(), np.full(2, 2.0))
@@ -676,6 +720,7 @@ def test_reduce_to_update_broadcast_to_and_friends():
 
 
 # Torch ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(60)
 def test_torch_tensors_in_replica_functions():
@@ -708,8 +753,16 @@ def test_reduce_non_distributed_with_axis():
         s.reduce("SUM", x, axis=0)
     one = ds.MirroredStrategy(cpus(1))
     np.testing.assert_array_equal(one.reduce("SUM", x, axis=0), x.sum(0))
-    mixed = s.reduce("MEAN", {"a": x, "b": s.experimental_distribute_values_from_function(
-        lambda ctx: np.full((2, 2), float(ctx.replica_id_in_sync_group)))}, axis=0)
+    mixed = s.reduce(
+        "MEAN",
+        {
+            "a": x,
+            "b": s.experimental_distribute_values_from_function(
+                lambda ctx: np.full((2, 2), float(ctx.replica_id_in_sync_group))
+            ),
+        },
+        axis=0,
+    )
     np.testing.assert_array_equal(mixed["a"], x.mean(0))
     np.testing.assert_array_equal(mixed["b"], [1.0, 1.0])
 

@@ -16,9 +16,10 @@ from multiproc import run_ranks
 import pycollective as pc
 from pycollective import strategies as ds
 
-TWO_WORKERS = {"cluster": {"worker": ["127.0.0.1:20000", "127.0.0.1:20001"]},
-               "task": {"type": "worker", "index": 1}}
-
+TWO_WORKERS = {
+    "cluster": {"worker": ["127.0.0.1:20000", "127.0.0.1:20001"]},
+    "task": {"type": "worker", "index": 1},
+}
 
 
 @pytest.fixture
@@ -35,6 +36,7 @@ def tf_config(monkeypatch):
 
 
 # TFConfigClusterResolver ---------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(10)
 def test_resolver_without_tf_config_is_a_single_worker(tf_config):
@@ -58,25 +60,31 @@ def test_resolver_reads_tf_config(tf_config):
     spec = r.cluster_spec()
     assert spec.num_tasks("worker") == 2 and spec.job_tasks("worker")[1] == "127.0.0.1:20001"
     # Re-read on every call.
-    tf_config({"cluster": {"chief": ["h:1"], "worker": ["h:2"]},
-               "task": {"type": "chief", "index": "0"}})
+    tf_config(
+        {"cluster": {"chief": ["h:1"], "worker": ["h:2"]}, "task": {"type": "chief", "index": "0"}}
+    )
     assert ds.TFConfigClusterResolver().task_id == 0
     assert ds.TFConfigClusterResolver().task_type == "chief"
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("config, match", [
-    ("{not json", "is not valid JSON"),
-    ("[1, 2]", "must be a JSON object"),
-    ({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}, 'no "task"'),
-    ({**TWO_WORKERS, "task": {"type": "worker", "index": 5}}, "index out of range"),
-    ({**TWO_WORKERS, "task": {"type": "ps", "index": 0}}, 'no job "ps"'),
-    ({**TWO_WORKERS, "task": {"type": "worker", "index": -1}}, "non-negative integer"),
-    ({**TWO_WORKERS, "task": {"index": 0}}, '"task.type" must be a job name'),
-    ({"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker", "index": 0}},
-     "must be a list"),
-    ({"cluster": {"worker": [5]}, "task": {"type": "worker", "index": 0}}, '"host:port"'),
-])
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}, 'no "task"'),
+        ({**TWO_WORKERS, "task": {"type": "worker", "index": 5}}, "index out of range"),
+        ({**TWO_WORKERS, "task": {"type": "ps", "index": 0}}, 'no job "ps"'),
+        ({**TWO_WORKERS, "task": {"type": "worker", "index": -1}}, "non-negative integer"),
+        ({**TWO_WORKERS, "task": {"index": 0}}, '"task.type" must be a job name'),
+        (
+            {"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker", "index": 0}},
+            "must be a list",
+        ),
+        ({"cluster": {"worker": [5]}, "task": {"type": "worker", "index": 0}}, '"host:port"'),
+    ],
+)
 def test_resolver_bad_tf_config_says_what_is_wrong(tf_config, config, match):
     tf_config(config)
     r = ds.TFConfigClusterResolver()  # never fails here, as in tf
@@ -90,8 +98,9 @@ def test_resolver_bad_tf_config_says_what_is_wrong(tf_config, config, match):
 
 @pytest.mark.timeout(10)
 def test_simple_cluster_resolver():
-    r = ds.SimpleClusterResolver({"worker": ["a:1", "b:2"]}, task_type="worker", task_id=1,
-                                 rpc_layer="grpc")
+    r = ds.SimpleClusterResolver(
+        {"worker": ["a:1", "b:2"]}, task_type="worker", task_id=1, rpc_layer="grpc"
+    )
     assert r.master("worker", 0) == "grpc://a:1" and r.cluster_spec().num_tasks("worker") == 2
     assert ds.ClusterSpec({"worker": {0: "a:1", 3: "b:2"}}).task_indices("worker") == [0, 3]
     with pytest.raises(ValueError, match="No task with index 1"):
@@ -100,14 +109,17 @@ def test_simple_cluster_resolver():
 
 # Communication options ------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(10)
 def test_communication_options():
     o = ds.CommunicationOptions()
     assert (o.bytes_per_pack, o.timeout_seconds, o.implementation) == (
-        0, None, ds.CommunicationImplementation.AUTO)
+        0,
+        None,
+        ds.CommunicationImplementation.AUTO,
+    )
     assert ds.CollectiveCommunication is ds.CommunicationImplementation
-    o2 = ds.CommunicationOptions(bytes_per_pack=1024, timeout_seconds=5,
-                                 implementation="ring")
+    o2 = ds.CommunicationOptions(bytes_per_pack=1024, timeout_seconds=5, implementation="ring")
     assert o2.implementation == ds.CommunicationImplementation.RING
     merged = o2.merge(ds.CommunicationOptions(bytes_per_pack=64))
     assert (merged.bytes_per_pack, merged.timeout_seconds) == (64, 5.0)
@@ -118,6 +130,7 @@ def test_communication_options():
 
 # Single worker --------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_single_worker_without_tf_config(tf_config, monkeypatch):
     tf_config(None)
@@ -125,18 +138,21 @@ def test_single_worker_without_tf_config(tf_config, monkeypatch):
     assert s.num_replicas_in_sync == 1 and isinstance(s.extended.backend, ds.LocalBackend)
     assert s.cluster_resolver.cluster_spec().as_dict() == {}
     monkeypatch.setenv("PYCOLLECTIVE_CPU_REPLICAS", "3")
-    s = ds.MultiWorkerMirroredStrategy(communication_options=ds.CommunicationOptions(
-        implementation=ds.CommunicationImplementation.RING, timeout_seconds=7))
+    s = ds.MultiWorkerMirroredStrategy(
+        communication_options=ds.CommunicationOptions(
+            implementation=ds.CommunicationImplementation.RING, timeout_seconds=7
+        )
+    )
     assert s.num_replicas_in_sync == 3 and s.extended.backend.algorithm == "ring"
     assert s.extended._timeout == 7.0
     assert s.extended.worker_devices[2] == "/job:worker/replica:0/task:0/device:CPU:2"
     out = s.run(lambda: ds.get_replica_context().all_reduce("SUM", np.ones(2)))
     np.testing.assert_array_equal(out.values[2], [3.0, 3.0])
-    nccl = ds.MultiWorkerMirroredStrategy(communication_options=ds.CommunicationOptions(
-        implementation="NCCL"))
+    nccl = ds.MultiWorkerMirroredStrategy(
+        communication_options=ds.CommunicationOptions(implementation="NCCL")
+    )
     assert nccl.extended.backend.algorithm == "ring"  # CPU replicas: the ring
-    old = ds.experimental.MultiWorkerMirroredStrategy(
-        communication=ds.CollectiveCommunication.RING)
+    old = ds.experimental.MultiWorkerMirroredStrategy(communication=ds.CollectiveCommunication.RING)
     assert old.extended.backend.algorithm == "ring"
 
 
@@ -144,8 +160,9 @@ def test_single_worker_without_tf_config(tf_config, monkeypatch):
 def test_single_task_cluster_and_non_collective_tasks(tf_config):
     tf_config({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})
     assert ds.MultiWorkerMirroredStrategy().num_replicas_in_sync == 1
-    resolver = ds.SimpleClusterResolver({"worker": ["a:1", "b:2"], "ps": ["c:3"]},
-                                        task_type="ps", task_id=0)
+    resolver = ds.SimpleClusterResolver(
+        {"worker": ["a:1", "b:2"], "ps": ["c:3"]}, task_type="ps", task_id=0
+    )
     with pytest.raises(ValueError, match="chief and worker tasks.*'ps'"):
         ds.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     with pytest.raises(TypeError, match="CommunicationOptions"):
@@ -237,10 +254,21 @@ def test_two_workers_with_pycollective_run(tmp_path):
     script.write_text(WORKER_SCRIPT.format(tmp=str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(PYCOLLECTIVE_CPU_REPLICAS="2", PYCOLLECTIVE_TIMEOUT="30")
-    cmd = [sys.executable, "-m", "pycollective.cli", "run", "-n", "2", "--timeout", "100",
-           sys.executable, str(script)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=130,
-                          cwd=str(tmp_path), check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pycollective.cli",
+        "run",
+        "-n",
+        "2",
+        "--timeout",
+        "100",
+        sys.executable,
+        str(script),
+    ]
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=130, cwd=str(tmp_path), check=False
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "OK worker 0" in output and "OK worker 1" in output, output[-6000:]
@@ -271,12 +299,29 @@ def test_process_group_without_tf_config_supplies_the_workers(tmp_path):
         pytest.skip("pycollective has no process groups (pycollective.init) in this build")
     script = tmp_path / "adopt.py"
     script.write_text(ADOPT_SCRIPT.format())
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG",
-                                                            "PYCOLLECTIVE_CPU_REPLICAS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYCOLLECTIVE_CPU_REPLICAS")
+    }
     env.update(PYCOLLECTIVE_TIMEOUT="30")
-    proc = subprocess.run([sys.executable, "-m", "pycollective.cli", "run", "-n", "2",
-                           "--timeout", "60", sys.executable, str(script)], env=env,
-                          capture_output=True, text=True, timeout=80, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pycollective.cli",
+            "run",
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            sys.executable,
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=80,
+        check=False,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert "OK adopted 0" in output and "OK adopted 1" in output, output[-4000:]
@@ -307,8 +352,10 @@ def _fused_update_across_workers(rank, n, momentum):
     before = dict(backend.call_counts)
     for step in range(3):
         strategy.run(train_step, args=(step,))
-    calls = {kind: backend.call_counts[kind] - before.get(kind, 0)
-             for kind in ("allreduce", "allreduce_update")}
+    calls = {
+        kind: backend.call_counts[kind] - before.get(kind, 0)
+        for kind in ("allreduce", "allreduce_update")
+    }
     # Reference: (momentum) SGD in numpy with the mean over every replica's gradients.
     errors = []
     for i, shape in enumerate(shapes):
@@ -329,11 +376,19 @@ def _fused_update_across_workers(rank, n, momentum):
 @pytest.mark.parametrize("momentum", [0.0, 0.5])
 @pytest.mark.parametrize("local_replicas", [1, 2])
 def test_fused_update_across_workers_matches_numpy(momentum, local_replicas):
-    results = run_ranks(_fused_update_across_workers, 2, momentum, timeout=60,
-                        env={"PYCOLLECTIVE_CPU_REPLICAS": str(local_replicas)})
+    results = run_ranks(
+        _fused_update_across_workers,
+        2,
+        momentum,
+        timeout=60,
+        env={"PYCOLLECTIVE_CPU_REPLICAS": str(local_replicas)},
+    )
     # Per step: the large tensor alone (inside the all-reduce for plain SGD), and one pack.
-    want = ({"allreduce": 3, "allreduce_update": 3} if momentum == 0
-            else {"allreduce": 6, "allreduce_update": 0})
+    want = (
+        {"allreduce": 3, "allreduce_update": 3}
+        if momentum == 0
+        else {"allreduce": 6, "allreduce_update": 0}
+    )
     for res in results:
         assert res["calls"] == want, res
         assert res["max_error"] < 1e-5, res

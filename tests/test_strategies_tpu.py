@@ -43,9 +43,11 @@ def _force_cpu_devices() -> str | None:
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", DEVICES)
     if jax.default_backend() != "cpu" or len(jax.devices()) < DEVICES:
-        return (f"JAX was started earlier in this process with {len(jax.devices())} "
-                f"{jax.default_backend()} device(s); test_rerun_in_fresh_process runs this file "
-                f"with {DEVICES} forced CPU devices")
+        return (
+            f"JAX was started earlier in this process with {len(jax.devices())} "
+            f"{jax.default_backend()} device(s); test_rerun_in_fresh_process runs this file "
+            f"with {DEVICES} forced CPU devices"
+        )
     return None
 
 
@@ -61,7 +63,7 @@ def strategy(n: int) -> ds.TPUStrategy:
 
 def digits_batches(rows: int = 256, batch: int = 64):
     x, y = tm.digits(rows)
-    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, rows, batch)]
+    return [(x[i : i + batch], y[i : i + batch]) for i in range(0, rows, batch)]
 
 
 def assert_params_close(got, want, rtol=2e-5, atol=2e-6):
@@ -71,9 +73,12 @@ def assert_params_close(got, want, rtol=2e-5, atol=2e-6):
 
 # Training equals single-device training --------------------------------------------------------
 
+
 @in_process
-@pytest.mark.parametrize("replicas,opt,lr", [(1, "sgd", 0.1), (2, "adam", 0.01), (4, "sgd", 0.1),
-                                              (4, "adam", 0.01), (8, "sgd", 0.1)])
+@pytest.mark.parametrize(
+    "replicas,opt,lr",
+    [(1, "sgd", 0.1), (2, "adam", 0.01), (4, "sgd", 0.1), (4, "adam", 0.01), (8, "sgd", 0.1)],
+)
 def test_digits_mlp_reaches_single_device_parameters(replicas, opt, lr):
     batches = digits_batches()
     p0 = tm.init_params()
@@ -86,6 +91,7 @@ def test_digits_mlp_reaches_single_device_parameters(replicas, opt, lr):
 
 
 # The gradient trap -----------------------------------------------------------------------------
+
 
 def _one_sgd_step(s: ds.TPUStrategy, x: np.ndarray) -> np.ndarray:
     with s.scope():
@@ -111,8 +117,9 @@ def test_gradient_is_per_replica_and_averaged_once(replicas):
     x = np.arange(replicas * 2 * 3, dtype=np.float32).reshape(replicas * 2, 3)
     w, grads = _one_sgd_step(s, x)
     per_replica = x.reshape(replicas, 2, 3).sum(axis=1)
-    np.testing.assert_allclose(np.stack([np.asarray(g) for g in
-                                         s.experimental_local_results(grads)]), per_replica)
+    np.testing.assert_allclose(
+        np.stack([np.asarray(g) for g in s.experimental_local_results(grads)]), per_replica
+    )
     np.testing.assert_allclose(w, 1.0 - per_replica.mean(axis=0), rtol=1e-6)
 
 
@@ -144,7 +151,8 @@ def test_gradient_with_respect_to_an_argument_is_per_replica(replicas):
     np.testing.assert_allclose(mean, want, rtol=1e-6)
     np.testing.assert_allclose(w, 1.0 - want, rtol=1e-6)
     mw, mmean = _sgd_step_on_argument(
-        ds.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)]), x)
+        ds.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)]), x
+    )
     np.testing.assert_allclose(w, mw, rtol=1e-6)
     np.testing.assert_allclose(mean, mmean, rtol=1e-6)
 
@@ -174,9 +182,15 @@ def test_the_trap_is_caught(monkeypatch):
     x = np.arange(replicas * 2 * 3, dtype=np.float32).reshape(replicas * 2, 3)
     mean_grad = x.reshape(replicas, 2, 3).sum(axis=1).mean(axis=0)
     with monkeypatch.context() as m:  # variables read as invariant values
-        m.setattr(tpu_step, "read", lambda var: (
-            tpu_step.current().get(var) if tpu_step.tracing_for(var.distribute_strategy)
-            else None))
+        m.setattr(
+            tpu_step,
+            "read",
+            lambda var: (
+                tpu_step.current().get(var)
+                if tpu_step.tracing_for(var.distribute_strategy)
+                else None
+            ),
+        )
         w, _ = _one_sgd_step(strategy(replicas), x)
     np.testing.assert_allclose(w, 1.0 - replicas * mean_grad, rtol=1e-6)  # N times
     with monkeypatch.context() as m:  # replicated arguments passed as invariant values
@@ -258,6 +272,7 @@ def test_reads_from_another_thread_wait_for_the_running_step():
 
 # Replica-context collectives and cross-replica reductions -------------------------------------
 
+
 @in_process
 def test_collectives_reduce_gather_and_local_results():
     s = strategy(4)
@@ -266,13 +281,21 @@ def test_collectives_reduce_gather_and_local_results():
         ctx = ds.get_replica_context()
         r = ctx.replica_id_in_sync_group.astype(np.float32)
         v = jax.numpy.stack([r, 2 * r])
-        return (v, ctx.all_reduce("SUM", v), ctx.all_reduce(ds.ReduceOp.MEAN, v),
-                ctx.all_gather(v[None], axis=0))
+        return (
+            v,
+            ctx.all_reduce("SUM", v),
+            ctx.all_reduce(ds.ReduceOp.MEAN, v),
+            ctx.all_gather(v[None], axis=0),
+        )
 
     v, total, mean, gathered = s.run(fn)
     assert len(s.experimental_local_results(v)) == 4
-    assert [np.asarray(c).tolist() for c in s.experimental_local_results(v)] == \
-        [[0, 0], [1, 2], [2, 4], [3, 6]]
+    assert [np.asarray(c).tolist() for c in s.experimental_local_results(v)] == [
+        [0, 0],
+        [1, 2],
+        [2, 4],
+        [3, 6],
+    ]
     for c in s.experimental_local_results(total):
         assert np.asarray(c).tolist() == [6, 12]
     for c in s.experimental_local_results(mean):
@@ -287,8 +310,9 @@ def test_collectives_reduce_gather_and_local_results():
     # extended's cross-replica members
     ext = s.extended
     assert np.asarray(ext.reduce_to("SUM", v, "/cpu:0")).tolist() == [6, 12]
-    assert [np.asarray(r).tolist() for r in ext.batch_reduce_to(
-        "MEAN", [(v, None), (total, None)])] == [[1.5, 3], [6, 12]]
+    assert [
+        np.asarray(r).tolist() for r in ext.batch_reduce_to("MEAN", [(v, None), (total, None)])
+    ] == [[1.5, 3], [6, 12]]
     assert np.asarray(ext.broadcast_to(np.arange(3), None)).tolist() == [0, 1, 2]
     with s.scope():
         w = ds.Variable(np.ones(2, np.float32))
@@ -324,8 +348,11 @@ def test_variable_updates_follow_their_aggregation():
     assert first.numpy().tolist() == [-1, -1]
     assert plain.numpy().tolist() == [5, 5]
     with pytest.raises(ValueError, match="aggregation NONE"):
-        s.run(lambda: plain.assign(jax.numpy.full(
-            2, ds.get_replica_context().replica_id_in_sync_group, np.float32)))
+        s.run(
+            lambda: plain.assign(
+                jax.numpy.full(2, ds.get_replica_context().replica_id_in_sync_group, np.float32)
+            )
+        )
     # cross-replica updates and reads
     plain.assign(np.array([3, 4], np.float32))
     assert np.asarray(plain).tolist() == [3, 4]
@@ -339,8 +366,9 @@ def test_apply_gradients_in_cross_replica_context_and_results_fed_back():
         opt = ds.SGD(1.0)
     opt.apply_gradients([(np.array([1, 2], np.float32), w)])  # plain: applied as it is
     assert w.numpy().tolist() == [-1, -2]
-    per_replica = s.run(lambda: jax.numpy.full(
-        2, ds.get_replica_context().replica_id_in_sync_group, np.float32))
+    per_replica = s.run(
+        lambda: jax.numpy.full(2, ds.get_replica_context().replica_id_in_sync_group, np.float32)
+    )
     opt.apply_gradients([(per_replica, w)])  # PerReplica: averaged (MEAN) over replicas
     assert w.numpy().tolist() == [-2.5, -3.5]
     doubled = s.run(lambda v: 2 * v, args=(per_replica,))  # stays on the devices
@@ -352,17 +380,29 @@ def test_apply_gradients_in_cross_replica_context_and_results_fed_back():
 def test_sync_on_read_variables_count_per_replica_and_aggregate_on_read(tmp_path):
     s = strategy(4)
     with s.scope():
-        correct = ds.Variable(0.0, synchronization="ON_READ", aggregation="SUM",
-                              trainable=False, name="correct")
-        mean = ds.Variable(np.zeros(2, np.float32), synchronization="ON_READ",
-                           aggregation="MEAN", trainable=False, name="mean")
-        first = ds.Variable(0.0, synchronization="ON_READ", aggregation="ONLY_FIRST_REPLICA",
-                            trainable=False, name="first")
+        correct = ds.Variable(
+            0.0, synchronization="ON_READ", aggregation="SUM", trainable=False, name="correct"
+        )
+        mean = ds.Variable(
+            np.zeros(2, np.float32),
+            synchronization="ON_READ",
+            aggregation="MEAN",
+            trainable=False,
+            name="mean",
+        )
+        first = ds.Variable(
+            0.0,
+            synchronization="ON_READ",
+            aggregation="ONLY_FIRST_REPLICA",
+            trainable=False,
+            name="first",
+        )
 
     def count(x):
         correct.assign_add(jax.numpy.sum(x))  # this replica's copy, no communication
-        mean.assign(jax.numpy.full(2, ds.get_replica_context().replica_id_in_sync_group,
-                                   np.float32))
+        mean.assign(
+            jax.numpy.full(2, ds.get_replica_context().replica_id_in_sync_group, np.float32)
+        )
         first.assign(ds.get_replica_context().replica_id_in_sync_group + 7.0)
         return correct.value()  # this replica's running count
 
@@ -382,12 +422,16 @@ def test_sync_on_read_variables_count_per_replica_and_aggregate_on_read(tmp_path
     assert float(correct.numpy()) == 36.0
     with s.scope():
         total = ds.Variable(0.0, synchronization="ON_READ", aggregation="SUM", trainable=False)
-    s.run_steps(lambda x: total.assign_add(jax.numpy.sum(x)),
-                iter(s.experimental_distribute_dataset(batches)), steps=2)
+    s.run_steps(
+        lambda x: total.assign_add(jax.numpy.sum(x)),
+        iter(s.experimental_distribute_dataset(batches)),
+        steps=2,
+    )
     assert float(total.numpy()) == 36.0
 
 
 # Uneven batches ----------------------------------------------------------------------------------
+
 
 @in_process
 def test_uneven_last_batch_is_padded_and_masked():
@@ -411,8 +455,9 @@ def test_uneven_last_batch_is_padded_and_masked():
         ctx = ds.get_replica_context()
         mask = jax.numpy.arange(xb.shape[0]) < ctx.experimental_valid_rows
         values = {k: v.value() for k, v in variables.items()}
-        grads = jax.grad(lambda p: jax.numpy.sum(
-            jax.numpy.where(mask, tm.losses(p, xb, yb), 0.0)) / global_batch)(values)
+        grads = jax.grad(
+            lambda p: jax.numpy.sum(jax.numpy.where(mask, tm.losses(p, xb, yb), 0.0)) / global_batch
+        )(values)
         opt.apply_gradients([(grads[k], variables[k]) for k in sorted(variables)])
         return ctx.experimental_valid_rows, xb
 
@@ -423,8 +468,9 @@ def test_uneven_last_batch_is_padded_and_masked():
     parts = [np.asarray(p) for p in s.experimental_local_results(padded)]
     assert all(p.shape == (3, 64) for p in parts)
     np.testing.assert_array_equal(parts[2][2], 0)  # padding rows are zeros
-    np.testing.assert_array_equal(np.concatenate([p[:n] for p, n in zip(parts, [3, 3, 2, 2])]),
-                                  x[64:])
+    np.testing.assert_array_equal(
+        np.concatenate([p[:n] for p, n in zip(parts, [3, 3, 2, 2])]), x[64:]
+    )
     assert_params_close({k: v.numpy() for k, v in variables.items()}, want)
 
 
@@ -435,8 +481,9 @@ def test_adam_step_size_is_computed_in_float32_for_half_precision_variables():
 
     opt = ds.Adam(0.1)
     ones = jnp.ones(3, jnp.float16)
-    new, _ = opt._functional_update(jnp.zeros(3, jnp.float16), ones, {"m": ones, "v": ones},
-                                    0.1, jnp.int32(999), jnp)
+    new, _ = opt._functional_update(
+        jnp.zeros(3, jnp.float16), ones, {"m": ones, "v": ones}, 0.1, jnp.int32(999), jnp
+    )
     t = np.float32(1000)
     alpha = 0.1 * np.sqrt(1 - np.float32(0.999) ** t) / (1 - np.float32(0.9) ** t)
     assert new.dtype == jnp.float16
@@ -472,11 +519,19 @@ def test_reduce_and_gather_along_the_batch_axis_leave_the_padding_out():
     for s in (strategy(4), ds.MirroredStrategy([f"/cpu:{i}" for i in range(4)])):
         b = next(iter(s.experimental_distribute_dataset([(x, xy)])))
         out, out2 = s.run(lambda v, w: (v * 1.0, w + 0.0), args=b)
-        got[type(s).__name__] = [np.asarray(r) for r in (
-            s.reduce("MEAN", out, axis=0), s.reduce("SUM", out, axis=0),
-            s.reduce("MEAN", out2, axis=0), s.reduce("MEAN", out2, axis=-2),
-            s.gather(out, axis=0), s.gather(out2, axis=0),
-            s.reduce("MEAN", b[0], axis=0), s.gather(b[1], axis=0))]
+        got[type(s).__name__] = [
+            np.asarray(r)
+            for r in (
+                s.reduce("MEAN", out, axis=0),
+                s.reduce("SUM", out, axis=0),
+                s.reduce("MEAN", out2, axis=0),
+                s.reduce("MEAN", out2, axis=-2),
+                s.gather(out, axis=0),
+                s.gather(out2, axis=0),
+                s.reduce("MEAN", b[0], axis=0),
+                s.gather(b[1], axis=0),
+            )
+        ]
     tpu, mirrored = got["TPUStrategy"], got["MirroredStrategy"]
     assert float(tpu[0]) == 3.0 and float(tpu[1]) == 15.0
     np.testing.assert_array_equal(tpu[4], x)
@@ -499,9 +554,16 @@ def test_an_unmasked_step_on_a_padded_batch_warns_once():
         s.run(lambda b: jax.numpy.mean(b), args=(padded,))  # once per strategy
         s2 = strategy(4)
         s2.run(lambda b: jax.numpy.mean(b), args=(even,))  # nothing padded
-        s2.run(lambda b: jax.numpy.sum(jax.numpy.where(  # masked
-            jax.numpy.arange(2) < ds.get_replica_context().experimental_valid_rows,
-            jax.numpy.sum(b, axis=1), 0.0)), args=(padded,))
+        s2.run(
+            lambda b: jax.numpy.sum(
+                jax.numpy.where(  # masked
+                    jax.numpy.arange(2) < ds.get_replica_context().experimental_valid_rows,
+                    jax.numpy.sum(b, axis=1),
+                    0.0,
+                )
+            ),
+            args=(padded,),
+        )
 
 
 @in_process
@@ -526,6 +588,7 @@ def test_datasets_from_function_pad_the_replicas_whose_pipeline_ended():
 
 # Checkpoints: one format for every strategy -----------------------------------------------------
 
+
 @in_process
 def test_checkpoint_moves_between_tpu_and_mirrored(tmp_path):
     batches = digits_batches(128)
@@ -541,8 +604,9 @@ def test_checkpoint_moves_between_tpu_and_mirrored(tmp_path):
     ds.Checkpoint(model=m_vars, opt=m_opt).restore(path).assert_consumed()
     for k, v in variables.items():
         np.testing.assert_array_equal(m_vars[k].numpy(), v.numpy())
-        np.testing.assert_array_equal(m_opt.get_slot(m_vars[k], "m").numpy(),
-                                      opt.get_slot(v, "m").numpy())
+        np.testing.assert_array_equal(
+            m_opt.get_slot(m_vars[k], "m").numpy(), opt.get_slot(v, "m").numpy()
+        )
     assert int(m_opt.iterations.numpy()) == len(batches)
     assert m_opt.iterations.numpy().dtype == np.int64
 
@@ -557,12 +621,14 @@ def test_checkpoint_moves_between_tpu_and_mirrored(tmp_path):
     ds.Checkpoint(model=t_vars, opt=t_opt).restore(back_path).assert_consumed()
     for k in m_vars:
         np.testing.assert_array_equal(t_vars[k].numpy(), m_vars[k].numpy())
-        np.testing.assert_array_equal(t_opt.get_slot(t_vars[k], "v").numpy(),
-                                      m_opt.get_slot(m_vars[k], "v").numpy())
+        np.testing.assert_array_equal(
+            t_opt.get_slot(t_vars[k], "v").numpy(), m_opt.get_slot(m_vars[k], "v").numpy()
+        )
     assert int(t_opt.iterations.numpy()) == len(batches)
 
 
 # Steps per execution ------------------------------------------------------------------------------
+
 
 @in_process
 def test_run_steps_scans_a_block_of_steps():
@@ -616,6 +682,7 @@ def test_run_steps_needs_an_iterator():
 
 
 # What a compiled step cannot do ---------------------------------------------------------------
+
 
 @in_process
 def test_fn_is_traced_once_per_signature():
@@ -690,23 +757,33 @@ def test_what_tpu_strategy_cannot_honour_is_refused_by_name():
     with pytest.raises(NotImplementedError, match="num_cores_per_replica=2.*model parallelism"):
         ds.TPUStrategy(experimental_device_assignment=DeviceAssignment())
     DeviceAssignment.num_cores_per_replica = 1
-    assert ds.TPUStrategy(
-        experimental_device_assignment=DeviceAssignment()).num_replicas_in_sync == 2
+    assert (
+        ds.TPUStrategy(experimental_device_assignment=DeviceAssignment()).num_replicas_in_sync == 2
+    )
     s = strategy(2)
     data = [np.ones((4, 1), np.float32)]
-    for options, field in [(ds.InputOptions(experimental_fetch_to_device=False),
-                            "experimental_fetch_to_device"),
-                           (ds.InputOptions(experimental_place_dataset_on_device=True),
-                            "experimental_place_dataset_on_device"),
-                           (ds.InputOptions(experimental_per_replica_buffer_size=4),
-                            "experimental_per_replica_buffer_size")]:
+    for options, field in [
+        (ds.InputOptions(experimental_fetch_to_device=False), "experimental_fetch_to_device"),
+        (
+            ds.InputOptions(experimental_place_dataset_on_device=True),
+            "experimental_place_dataset_on_device",
+        ),
+        (
+            ds.InputOptions(experimental_per_replica_buffer_size=4),
+            "experimental_per_replica_buffer_size",
+        ),
+    ]:
         with pytest.raises(NotImplementedError, match=field):
             s.experimental_distribute_dataset(data, options=options)
         with pytest.raises(NotImplementedError, match=field):
             s.distribute_datasets_from_function(lambda ctx: data, options=options)
     with pytest.raises(NotImplementedError, match="PER_REPLICA"):
-        s.experimental_distribute_dataset(data, options=ds.InputOptions(
-            experimental_replication_mode=ds.InputReplicationMode.PER_REPLICA))
+        s.experimental_distribute_dataset(
+            data,
+            options=ds.InputOptions(
+                experimental_replication_mode=ds.InputReplicationMode.PER_REPLICA
+            ),
+        )
     s.experimental_distribute_dataset(data, options=ds.InputOptions())  # the defaults
 
 
@@ -717,8 +794,9 @@ def test_example_trains_digits(capsys):
 
     examples = os.path.join(os.path.dirname(HERE), "examples")
     main = runpy.run_path(os.path.join(examples, "train_digits_tpu.py"))["main"]
-    accuracy = main(["--cpu-devices", "0", "--replicas", "4", "--epochs", "2",
-                     "--steps-per-execution", "3"])
+    accuracy = main(
+        ["--cpu-devices", "0", "--replicas", "4", "--epochs", "2", "--steps-per-execution", "3"]
+    )
     out = capsys.readouterr().out
     assert "TPUStrategy: 4 replicas" in out and "epoch   2" in out
     assert accuracy >= 0.9, out
@@ -746,8 +824,13 @@ NO_JAX_SCRIPT = textwrap.dedent("""
 
 
 def test_without_jax_the_rest_works_and_tpu_strategy_names_the_extra():
-    proc = subprocess.run([sys.executable, "-c", NO_JAX_SCRIPT], capture_output=True, text=True,
-                          timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_JAX_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout
 
@@ -766,11 +849,29 @@ def test_a_jax_without_shard_map_is_refused_by_name(monkeypatch):
 def test_rerun_in_fresh_process():
     if WHY_NOT is None:
         pytest.skip("this process has the forced devices; the tests above ran here")
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
-               JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           os.path.abspath(__file__), "-k", "not rerun and not processes"],
-                          env=env, capture_output=True, text=True, timeout=220, check=False)
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+        JAX_PLATFORMS="cpu",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            os.path.abspath(__file__),
+            "-k",
+            "not rerun and not processes",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     summary = proc.stdout.strip().splitlines()[-1]
     assert "passed" in summary and "skipped" not in summary, proc.stdout[-3000:]
@@ -810,22 +911,40 @@ def test_two_processes_with_pycollective_run_form_one_mesh(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT.format(here=HERE, tmp=str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PYCOLLECTIVE_TIMEOUT="30")
+    env.update(
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        JAX_PLATFORMS="cpu",
+        PYCOLLECTIVE_TIMEOUT="30",
+    )
     # Its own process group, so that a timeout stops the launcher and the workers it started
     # (they die with it), well before the test's timeout mark (150 s).
-    proc = subprocess.Popen([sys.executable, "-m", "pycollective.cli", "run", "-n", "2",
-                             "--timeout", "100", sys.executable, str(script)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=str(tmp_path), start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pycollective.cli",
+            "run",
+            "-n",
+            "2",
+            "--timeout",
+            "100",
+            sys.executable,
+            str(script),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(tmp_path),
+        start_new_session=True,
+    )
     [output] = _communicate_all([proc], deadline=time.monotonic() + 120)
     assert proc.returncode == 0, output[-6000:]
     assert "OK process 0" in output and "OK process 1" in output, output[-6000:]
     # the chief wrote a checkpoint that MirroredStrategy reads
     mirrored = ds.MirroredStrategy(["/cpu:0"])
     with mirrored.scope():
-        variables = {k: ds.Variable(np.zeros_like(v), name=k)
-                     for k, v in tm.init_params().items()}
+        variables = {k: ds.Variable(np.zeros_like(v), name=k) for k, v in tm.init_params().items()}
     ds.Checkpoint(model=variables).restore(str(tmp_path / "mp.npz"))
     assert not np.allclose(variables["w1"].numpy(), 0)
 
@@ -906,22 +1025,42 @@ def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
     script = tmp_path / "light.py"
     script.write_text(LIGHT_SCRIPT)
     port = free_port()
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith("PYCOLLECTIVE_") and k not in ("TF_CONFIG", "RANK", "WORLD_SIZE")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PYCOLLECTIVE_") and k not in ("TF_CONFIG", "RANK", "WORLD_SIZE")
+    }
     base.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
     procs = []
     for rank in range(2):
         env = dict(base)
         if launcher == "torchrun":
-            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
         else:
-            env["TF_CONFIG"] = json.dumps({
-                "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
-                "task": {"type": "worker", "index": rank}})
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=str(tmp_path),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, start_new_session=True))
+            env["TF_CONFIG"] = json.dumps(
+                {
+                    "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
+                    "task": {"type": "worker", "index": rank},
+                }
+            )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                cwd=str(tmp_path),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
     outputs = _communicate_all(procs, deadline=time.monotonic() + 70)  # mark: 90 s
     for rank, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0 and f"OK process {rank}" in out, out[-4000:]

@@ -24,7 +24,7 @@ def make_data(rows: int, seed: int = 0):
 
 
 def batches(x, y, batch):
-    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, len(x), batch)]
+    return [(x[i : i + batch], y[i : i + batch]) for i in range(0, len(x), batch)]
 
 
 def grads(w, b, x, y, scale):
@@ -62,7 +62,7 @@ class Reference:
                 b1, b2, eps = 0.9, 0.999, 1e-7
                 m = self.state.setdefault(name + "/m", np.zeros_like(p))
                 v = self.state.setdefault(name + "/v", np.zeros_like(p))
-                alpha = self.lr * np.sqrt(1 - b2 ** self.t) / (1 - b1 ** self.t)
+                alpha = self.lr * np.sqrt(1 - b2**self.t) / (1 - b1**self.t)
                 m += (g - m) * (1 - b1)
                 v += (g * g - v) * (1 - b2)
                 p -= alpha * m / (np.sqrt(v) + eps)
@@ -70,8 +70,7 @@ class Reference:
 
 def init_params():
     rng = np.random.default_rng(42)
-    return {"w": (0.1 * rng.normal(size=(D, K))).astype(np.float32),
-            "b": np.zeros(K, np.float32)}
+    return {"w": (0.1 * rng.normal(size=(D, K))).astype(np.float32), "b": np.zeros(K, np.float32)}
 
 
 def train_reference(data, opt_kind, lr, epochs, loss_scale, **kw):
@@ -111,11 +110,15 @@ def train_distributed(n, data, opt_kind, lr, epochs, loss_scale, **kw):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("opt_kind, kw", [
-    ("sgd", {"momentum": 0.9}),
-    ("sgd", {"momentum": 0.9, "nesterov": True}),
-    ("adam", {}),
-], ids=["sgd-momentum", "sgd-nesterov", "adam"])
+@pytest.mark.parametrize(
+    "opt_kind, kw",
+    [
+        ("sgd", {"momentum": 0.9}),
+        ("sgd", {"momentum": 0.9, "nesterov": True}),
+        ("adam", {}),
+    ],
+    ids=["sgd-momentum", "sgd-nesterov", "adam"],
+)
 def test_mirrored_training_equals_single_replica_even_batches(n, opt_kind, kw):
     x, y = make_data(96)
     data = batches(x, y, 24)  # 24 splits evenly over 1, 2, 3 and 4 replicas
@@ -169,16 +172,21 @@ def test_gradients_are_fused_into_buckets():
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("make_opt", [
-    lambda: ds.SGD(0.1), lambda: ds.SGD(0.1, momentum=0.9),
-    lambda: ds.SGD(0.1, momentum=0.9, nesterov=True), lambda: ds.Adam(0.01)],
-    ids=["sgd", "momentum", "nesterov", "adam"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda: ds.SGD(0.1),
+        lambda: ds.SGD(0.1, momentum=0.9),
+        lambda: ds.SGD(0.1, momentum=0.9, nesterov=True),
+        lambda: ds.Adam(0.01),
+    ],
+    ids=["sgd", "momentum", "nesterov", "adam"],
+)
 def test_in_process_replicas_update_in_one_fused_pass(make_opt):
     # float32 state of in-process replicas: summed and applied by the native kernel, with no
     # collective at all, and the same result as the numpy arithmetic of the general path.
     rng = np.random.default_rng(5)
-    grads = [[rng.standard_normal((40, 3)).astype(np.float32) for _ in range(2)]
-             for _ in range(3)]
+    grads = [[rng.standard_normal((40, 3)).astype(np.float32) for _ in range(2)] for _ in range(3)]
     results = {}
     for dtype in (np.float32, np.float64):  # both have the fused kernel
         s = ds.MirroredStrategy(cpus(3))
@@ -186,6 +194,7 @@ def test_in_process_replicas_update_in_one_fused_pass(make_opt):
             vs = [ds.Variable(np.ones((40, 3), dtype), name=f"w{i}") for i in range(2)]
             opt = make_opt()
         before = s.extended.backend.call_counts["allreduce"]
+
         def step(opt=opt, dtype=dtype, vs=vs):
             mine = grads[ds.get_replica_context().replica_id_in_sync_group]
             opt.apply_gradients(zip([g.astype(dtype) for g in mine], vs))
@@ -217,8 +226,11 @@ def test_sync_on_read_copies_are_updated_each_on_its_own():
     with s.scope():
         v = ds.Variable(np.zeros(4, np.float32), synchronization="on_read", aggregation="sum")
         opt = ds.SGD(0.1)
-    s.run(lambda: v.assign(np.full(4, float(ds.get_replica_context()
-                                             .replica_id_in_sync_group + 1), np.float32)))
+    s.run(
+        lambda: v.assign(
+            np.full(4, float(ds.get_replica_context().replica_id_in_sync_group + 1), np.float32)
+        )
+    )
     s.run(lambda: opt.apply_gradients([(np.ones(4, np.float32), v)]))
     copies = [np.asarray(c) for c in s.experimental_local_results(v)]
     for r, c in enumerate(copies):
@@ -246,8 +258,9 @@ def test_apply_gradients_in_cross_replica_context():
         w = ds.Variable(np.zeros(3, np.float32))
         b = ds.Variable(np.zeros(1, np.float32))
         opt = ds.SGD(1.0, momentum=0.5)
-    per_replica = s.run(lambda: np.full(3, ds.get_replica_context().replica_id_in_sync_group,
-                                        np.float32))
+    per_replica = s.run(
+        lambda: np.full(3, ds.get_replica_context().replica_id_in_sync_group, np.float32)
+    )
     before = s.extended.backend.call_counts["allreduce"]
     opt.apply_gradients([(per_replica, w), (np.ones(1, np.float32), b)])
     assert s.extended.backend.call_counts["allreduce"] - before == 1

@@ -33,6 +33,7 @@ def copies(var):
 
 # Creation -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_variables_created_in_scope_are_mirrored(strategy):
     n = strategy.num_replicas_in_sync
@@ -80,12 +81,16 @@ def test_variable_creation_errors():
 
 # Mirrored: replica-context aggregation -------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
-@pytest.mark.parametrize("agg, expect", [
-    (Agg.SUM, lambda n: 10 + sum(range(1, n + 1))),
-    (Agg.MEAN, lambda n: 10 + sum(range(1, n + 1)) / n),
-    (Agg.ONLY_FIRST_REPLICA, lambda n: 10 + 1),
-])
+@pytest.mark.parametrize(
+    "agg, expect",
+    [
+        (Agg.SUM, lambda n: 10 + sum(range(1, n + 1))),
+        (Agg.MEAN, lambda n: 10 + sum(range(1, n + 1)) / n),
+        (Agg.ONLY_FIRST_REPLICA, lambda n: 10 + 1),
+    ],
+)
 def test_assign_add_aggregation(strategy, agg, expect):
     n = strategy.num_replicas_in_sync
     with strategy.scope():
@@ -130,8 +135,10 @@ def test_replica_updates_must_all_happen():
     s = ds.MirroredStrategy(cpus(2))
     with s.scope():
         v = ds.Variable(0.0, aggregation=Agg.SUM)
-    with pytest.raises(ds.ReplicaFailed, match="returned from its replica function without "
-                                               "calling assign_add of variable"):
+    with pytest.raises(
+        ds.ReplicaFailed,
+        match="returned from its replica function without calling assign_add of variable",
+    ):
         s.run(lambda: v.assign_add(1.0) if rid() == 0 else None)
 
 
@@ -151,6 +158,7 @@ def test_reads_inside_run_see_the_own_copy():
 
 # Mirrored: cross-replica updates --------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_cross_replica_assign_updates_every_copy(strategy):
     n = strategy.num_replicas_in_sync
@@ -161,7 +169,8 @@ def test_cross_replica_assign_updates_every_copy(strategy):
         v.assign_sub(np.full(2, 0.5))
     assert all(np.array_equal(c, [1.5, 1.5]) for c in copies(v))
     pr = strategy.experimental_distribute_values_from_function(
-        lambda ctx: np.full(2, ctx.replica_id_in_sync_group + 1.0))
+        lambda ctx: np.full(2, ctx.replica_id_in_sync_group + 1.0)
+    )
     v.assign(pr)  # SUM aggregation combines a PerReplica value
     assert all(np.allclose(c, n * (n + 1) / 2) for c in copies(v))
     with strategy.scope():
@@ -187,14 +196,14 @@ def test_torch_values_and_shared_memory():
 
 # Sync on read ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(20)
 def test_sync_on_read_metrics(strategy):
     n = strategy.num_replicas_in_sync
     with strategy.scope():
         total = ds.Variable(0.0, synchronization=Sync.ON_READ, aggregation=Agg.SUM)
         mean = ds.Variable(0.0, synchronization=Sync.ON_READ, aggregation=Agg.MEAN)
-        first = ds.Variable(0.0, synchronization=Sync.ON_READ,
-                            aggregation=Agg.ONLY_FIRST_REPLICA)
+        first = ds.Variable(0.0, synchronization=Sync.ON_READ, aggregation=Agg.ONLY_FIRST_REPLICA)
     backend = strategy.extended.backend
     before = backend.call_counts["allreduce"]
 
@@ -207,7 +216,8 @@ def test_sync_on_read_metrics(strategy):
     own = strategy.run(fn)
     assert backend.call_counts["allreduce"] == before  # replica updates never communicate
     assert [float(x) for x in strategy.experimental_local_results(own)] == [
-        r + 1.0 for r in range(n)]
+        r + 1.0 for r in range(n)
+    ]
     assert float(total.read_value()) == n * (n + 1) / 2
     assert float(mean.read_value()) == pytest.approx((n - 1) / 2)
     assert float(first.read_value()) == 5.0
@@ -235,10 +245,12 @@ def test_sync_on_read_none_aggregation_cannot_be_read_cross_replica():
 
 # Checkpoints ----------------------------------------------------------------------------------------
 
+
 class Model:
     def __init__(self, n_in, n_out):
-        self.kernel = ds.Variable(np.random.default_rng(0).normal(size=(n_in, n_out))
-                                  .astype(np.float32), name="kernel")
+        self.kernel = ds.Variable(
+            np.random.default_rng(0).normal(size=(n_in, n_out)).astype(np.float32), name="kernel"
+        )
         self.bias = ds.Variable(np.zeros(n_out, np.float32), name="bias")
         self.metric = ds.Variable(0.0, synchronization=Sync.ON_READ, aggregation=Agg.SUM)
         self._private = ds.Variable(1.0)
@@ -267,8 +279,15 @@ def test_checkpoint_restores_under_another_replica_count(tmp_path, save_n, resto
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     with np.load(path, allow_pickle=False) as data:
         keys = set(data.files)
-    assert {"model/kernel", "model/bias", "model/metric", "step", "optimizer/iterations",
-            "optimizer/slots/model/kernel/m", "optimizer/slots/model/bias/v"} <= keys
+    assert {
+        "model/kernel",
+        "model/bias",
+        "model/metric",
+        "step",
+        "optimizer/iterations",
+        "optimizer/slots/model/kernel/m",
+        "optimizer/slots/model/bias/v",
+    } <= keys
     assert not any("_private" in k for k in keys)
 
     s2 = ds.MirroredStrategy(cpus(restore_n))
@@ -292,10 +311,11 @@ def test_checkpoint_restores_under_another_replica_count(tmp_path, save_n, resto
     s1.run(train)
 
     def train2():
-        g = np.full((4, 3), 0.0, np.float32) + np.float32(
-            np.mean([r + 1.0 for r in range(save_n)]))
-        opt2.apply_gradients([(g, model2.kernel), (np.ones(3, np.float32), model2.bias)],
-                             skip_gradients_aggregation=True)
+        g = np.full((4, 3), 0.0, np.float32) + np.float32(np.mean([r + 1.0 for r in range(save_n)]))
+        opt2.apply_gradients(
+            [(g, model2.kernel), (np.ones(3, np.float32), model2.bias)],
+            skip_gradients_aggregation=True,
+        )
 
     s2.run(train2)
     np.testing.assert_allclose(model2.kernel.numpy(), model.kernel.numpy(), rtol=1e-6)

@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the torch backend needs torch (pip install "
-                            "pycollective[torch])")
+torch = pytest.importorskip(
+    "torch", reason="the torch backend needs torch (pip install pycollective[torch])"
+)
 
 from multiproc import run_ranks  # noqa: E402
 
@@ -26,8 +27,14 @@ def _init(rank, n, timeout=30.0, **kwargs):
     import pycollective.torch  # noqa: F401  (registers the backend)
 
     port = os.environ["PYCOLLECTIVE_MASTER_PORT"]
-    dist.init_process_group("pycollective", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n, timeout=datetime.timedelta(seconds=timeout), **kwargs)
+    dist.init_process_group(
+        "pycollective",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=n,
+        timeout=datetime.timedelta(seconds=timeout),
+        **kwargs,
+    )
     return dist.new_group(backend="gloo")
 
 
@@ -72,42 +79,83 @@ def _check_dtype(rank, n, gloo, name, seed):
 
     for count in (1, 7, 1000):
         x = _values(dtype, (count,), seed + 100 * rank + count)
-        ops = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT,
-               "MIN": dist.ReduceOp.MIN, "MAX": dist.ReduceOp.MAX}
+        ops = {
+            "SUM": dist.ReduceOp.SUM,
+            "PRODUCT": dist.ReduceOp.PRODUCT,
+            "MIN": dist.ReduceOp.MIN,
+            "MAX": dist.ReduceOp.MAX,
+        }
         for label, op in ops.items():
-            both(f"all_reduce {label} {count}", lambda: x.clone(),
-                 lambda t, g, op=op: dist.all_reduce(t, op=op, group=g))
+            both(
+                f"all_reduce {label} {count}",
+                lambda: x.clone(),
+                lambda t, g, op=op: dist.all_reduce(t, op=op, group=g),
+            )
         for root in range(n):
-            both(f"broadcast root {root}", lambda: x.clone(),
-                 lambda t, g, root=root: dist.broadcast(t, root, group=g))
-            both(f"reduce root {root}", lambda: x.clone(),
-                 lambda t, g, root=root: dist.reduce(t, root, group=g), rank == root)
-        both("all_gather", lambda: [torch.zeros_like(x) for _ in range(n)],
-             lambda outs, g: dist.all_gather(outs, x, group=g))
-        both("all_gather_into_tensor", lambda: torch.zeros(n * count, dtype=dtype),
-             lambda out, g: dist.all_gather_into_tensor(out, x, group=g))
+            both(
+                f"broadcast root {root}",
+                lambda: x.clone(),
+                lambda t, g, root=root: dist.broadcast(t, root, group=g),
+            )
+            both(
+                f"reduce root {root}",
+                lambda: x.clone(),
+                lambda t, g, root=root: dist.reduce(t, root, group=g),
+                rank == root,
+            )
+        both(
+            "all_gather",
+            lambda: [torch.zeros_like(x) for _ in range(n)],
+            lambda outs, g: dist.all_gather(outs, x, group=g),
+        )
+        both(
+            "all_gather_into_tensor",
+            lambda: torch.zeros(n * count, dtype=dtype),
+            lambda out, g: dist.all_gather_into_tensor(out, x, group=g),
+        )
         chunks = [_values(dtype, (count,), seed + 7 * rank + p) for p in range(n)]
-        both("reduce_scatter", lambda: torch.zeros_like(x),
-             lambda out, g: dist.reduce_scatter(out, chunks, group=g))
-        both("reduce_scatter_tensor", lambda: torch.zeros_like(x),
-             lambda out, g: dist.reduce_scatter_tensor(out, torch.cat(chunks), group=g))
-        both("all_to_all", lambda: [torch.zeros_like(x) for _ in range(n)],
-             lambda outs, g: dist.all_to_all(outs, chunks, group=g))
-        both("all_to_all_single", lambda: torch.zeros(n * count, dtype=dtype),
-             lambda out, g: dist.all_to_all_single(out, torch.cat(chunks), group=g))
+        both(
+            "reduce_scatter",
+            lambda: torch.zeros_like(x),
+            lambda out, g: dist.reduce_scatter(out, chunks, group=g),
+        )
+        both(
+            "reduce_scatter_tensor",
+            lambda: torch.zeros_like(x),
+            lambda out, g: dist.reduce_scatter_tensor(out, torch.cat(chunks), group=g),
+        )
+        both(
+            "all_to_all",
+            lambda: [torch.zeros_like(x) for _ in range(n)],
+            lambda outs, g: dist.all_to_all(outs, chunks, group=g),
+        )
+        both(
+            "all_to_all_single",
+            lambda: torch.zeros(n * count, dtype=dtype),
+            lambda out, g: dist.all_to_all_single(out, torch.cat(chunks), group=g),
+        )
         # Uneven splits: rank r sends (r + p) % 3 + 1 rows of 2 to rank p.
         sends = [(rank + p) % 3 + 1 for p in range(n)]
         recvs = [(p + rank) % 3 + 1 for p in range(n)]
         rows = _values(dtype, (sum(sends), 2), seed + rank)
-        both("all_to_all_single uneven", lambda: torch.zeros(sum(recvs), 2, dtype=dtype),
-             lambda out, g: dist.all_to_all_single(out, rows, recvs, sends, group=g))
+        both(
+            "all_to_all_single uneven",
+            lambda: torch.zeros(sum(recvs), 2, dtype=dtype),
+            lambda out, g: dist.all_to_all_single(out, rows, recvs, sends, group=g),
+        )
         for root in (0, n - 1):
-            both(f"gather root {root}",
-                 lambda: [torch.zeros_like(x) for _ in range(n)] if rank == root else None,
-                 lambda outs, g, root=root: dist.gather(x, outs, root, group=g))
-            both(f"scatter root {root}", lambda: torch.zeros_like(x),
-                 lambda out, g, root=root: dist.scatter(out, chunks if rank == root else None,
-                                                        root, group=g))
+            both(
+                f"gather root {root}",
+                lambda: [torch.zeros_like(x) for _ in range(n)] if rank == root else None,
+                lambda outs, g, root=root: dist.gather(x, outs, root, group=g),
+            )
+            both(
+                f"scatter root {root}",
+                lambda: torch.zeros_like(x),
+                lambda out, g, root=root: dist.scatter(
+                    out, chunks if rank == root else None, root, group=g
+                ),
+            )
     if dtype.is_floating_point:
         # AVG (gloo has none: compare with its SUM / n) and PREMUL_SUM (gloo: SUM of x * f).
         x = torch.randn(301, generator=torch.Generator().manual_seed(seed + rank)).to(dtype)
@@ -159,8 +207,9 @@ def _collectives(rank, n):
     want = _values(torch.int64, (100,), rank)
     dist.all_reduce(want, group=gloo)
     _same(t, want, "async all_reduce")
-    chained = dist.all_reduce(torch.ones(3), async_op=True).get_future().then(
-        lambda f: f.value()[0] * 2)
+    chained = (
+        dist.all_reduce(torch.ones(3), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    )
     assert chained.wait().tolist() == [2.0 * n] * 3
 
     # send/recv around the ring (even ranks send first), and barrier.
@@ -179,8 +228,10 @@ def _collectives(rank, n):
     for req in reqs:
         req.wait()
     assert back.tolist() == (torch.arange(4.0) + prv).tolist()
-    ops = [dist.P2POp(dist.isend, torch.full((6,), 1.0 + rank), nxt),
-           dist.P2POp(dist.irecv, back2 := torch.zeros(6), prv)]
+    ops = [
+        dist.P2POp(dist.isend, torch.full((6,), 1.0 + rank), nxt),
+        dist.P2POp(dist.irecv, back2 := torch.zeros(6), prv),
+    ]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
     assert (back2 == 1.0 + prv).all()
@@ -202,8 +253,7 @@ def _collectives(rank, n):
 @pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "tcp"), (4, "shm")])
 def test_collectives_match_gloo(n, transport):
     """shm is what ranks on one host get; tcp (forced) is what ranks on other hosts get."""
-    results = run_ranks(_collectives, n, timeout=150,
-                        env={"PYCOLLECTIVE_TRANSPORT": transport})
+    results = run_ranks(_collectives, n, timeout=150, env={"PYCOLLECTIVE_TRANSPORT": transport})
     assert len(set(results)) == 1 and results[0] > 100 * len(DTYPES) // 4
 
 

@@ -20,10 +20,12 @@ def digits(rows: int) -> tuple[np.ndarray, np.ndarray]:
 def init_params(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     n_in, n_hidden, n_out = SIZES
-    return {"w1": (rng.normal(size=(n_in, n_hidden)) * 0.3).astype(np.float32),
-            "b1": np.zeros(n_hidden, np.float32),
-            "w2": (rng.normal(size=(n_hidden, n_out)) * 0.3).astype(np.float32),
-            "b2": np.zeros(n_out, np.float32)}
+    return {
+        "w1": (rng.normal(size=(n_in, n_hidden)) * 0.3).astype(np.float32),
+        "b1": np.zeros(n_hidden, np.float32),
+        "w2": (rng.normal(size=(n_hidden, n_out)) * 0.3).astype(np.float32),
+        "b2": np.zeros(n_out, np.float32),
+    }
 
 
 def losses(params, x, y):
@@ -57,7 +59,7 @@ def reference_train(params, batches, opt: str, lr: float, momentum: float = 0.9)
                 b1, b2, eps = 0.9, 0.999, 1e-7
                 m[...] = m + (g - m) * (1 - b1)
                 v[...] = v + (g * g - v) * (1 - b2)
-                alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                alpha = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
                 params[k] = (params[k] - alpha * m / (np.sqrt(v) + eps)).astype(np.float32)
     return params
 

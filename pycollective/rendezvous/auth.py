@@ -37,12 +37,15 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return _refusal(handler, handler_call_details.method, problem, self._what)
 
 
-def _refusal(handler: grpc.RpcMethodHandler, method: str, problem: str,
-             what: str) -> grpc.RpcMethodHandler:
+def _refusal(
+    handler: grpc.RpcMethodHandler, method: str, problem: str, what: str
+) -> grpc.RpcMethodHandler:
     """A handler of the same kind (unary or streaming) as ``handler`` that answers
     UNAUTHENTICATED without reading the request."""
-    message = (f"{what} refused {method.rsplit('/', 1)[-1]}: {problem} (metadata "
-               f"{TOKEN_METADATA_KEY}; every rank and task needs the same PYCOLLECTIVE_TOKEN)")
+    message = (
+        f"{what} refused {method.rsplit('/', 1)[-1]}: {problem} (metadata "
+        f"{TOKEN_METADATA_KEY}; every rank and task needs the same PYCOLLECTIVE_TOKEN)"
+    )
 
     def refuse(request_or_iterator, context):
         _log.warning("%s refused %s from %s: %s", what, method, context.peer(), problem)
@@ -59,5 +62,8 @@ def _refusal(handler: grpc.RpcMethodHandler, method: str, problem: str,
         (True, True): (grpc.stream_stream_rpc_method_handler, refuse_stream),
     }
     make, behaviour = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
-    return make(behaviour, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    return make(
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

@@ -99,8 +99,11 @@ class ClusterSpec:
             raise ValueError(f"the coordinator address (master_addr) is empty {where}")
         if not 0 <= self.master_port <= 65535:
             raise ValueError(f"master_port {self.master_port} is not a TCP port {where}")
-        if self.master_port == 0 and self.world_size > 1 and not (self.announced and
-                                                                 self.rank == 0):
+        if (
+            self.master_port == 0
+            and self.world_size > 1
+            and not (self.announced and self.rank == 0)
+        ):
             raise ValueError(
                 f"master_port is 0 but world_size is {self.world_size} {where}: the other "
                 "ranks cannot find an OS-chosen port; give every rank the same port"
@@ -350,8 +353,15 @@ def _tf_error(problem: str) -> ValueError:
     return ValueError(f"TF_CONFIG {problem}; expected e.g. TF_CONFIG='{_TF_CONFIG_EXAMPLE}'")
 
 
-def _from_launcher_vars(env: Mapping[str, str], source: str, shape: str, rank: str, size: str,
-                        local_rank: str, local_size: str) -> _Found:
+def _from_launcher_vars(
+    env: Mapping[str, str],
+    source: str,
+    shape: str,
+    rank: str,
+    size: str,
+    local_rank: str,
+    local_size: str,
+) -> _Found:
     """Launchers that name rank, size and the local pair in four variables (torchrun, Open
     MPI); the master comes from MASTER_ADDR/MASTER_PORT or PYCOLLECTIVE_MASTER_*."""
     found = _Found(
@@ -367,17 +377,26 @@ def _from_launcher_vars(env: Mapping[str, str], source: str, shape: str, rank: s
 
 def _from_torchrun(env: Mapping[str, str]) -> _Found:
     return _from_launcher_vars(
-        env, "torchrun environment (RANK, WORLD_SIZE, ...)",
+        env,
+        "torchrun environment (RANK, WORLD_SIZE, ...)",
         "RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=4 MASTER_ADDR=host MASTER_PORT=29500",
-        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    )
 
 
 def _from_open_mpi(env: Mapping[str, str]) -> _Found:
     return _from_launcher_vars(
-        env, "Open MPI environment (OMPI_COMM_WORLD_*)",
+        env,
+        "Open MPI environment (OMPI_COMM_WORLD_*)",
         "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 (set by mpirun)",
-        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE")
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    )
 
 
 def _from_slurm(env: Mapping[str, str]) -> _Found:

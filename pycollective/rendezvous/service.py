@@ -475,5 +475,3 @@ class _Servicer(pb_grpc.CoordinationServicer):
                 ended_normally.set()
         if notice is not None:
             yield notice
-
-

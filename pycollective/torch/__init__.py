@@ -25,8 +25,9 @@ def _register() -> None:
         return
     # CUDA tensors are accepted too: they run over NCCL in a CUDA build of pycollective and fail
     # with a message saying so in a CPU build (clearer than torch's "no backend for cuda").
-    dist.Backend.register_backend(BACKEND, create_backend, extended_api=True,
-                                  devices=["cpu", "cuda"])
+    dist.Backend.register_backend(
+        BACKEND, create_backend, extended_api=True, devices=["cpu", "cuda"]
+    )
 
 
 _register()

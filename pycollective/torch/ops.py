@@ -24,9 +24,11 @@ def reduce_op(op: dist.ReduceOp, where: str) -> tuple[str, float | torch.Tensor 
     for torch_op, name in _OPS.items():
         if op == torch_op:
             return name, None
-    raise ValueError(f"{where}: ReduceOp {op.op if hasattr(op, 'op') else op} is not supported "
-                     "by the pycollective backend; use SUM, PRODUCT, MIN, MAX, AVG or "
-                     "PREMUL_SUM")
+    raise ValueError(
+        f"{where}: ReduceOp {op.op if hasattr(op, 'op') else op} is not supported "
+        "by the pycollective backend; use SUM, PRODUCT, MIN, MAX, AVG or "
+        "PREMUL_SUM"
+    )
 
 
 def scaled(t: torch.Tensor, factor: float | torch.Tensor | None) -> torch.Tensor:

@@ -29,8 +29,14 @@ from pycollective.torch.work import Work, backend_error, seconds, stop_completer
 def create_backend(opts: Any, backend_options: Any = None) -> ProcessGroup:
     """The creator torch calls (extended API) for each "pycollective" group."""
     timeout = seconds(opts.timeout) or 1800.0
-    group, owned = rendezvous.join(opts.store, opts.group_rank, opts.group_size, timeout,
-                                   list(opts.global_ranks_in_group), str(opts.group_id))
+    group, owned = rendezvous.join(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        timeout,
+        list(opts.global_ranks_in_group),
+        str(opts.group_id),
+    )
     return ProcessGroup(group, opts.group_rank, opts.group_size, timeout, owned)
 
 
@@ -38,8 +44,7 @@ class ProcessGroup(dist.ProcessGroup):
     """A torch ProcessGroup over a :class:`pycollective.ProcessGroup`. Made by torch
     (``init_process_group("pycollective")``, ``new_group(backend="pycollective")``)."""
 
-    def __init__(self, group: pc.ProcessGroup, rank: int, size: int, timeout: float,
-                 owned: bool):
+    def __init__(self, group: pc.ProcessGroup, rank: int, size: int, timeout: float, owned: bool):
         super().__init__(rank, size)
         self._group = group
         self._timeout = timeout
@@ -60,8 +65,10 @@ class ProcessGroup(dist.ProcessGroup):
     def group_name(self) -> str:
         name = getattr(self, "_name", None)
         if name is None:
-            raise RuntimeError(f"{self._where}: this group has no name yet (torch names it "
-                               "when new_group/init_process_group returns)")
+            raise RuntimeError(
+                f"{self._where}: this group has no name yet (torch names it "
+                "when new_group/init_process_group returns)"
+            )
         return name
 
     @property
@@ -74,8 +81,9 @@ class ProcessGroup(dist.ProcessGroup):
     def _call_timeout(self, opts: Any) -> float:
         return seconds(getattr(opts, "timeout", None)) or self._timeout
 
-    def _start(self, opts: Any, outputs: list, staging: Staging,
-               steps: list[Callable[[bool, float], Any]]) -> Work:
+    def _start(
+        self, opts: Any, outputs: list, staging: Staging, steps: list[Callable[[bool, float], Any]]
+    ) -> Work:
         """Runs ``steps`` (each starts one pycollective call: ``step(asynchronous, timeout)``
         returns its Work when asynchronous) and wraps them in one torch Work."""
         asynchronous = getattr(opts, "asyncOp", True)
@@ -98,12 +106,14 @@ class ProcessGroup(dist.ProcessGroup):
                     f"{self._where}: {what} runs on CPU tensors only, got one on {t.device}; "
                     "device tensors are supported by all_reduce, broadcast, reduce, all_gather, "
                     "all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor (copy the "
-                    "tensor to the CPU for this call)")
+                    "tensor to the CPU for this call)"
+                )
 
     def _one(self, tensors: list, what: str) -> torch.Tensor:
         if len(tensors) != 1:
-            raise ValueError(f"{self._where}: {what} takes one tensor per process, got "
-                             f"{len(tensors)}")
+            raise ValueError(
+                f"{self._where}: {what} takes one tensor per process, got {len(tensors)}"
+            )
         return tensors[0]
 
     # -- reductions --------------------------------------------------------------------------
@@ -138,13 +148,15 @@ class ProcessGroup(dist.ProcessGroup):
         if not tensors:
             return Work([], [])
         if len({t.dtype for t in tensors}) != 1:
-            raise TypeError(f"{self._where}: allreduce_coalesced needs tensors of one dtype, "
-                            f"got {sorted(str(t.dtype) for t in tensors)}")
+            raise TypeError(
+                f"{self._where}: allreduce_coalesced needs tensors of one dtype, "
+                f"got {sorted(str(t.dtype) for t in tensors)}"
+            )
         flat = scaled(torch.cat([t.reshape(-1) for t in tensors]), factor)
         staging = Staging()
         offset = 0
         for t in tensors:
-            staging.copy_back(t, flat[offset:offset + t.numel()].view(t.shape))
+            staging.copy_back(t, flat[offset : offset + t.numel()].view(t.shape))
             offset += t.numel()
         return self._start(opts, list(tensors), staging, [self._allreduce_step(flat, op)])
 
@@ -172,26 +184,33 @@ class ProcessGroup(dist.ProcessGroup):
         out = self._one(outputs, "reduce_scatter")
         inputs = self._one(input_lists, "reduce_scatter")
         if len(inputs) != self.size():
-            raise ValueError(f"{self._where}: reduce_scatter takes {self.size()} inputs, got "
-                             f"{len(inputs)}")
+            raise ValueError(
+                f"{self._where}: reduce_scatter takes {self.size()} inputs, got {len(inputs)}"
+            )
         for i, t in enumerate(inputs):
             if t.numel() != out.numel() or t.dtype != out.dtype:
-                raise ValueError(f"{self._where}: reduce_scatter input {i} is {t.dtype} "
-                                 f"{tuple(t.shape)}; every input must match the output "
-                                 f"({out.dtype} {tuple(out.shape)})")
+                raise ValueError(
+                    f"{self._where}: reduce_scatter input {i} is {t.dtype} "
+                    f"{tuple(t.shape)}; every input must match the output "
+                    f"({out.dtype} {tuple(out.shape)})"
+                )
         flat = torch.cat([t.reshape(-1) for t in inputs])
         return self._reduce_scatter(flat, out, opts or dist.ReduceScatterOptions())
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: Any = None) -> Work:
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Work:
         """reduce_scatter_tensor: rank r gets the reduction of block r of every rank's input."""
         if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
-            raise ValueError(f"{self._where}: reduce_scatter_tensor needs an input of "
-                             f"{self.size()} x the output's {output.numel()} elements and the "
-                             f"same dtype; got {input.dtype} {tuple(input.shape)} -> "
-                             f"{output.dtype} {tuple(output.shape)}")
-        return self._reduce_scatter(Staging().input(input).reshape(-1), output,
-                                    opts or dist.ReduceScatterOptions())
+            raise ValueError(
+                f"{self._where}: reduce_scatter_tensor needs an input of "
+                f"{self.size()} x the output's {output.numel()} elements and the "
+                f"same dtype; got {input.dtype} {tuple(input.shape)} -> "
+                f"{output.dtype} {tuple(output.shape)}"
+            )
+        return self._reduce_scatter(
+            Staging().input(input).reshape(-1), output, opts or dist.ReduceScatterOptions()
+        )
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.13 calls
 
@@ -208,8 +227,9 @@ class ProcessGroup(dist.ProcessGroup):
 
         return self._start(opts, [out], staging, [step])
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list,
-                                        opts: Any = None) -> Work:
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list, inputs: list, opts: Any = None
+    ) -> Work:
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _joined(works, list(outputs))
 
@@ -235,8 +255,9 @@ class ProcessGroup(dist.ProcessGroup):
         outs = self._one(output_lists, "allgather")
         x = self._one(inputs, "allgather")
         if len(outs) != self.size():
-            raise ValueError(f"{self._where}: allgather takes {self.size()} outputs, got "
-                             f"{len(outs)}")
+            raise ValueError(
+                f"{self._where}: allgather takes {self.size()} outputs, got {len(outs)}"
+            )
         staging = Staging()
         src = staging.input(x)
         g = self._group
@@ -261,16 +282,19 @@ class ProcessGroup(dist.ProcessGroup):
 
         return self._start(opts, [list(outs)], staging, [step])
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: Any = None) -> Work:
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Work:
         """all_gather_into_tensor: the ranks' inputs end to end in `output` (native allgather
         straight into it)."""
         opts = opts or dist.AllgatherOptions()
         if output.numel() != input.numel() * self.size() or input.dtype != output.dtype:
-            raise ValueError(f"{self._where}: all_gather_into_tensor needs an output of "
-                             f"{self.size()} x the input's {input.numel()} elements and the "
-                             f"same dtype; got {input.dtype} {tuple(input.shape)} -> "
-                             f"{output.dtype} {tuple(output.shape)}")
+            raise ValueError(
+                f"{self._where}: all_gather_into_tensor needs an output of "
+                f"{self.size()} x the input's {input.numel()} elements and the "
+                f"same dtype; got {input.dtype} {tuple(input.shape)} -> "
+                f"{output.dtype} {tuple(output.shape)}"
+            )
         staging = Staging()
         src = staging.input(input)
         buf = staging.output(output).view((self.size(),) + tuple(src.shape))
@@ -284,8 +308,9 @@ class ProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single  # the name torch < 2.13 calls
 
-    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list,
-                                        opts: Any = None) -> Work:
+    def allgather_into_tensor_coalesced(
+        self, outputs: list, inputs: list, opts: Any = None
+    ) -> Work:
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _joined(works, list(outputs))
 
@@ -339,8 +364,14 @@ class ProcessGroup(dist.ProcessGroup):
 
         return self._start(opts, list(outputs), staging, [step])
 
-    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
-                      input_split_sizes: list, opts: Any = None) -> Work:
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list,
+        input_split_sizes: list,
+        opts: Any = None,
+    ) -> Work:
         """all_to_all_single: blocks of dim 0, even or by the split sizes (pairwise exchange
         straight between the two tensors)."""
         opts = opts or dist.AllToAllOptions()
@@ -365,8 +396,12 @@ class ProcessGroup(dist.ProcessGroup):
         self._host_only("send", t)
         src = Staging().input(t)
         g = self._group
-        return self._start(None, [t], Staging(), [
-            lambda asynchronous, timeout: g.send(src, dst, tag, timeout, asynchronous)])
+        return self._start(
+            None,
+            [t],
+            Staging(),
+            [lambda asynchronous, timeout: g.send(src, dst, tag, timeout, asynchronous)],
+        )
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> Work:
         t = self._one(tensors, "recv")
@@ -374,13 +409,19 @@ class ProcessGroup(dist.ProcessGroup):
         staging = Staging()
         buf = staging.output(t)
         g = self._group
-        return self._start(None, [t], staging, [
-            lambda asynchronous, timeout: g.recv(buf, src, tag, timeout, asynchronous)])
+        return self._start(
+            None,
+            [t],
+            staging,
+            [lambda asynchronous, timeout: g.recv(buf, src, tag, timeout, asynchronous)],
+        )
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> Work:
-        raise RuntimeError(f"{self._where}: recv without a source rank is not supported: "
-                           "pycollective matches point-to-point messages per pair of ranks; "
-                           "pass src=")
+        raise RuntimeError(
+            f"{self._where}: recv without a source rank is not supported: "
+            "pycollective matches point-to-point messages per pair of ranks; "
+            "pass src="
+        )
 
     def barrier(self, opts: Any = None) -> Work:
         timeout = self._call_timeout(opts)

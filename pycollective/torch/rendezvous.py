@@ -60,8 +60,15 @@ def _form(store, rank: int, size: int, timeout: float) -> pc.ProcessGroup:
             store.set(f"{key}/token", "" if own_token else token)
             store.set(f"{key}/master", address)
 
-        return pc.init(rank=0, world_size=size, master=f"{_coordinator_host(store)}:0",
-                       token=token, timeout=timeout, connect_timeout=timeout, announce=announce)
+        return pc.init(
+            rank=0,
+            world_size=size,
+            master=f"{_coordinator_host(store)}:0",
+            token=token,
+            timeout=timeout,
+            connect_timeout=timeout,
+            announce=announce,
+        )
     try:
         master = store.get(f"{key}/master").decode()
         shared = store.get(f"{key}/token").decode()
@@ -69,17 +76,27 @@ def _form(store, rank: int, size: int, timeout: float) -> pc.ProcessGroup:
         raise RuntimeError(
             f"[rank {rank}] pycollective: rank 0 did not publish its coordinator address in "
             f"torch's store ({exc}); is rank 0 running and calling init_process_group"
-            "('pycollective') too?") from exc
+            "('pycollective') too?"
+        ) from exc
     token = shared or own_token
     if token is None:
-        raise RuntimeError(f"[rank {rank}] pycollective: rank 0 uses PYCOLLECTIVE_TOKEN but this "
-                           "rank has none: set the same PYCOLLECTIVE_TOKEN on every rank")
-    return pc.init(rank=rank, world_size=size, master=master, token=token, timeout=timeout,
-                   connect_timeout=timeout)
+        raise RuntimeError(
+            f"[rank {rank}] pycollective: rank 0 uses PYCOLLECTIVE_TOKEN but this "
+            "rank has none: set the same PYCOLLECTIVE_TOKEN on every rank"
+        )
+    return pc.init(
+        rank=rank,
+        world_size=size,
+        master=master,
+        token=token,
+        timeout=timeout,
+        connect_timeout=timeout,
+    )
 
 
-def join(store, rank: int, size: int, timeout: float, torch_ranks: list[int],
-         name: str) -> tuple[pc.ProcessGroup, bool]:
+def join(
+    store, rank: int, size: int, timeout: float, torch_ranks: list[int], name: str
+) -> tuple[pc.ProcessGroup, bool]:
     """The pycollective group for a torch group: ``(group, owned)``. ``torch_ranks`` are the
     torch global ranks of its members (empty for the default group); owned groups are shut
     down with the torch group that formed them."""
@@ -90,21 +107,25 @@ def join(store, rank: int, size: int, timeout: float, torch_ranks: list[int],
                 raise RuntimeError(
                     f"[rank {rank}] pycollective.init() was already called in this process; the "
                     "torch backend forms its own group: call pycollective.shutdown() first, or "
-                    "use pycollective's API directly instead of torch.distributed")
+                    "use pycollective's API directly instead of torch.distributed"
+                )
             group = _form(store, rank, size, timeout)
             _world = _World(group, list(torch_ranks) or list(range(size)))
             return group, True
         world = _world
     if not torch_ranks:
-        raise RuntimeError(f"[rank {rank}] a pycollective group is already formed in this "
-                           "process; call torch.distributed.destroy_process_group() before "
-                           "init_process_group() again")
+        raise RuntimeError(
+            f"[rank {rank}] a pycollective group is already formed in this "
+            "process; call torch.distributed.destroy_process_group() before "
+            "init_process_group() again"
+        )
     missing = [r for r in torch_ranks if r not in world.torch_ranks]
     if missing:
         raise RuntimeError(
             f"[rank {rank}] torch ranks {missing} are not in this process's pycollective group "
             f"(torch ranks {world.torch_ranks}); a 'pycollective' sub-group must be part of the "
-            "first 'pycollective' group formed (normally the default group)")
+            "first 'pycollective' group formed (normally the default group)"
+        )
     members = [world.torch_ranks.index(r) for r in torch_ranks]
     group = pc.new_group(members, name=f"torch/{name}")
     return group, False

@@ -137,8 +137,12 @@ def _completer() -> queue.SimpleQueue:
     with _queue_lock:
         if _queue is None:
             _queue = queue.SimpleQueue()
-            threading.Thread(target=_complete_forever, args=(_queue,), daemon=True,
-                             name="pycollective-torch-futures").start()
+            threading.Thread(
+                target=_complete_forever,
+                args=(_queue,),
+                daemon=True,
+                name="pycollective-torch-futures",
+            ).start()
         return _queue
 
 

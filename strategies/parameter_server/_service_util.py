@@ -17,11 +17,19 @@ def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) ->
 
 
 def refuse_payload(context: grpc.ServicerContext, what: str, task: str) -> None:
-    _log.warning("%s refused a %s payload from %s: its HMAC does not match (tampered, or signed "
-                 "with another cluster token); nothing was unpickled", task, what, context.peer())
-    abort(context, grpc.StatusCode.UNAUTHENTICATED,
-           f"{task} refused the {what}: its signature does not match this cluster's token "
-           "(tampered message, or another PYCOLLECTIVE_TOKEN)")
+    _log.warning(
+        "%s refused a %s payload from %s: its HMAC does not match (tampered, or signed "
+        "with another cluster token); nothing was unpickled",
+        task,
+        what,
+        context.peer(),
+    )
+    abort(
+        context,
+        grpc.StatusCode.UNAUTHENTICATED,
+        f"{task} refused the {what}: its signature does not match this cluster's token "
+        "(tampered message, or another PYCOLLECTIVE_TOKEN)",
+    )
 
 
 def rebuild_optimizer(cls: type, state: dict[str, Any]) -> Any:

@@ -25,8 +25,11 @@ from . import wire
 from .errors import UnavailableError, ps_task
 
 # gRPC codes that mean "the task is gone or did not answer in time".
-UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-               grpc.StatusCode.CANCELLED)
+UNREACHABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+)
 
 #: requests and replies with more tensor bytes than this are streamed in chunks
 STREAM_BYTES = 4 << 20
@@ -46,9 +49,15 @@ class PSCall:
 
     __slots__ = ("address", "arrays", "method", "request", "task", "timeout")
 
-    def __init__(self, address: str, task: int, method: str, request: Any,
-                 timeout: float | None = None, arrays: Sequence[np.ndarray] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        address: str,
+        task: int,
+        method: str,
+        request: Any,
+        timeout: float | None = None,
+        arrays: Sequence[np.ndarray] | None = None,
+    ) -> None:
         self.address = address
         self.task = task
         self.method = method
@@ -63,8 +72,9 @@ class PullEntry:
 
     __slots__ = ("dtype", "key", "out", "shape")
 
-    def __init__(self, key: str, shape: tuple[int, ...], dtype: Any,
-                 out: np.ndarray | None = None) -> None:
+    def __init__(
+        self, key: str, shape: tuple[int, ...], dtype: Any, out: np.ndarray | None = None
+    ) -> None:
         self.key, self.shape, self.dtype, self.out = key, tuple(shape), np.dtype(dtype), out
 
     @property
@@ -105,14 +115,16 @@ class PSClient:
     def _executor(self) -> futures.ThreadPoolExecutor:
         with self._lock:
             if self._streams is None:
-                self._streams = futures.ThreadPoolExecutor(max_workers=8,
-                                                           thread_name_prefix="pc-ps-pull")
+                self._streams = futures.ThreadPoolExecutor(
+                    max_workers=8, thread_name_prefix="pc-ps-pull"
+                )
             return self._streams
 
     # Calls ------------------------------------------------------------------------------------------
 
-    def call(self, address: str, task: int, method: str, request: Any,
-             timeout: float | None = None) -> Any:
+    def call(
+        self, address: str, task: int, method: str, request: Any, timeout: float | None = None
+    ) -> Any:
         return self.call_many([PSCall(address, task, method, request, timeout)])[0]
 
     def call_many(self, calls: Sequence[PSCall]) -> list[Any]:
@@ -127,19 +139,29 @@ class PSClient:
             method = c.method
             if c.arrays is not None:
                 if sum(a.nbytes for a in c.arrays) > STREAM_BYTES:
-                    pending.append(getattr(stub, method + "Stream").future(
-                        _request_chunks(c), timeout=timeout, metadata=self._metadata,
-                        wait_for_ready=True))
+                    pending.append(
+                        getattr(stub, method + "Stream").future(
+                            _request_chunks(c),
+                            timeout=timeout,
+                            metadata=self._metadata,
+                            wait_for_ready=True,
+                        )
+                    )
                     continue
                 getattr(request, _TENSOR_FIELDS[method]).extend(
-                    wire.encode_tensor(a) for a in c.arrays)
+                    wire.encode_tensor(a) for a in c.arrays
+                )
             # wait_for_ready: a task that is (re)starting is waited for, within the deadline.
-            pending.append(getattr(stub, method).future(
-                request, timeout=timeout, metadata=self._metadata, wait_for_ready=True))
+            pending.append(
+                getattr(stub, method).future(
+                    request, timeout=timeout, metadata=self._metadata, wait_for_ready=True
+                )
+            )
         return self._collect(calls, [f.result for f in pending])
 
-    def pull(self, requests: Sequence[tuple[int, str, Sequence[PullEntry]]],
-             timeout: float | None = None) -> dict[str, np.ndarray]:
+    def pull(
+        self, requests: Sequence[tuple[int, str, Sequence[PullEntry]]], timeout: float | None = None
+    ) -> dict[str, np.ndarray]:
         """Reads tensors from several ps tasks at once: ``[(task, address, entries), ...]``.
         Returns key -> array (the entry's ``out`` when given; otherwise a read-only array)."""
         timeout = self.rpc_timeout if timeout is None else timeout
@@ -149,19 +171,27 @@ class PSClient:
             calls.append(PSCall(address, task, "Pull", request, timeout))
             stub = self.stub(address)
             if sum(e.nbytes for e in entries) > STREAM_BYTES:
-                waits.append(self._executor().submit(
-                    _pull_stream, stub, request, list(entries), timeout, self._metadata).result)
+                waits.append(
+                    self._executor()
+                    .submit(_pull_stream, stub, request, list(entries), timeout, self._metadata)
+                    .result
+                )
             else:
-                waits.append(stub.Pull.future(request, timeout=timeout, metadata=self._metadata,
-                                              wait_for_ready=True).result)
+                waits.append(
+                    stub.Pull.future(
+                        request, timeout=timeout, metadata=self._metadata, wait_for_ready=True
+                    ).result
+                )
         out: dict[str, np.ndarray] = {}
         for (task, _address, entries), result in zip(requests, self._collect(calls, waits)):
             if isinstance(result, pb.PullResponse):
                 for entry, tensor in zip(entries, result.values):
                     value = wire.decode_tensor(tensor)
                     if value.shape != entry.shape:
-                        raise RuntimeError(f"{ps_task(task)} returned shape {value.shape} for "
-                                           f"{entry.key!r}, expected {entry.shape}")
+                        raise RuntimeError(
+                            f"{ps_task(task)} returned shape {value.shape} for "
+                            f"{entry.key!r}, expected {entry.shape}"
+                        )
                     if entry.out is not None:
                         np.copyto(entry.out, value)
                         value = entry.out
@@ -204,29 +234,38 @@ def _request_chunks(call: PSCall) -> Iterator[Any]:
     header = type(call.request)()
     header.CopyFrom(call.request)
     getattr(header, _TENSOR_FIELDS[call.method]).extend(
-        pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in call.arrays)
+        pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in call.arrays
+    )
     yield chunk_type(header=header)
     for index, array in enumerate(call.arrays):
         flat = byte_view(np.ascontiguousarray(array))
         for offset in range(0, flat.size, CHUNK_BYTES):
-            yield chunk_type(tensor=index, offset=offset,
-                             data=flat[offset:offset + CHUNK_BYTES].tobytes())
+            yield chunk_type(
+                tensor=index, offset=offset, data=flat[offset : offset + CHUNK_BYTES].tobytes()
+            )
 
 
-def _pull_stream(stub: pb_grpc.ParameterServerStub, request: pb.PullRequest,
-                 entries: list[PullEntry], timeout: float,
-                 metadata: Any) -> dict[str, np.ndarray]:
+def _pull_stream(
+    stub: pb_grpc.ParameterServerStub,
+    request: pb.PullRequest,
+    entries: list[PullEntry],
+    timeout: float,
+    metadata: Any,
+) -> dict[str, np.ndarray]:
     stream = stub.PullStream(request, timeout=timeout, metadata=metadata, wait_for_ready=True)
     first = next(stream)
     if len(first.headers) != len(entries):
-        raise RuntimeError(f"PullStream returned {len(first.headers)} tensors for "
-                           f"{len(entries)} keys")
+        raise RuntimeError(
+            f"PullStream returned {len(first.headers)} tensors for {len(entries)} keys"
+        )
     arrays, views, received = [], [], []
     for entry, header in zip(entries, first.headers):
         dtype = wire.check_dtype(header.dtype)
         if tuple(header.shape) != entry.shape or dtype != entry.dtype:
-            raise RuntimeError(f"PullStream returned {dtype}{list(header.shape)} for "
-                               f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}")
+            raise RuntimeError(
+                f"PullStream returned {dtype}{list(header.shape)} for "
+                f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}"
+            )
         array = entry.out if entry.out is not None else np.empty(entry.shape, entry.dtype)
         arrays.append(array)
         views.append(byte_view(array))
@@ -235,9 +274,11 @@ def _pull_stream(stub: pb_grpc.ParameterServerStub, request: pb.PullRequest,
         view = views[chunk.tensor]
         end = chunk.offset + len(chunk.data)
         if end > view.size:
-            raise RuntimeError(f"PullStream chunk [{chunk.offset}, {end}) outside tensor "
-                               f"{chunk.tensor} of {view.size} bytes")
-        view[chunk.offset:end] = np.frombuffer(chunk.data, np.uint8)
+            raise RuntimeError(
+                f"PullStream chunk [{chunk.offset}, {end}) outside tensor "
+                f"{chunk.tensor} of {view.size} bytes"
+            )
+        view[chunk.offset : end] = np.frombuffer(chunk.data, np.uint8)
         received[chunk.tensor] += len(chunk.data)
     for entry, view, count in zip(entries, views, received):
         if count != view.size:
@@ -256,14 +297,19 @@ def translate(exc: grpc.RpcError, call: PSCall) -> Exception:
             f"parameter server {task} ({call.address}) did not answer {call.method}{within} "
             f"({detail}). If it died, restart it and restore the last checkpoint "
             "(Checkpoint.restore) before scheduling more steps: its variables are lost.",
-            task=task, address=call.address)
+            task=task,
+            address=call.address,
+        )
     if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
         return UnavailableError(
             f"parameter server {task} ({call.address}) no longer has the state this call needs "
             f"({detail}); it probably restarted. Restore the last checkpoint (Checkpoint.restore) "
-            "to put the variables back.", task=task, address=call.address)
+            "to put the variables back.",
+            task=task,
+            address=call.address,
+        )
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return PermissionError(f"parameter server {task} ({call.address}) refused "
-                               f"{call.method}: {detail}")
-    return RuntimeError(f"parameter server {task} ({call.address}) failed {call.method}: "
-                        f"{detail}")
+        return PermissionError(
+            f"parameter server {task} ({call.address}) refused {call.method}: {detail}"
+        )
+    return RuntimeError(f"parameter server {task} ({call.address}) failed {call.method}: {detail}")

@@ -120,8 +120,9 @@ class PerWorkerValues:
     """A value with one instance per worker: what ``iter(per_worker_dataset)`` returns. Passed
     to a scheduled function, it becomes the instance of the worker the function runs on."""
 
-    def __init__(self, dataset: PerWorkerDataset, iterator_id: int,
-                 local: Iterator[Any] | None = None) -> None:
+    def __init__(
+        self, dataset: PerWorkerDataset, iterator_id: int, local: Iterator[Any] | None = None
+    ) -> None:
         self._dataset = dataset
         self._iterator_id = iterator_id
         self._local = local
@@ -132,8 +133,10 @@ class PerWorkerValues:
     def __next__(self) -> Any:
         if self._local is not None:
             return next(self._local)
-        raise TypeError("a per-worker iterator is read on the workers: pass it to "
-                        "coordinator.schedule(fn, args=(iterator,)) and call next() in fn")
+        raise TypeError(
+            "a per-worker iterator is read on the workers: pass it to "
+            "coordinator.schedule(fn, args=(iterator,)) and call next() in fn"
+        )
 
     def __repr__(self) -> str:
         return f"<PerWorkerValues: iterator #{self._iterator_id} of {self._dataset!r}>"
@@ -146,8 +149,9 @@ class PerWorkerDataset:
     """A dataset built on every worker by ``dataset_fn`` (see
     ClusterCoordinator.create_per_worker_dataset). ``iter()`` gives per-worker iterators."""
 
-    def __init__(self, coordinator: ClusterCoordinator, dataset_id: int,
-                 dataset_fn: Callable[..., Any]) -> None:
+    def __init__(
+        self, coordinator: ClusterCoordinator, dataset_id: int, dataset_fn: Callable[..., Any]
+    ) -> None:
         self._coordinator = coordinator
         self._id = dataset_id
         self._name = getattr(dataset_fn, "__name__", type(dataset_fn).__name__)
@@ -162,20 +166,26 @@ class PerWorkerDataset:
                 if obj is strategy:
                     return ("strategy", strategy.num_replicas_in_sync)
                 if isinstance(obj, (DistributedVariable, Optimizer, ClusterCoordinator)):
-                    raise TypeError(f"dataset_fn refers to {type(obj).__name__} {obj!r}, which "
-                                    "exists only on the coordinator")
+                    raise TypeError(
+                        f"dataset_fn refers to {type(obj).__name__} {obj!r}, which "
+                        "exists only on the coordinator"
+                    )
                 return None
 
             try:
-                body, tensors = wire.dumps((dataset_fn, n_workers,
-                                            strategy.num_replicas_in_sync), hook)
+                body, tensors = wire.dumps(
+                    (dataset_fn, n_workers, strategy.num_replicas_in_sync), hook
+                )
             except Exception as exc:
-                raise TypeError(f"cannot send dataset_fn {self._name!r} to the workers: {exc} "
-                                f"(it is pickled with {wire.serializer_name()})") from exc
+                raise TypeError(
+                    f"cannot send dataset_fn {self._name!r} to the workers: {exc} "
+                    f"(it is pickled with {wire.serializer_name()})"
+                ) from exc
             self.payload = wire.sign(ext.payload_key, "dataset", body, tensors)
         else:
-            self._local = call_dataset_fn(dataset_fn, InputContext(
-                1, 0, strategy.num_replicas_in_sync))
+            self._local = call_dataset_fn(
+                dataset_fn, InputContext(1, 0, strategy.num_replicas_in_sync)
+            )
 
     def __iter__(self) -> PerWorkerValues:
         iterator_id = next(self._coordinator._ids)
@@ -204,8 +214,14 @@ class _Closure:
         "remote_value",
     )
 
-    def __init__(self, closure_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
-                 remote_value: RemoteValue) -> None:
+    def __init__(
+        self,
+        closure_id: int,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        remote_value: RemoteValue,
+    ) -> None:
         self.id = closure_id
         self.name = getattr(fn, "__name__", type(fn).__name__)
         self.fn, self.args, self.kwargs = fn, args, kwargs
@@ -226,8 +242,9 @@ class ClusterCoordinator:
 
     def __init__(self, strategy: ParameterServerStrategy) -> None:
         if not isinstance(strategy, ParameterServerStrategy):
-            raise TypeError(f"ClusterCoordinator needs a ParameterServerStrategy, got "
-                            f"{type(strategy).__name__}")
+            raise TypeError(
+                f"ClusterCoordinator needs a ParameterServerStrategy, got {type(strategy).__name__}"
+            )
         self._strategy = strategy
         self._cluster = strategy.is_cluster
         self._cond = threading.Condition(threading.RLock())
@@ -242,8 +259,9 @@ class ClusterCoordinator:
         if self._cluster:
             ext = strategy.extended
             assert isinstance(ext, ParameterServerStrategyExtended)
-            self._dispatchers: list[Any] = [_WorkerDispatcher(self, ext, index, address)
-                                            for index, address in ext.worker_tasks]
+            self._dispatchers: list[Any] = [
+                _WorkerDispatcher(self, ext, index, address) for index, address in ext.worker_tasks
+            ]
         else:
             self._dispatchers = [_LocalDispatcher(self)]
         for d in self._dispatchers:
@@ -256,8 +274,9 @@ class ClusterCoordinator:
 
     # Scheduling -----------------------------------------------------------------------------------
 
-    def schedule(self, fn: Callable[..., Any], args: Any = None,
-                 kwargs: dict[str, Any] | None = None) -> RemoteValue:
+    def schedule(
+        self, fn: Callable[..., Any], args: Any = None, kwargs: dict[str, Any] | None = None
+    ) -> RemoteValue:
         """Schedules ``fn(*args, **kwargs)`` to run on a worker (whichever is free first);
         returns its RemoteValue at once. Raises the error of an earlier failed function, if
         any (once)."""
@@ -293,8 +312,7 @@ class ClusterCoordinator:
                 return ("strategy", strategy.num_replicas_in_sync)
             if isinstance(obj, Optimizer):
                 optimizer_id = ext.register_optimizer(obj)
-                state = {k: v for k, v in obj.__dict__.items()
-                         if k not in _OPTIMIZER_BOOKKEEPING}
+                state = {k: v for k, v in obj.__dict__.items() if k not in _OPTIMIZER_BOOKKEEPING}
                 return ("optimizer", optimizer_id, type(obj), state)
             if isinstance(obj, PerWorkerValues):
                 if obj._dataset._coordinator is not self:
@@ -304,14 +322,20 @@ class ClusterCoordinator:
             if isinstance(obj, RemoteValue):
                 closure.deps.append(obj)
                 return ("remote_value", obj._id)
-            if isinstance(obj, (ClusterCoordinator, PerWorkerDataset, PSClient,
-                                ParameterServerStrategyExtended)):
-                raise _Refused(f"a scheduled function cannot use the {type(obj).__name__} (it "
-                                "exists only on the coordinator); pass iter(per_worker_dataset) "
-                                "instead of the dataset")
+            if isinstance(
+                obj,
+                (ClusterCoordinator, PerWorkerDataset, PSClient, ParameterServerStrategyExtended),
+            ):
+                raise _Refused(
+                    f"a scheduled function cannot use the {type(obj).__name__} (it "
+                    "exists only on the coordinator); pass iter(per_worker_dataset) "
+                    "instead of the dataset"
+                )
             if isinstance(obj, DistributedVariable):
-                raise _Refused(f"variable {obj.name!r} was not created in this "
-                                "ParameterServerStrategy's scope()")
+                raise _Refused(
+                    f"variable {obj.name!r} was not created in this "
+                    "ParameterServerStrategy's scope()"
+                )
             return None
 
         meta = {
@@ -327,9 +351,11 @@ class ClusterCoordinator:
         except _Refused:
             raise
         except Exception as exc:
-            raise TypeError(f"cannot send {closure.name!r} and its arguments to the workers: "
-                            f"{exc!r} (pickled with {wire.serializer_name()}; module-level "
-                            "functions of importable modules always work)") from exc
+            raise TypeError(
+                f"cannot send {closure.name!r} and its arguments to the workers: "
+                f"{exc!r} (pickled with {wire.serializer_name()}; module-level "
+                "functions of importable modules always work)"
+            ) from exc
         closure.payload = wire.sign(ext.payload_key, "closure", body, tensors)
 
     def create_per_worker_dataset(self, dataset_fn: Callable[..., Any]) -> PerWorkerDataset:
@@ -339,14 +365,15 @@ class ClusterCoordinator:
         if isinstance(dataset_fn, PerWorkerDataset):
             return dataset_fn
         if not callable(dataset_fn):
-            raise TypeError("create_per_worker_dataset expects a function dataset_fn("
-                            "input_context) returning an iterable of batches")
+            raise TypeError(
+                "create_per_worker_dataset expects a function dataset_fn("
+                "input_context) returning an iterable of batches"
+            )
         return PerWorkerDataset(self, next(self._ids), dataset_fn)
 
     def fetch(self, val: Any) -> Any:
         """Blocking call to fetch results from the remote values (a nest of RemoteValues)."""
-        return _nest.map_structure(
-            lambda v: v.fetch() if isinstance(v, RemoteValue) else v, val)
+        return _nest.map_structure(lambda v: v.fetch() if isinstance(v, RemoteValue) else v, val)
 
     # Waiting ----------------------------------------------------------------------------------------
 
@@ -402,8 +429,13 @@ class ClusterCoordinator:
             self._inflight += 1
             return self._queue.popleft()
 
-    def _finish(self, closure: _Closure, value: Any = None, error: BaseException | None = None,
-                worker: str | None = None) -> None:
+    def _finish(
+        self,
+        closure: _Closure,
+        value: Any = None,
+        error: BaseException | None = None,
+        worker: str | None = None,
+    ) -> None:
         with self._cond:
             self._inflight -= 1
             if error is None:
@@ -413,8 +445,11 @@ class ClusterCoordinator:
                 if not isinstance(error, CancelledError):
                     if self._error is None:
                         self._error = error
-                    self._cancel_queued(CancelledError(
-                        f"cancelled because {closure.name!r} #{closure.id} failed: {error}"))
+                    self._cancel_queued(
+                        CancelledError(
+                            f"cancelled because {closure.name!r} #{closure.id} failed: {error}"
+                        )
+                    )
             self._cond.notify_all()
 
     def _requeue(self, closure: _Closure, why: str, count: bool = True) -> None:
@@ -423,8 +458,10 @@ class ClusterCoordinator:
             if count:
                 closure.attempts += 1
             if closure.attempts >= MAX_ATTEMPTS:
-                error = UnavailableError(f"{closure.name!r} #{closure.id} failed on "
-                                         f"{closure.attempts} workers; last: {why}")
+                error = UnavailableError(
+                    f"{closure.name!r} #{closure.id} failed on "
+                    f"{closure.attempts} workers; last: {why}"
+                )
                 closure.remote_value._fail(error)
                 if self._error is None:
                     self._error = error
@@ -473,8 +510,10 @@ class ClusterCoordinator:
         if time.monotonic() - self._no_worker_since < limit:
             return
         tasks = ", ".join(f"{worker_task(d.index)} ({d.address})" for d in self._dispatchers)
-        error = UnavailableError(f"no worker answered for {limit:g} s (workers: {tasks}); "
-                                 f"{len(self._queue)} scheduled function(s) cannot run")
+        error = UnavailableError(
+            f"no worker answered for {limit:g} s (workers: {tasks}); "
+            f"{len(self._queue)} scheduled function(s) cannot run"
+        )
         self._cancel_queued(error)
         if self._error is None:
             self._error = error
@@ -484,8 +523,13 @@ class ClusterCoordinator:
 class _WorkerDispatcher(threading.Thread):
     """Feeds one worker task: one function at a time, pings while it is down or idle."""
 
-    def __init__(self, coordinator: ClusterCoordinator, ext: ParameterServerStrategyExtended,
-                 index: int, address: str) -> None:
+    def __init__(
+        self,
+        coordinator: ClusterCoordinator,
+        ext: ParameterServerStrategyExtended,
+        index: int,
+        address: str,
+    ) -> None:
         super().__init__(name=f"pc-dispatch-worker-{index}", daemon=True)
         self.coordinator = coordinator
         self.ext = ext
@@ -510,10 +554,13 @@ class _WorkerDispatcher(threading.Thread):
                         self._set_state("alive")
                         last_contact = time.monotonic()
                     else:
-                        if self.state == "starting" \
-                                and time.monotonic() - started > self.ext.rpc_timeout:
-                            self._set_state("dead", f"did not answer for "
-                                                    f"{self.ext.rpc_timeout:g} s")
+                        if (
+                            self.state == "starting"
+                            and time.monotonic() - started > self.ext.rpc_timeout
+                        ):
+                            self._set_state(
+                                "dead", f"did not answer for {self.ext.rpc_timeout:g} s"
+                            )
                         with coordinator._cond:
                             if not coordinator._closed:
                                 coordinator._cond.wait(_RETRY_S)
@@ -533,14 +580,17 @@ class _WorkerDispatcher(threading.Thread):
 
     def _ping(self) -> bool:
         try:
-            resp = self._stub.Ping(pb.PingRequest(), timeout=_PING_TIMEOUT_S,
-                                   metadata=self._metadata, wait_for_ready=True)
+            resp = self._stub.Ping(
+                pb.PingRequest(),
+                timeout=_PING_TIMEOUT_S,
+                metadata=self._metadata,
+                wait_for_ready=True,
+            )
         except grpc.RpcError:
             return False
         if resp.incarnation != self.incarnation:
             if self.incarnation is not None:
-                logger.warning("%s (%s) restarted: it rejoins the cluster", self.task,
-                               self.address)
+                logger.warning("%s (%s) restarted: it rejoins the cluster", self.task, self.address)
             self.incarnation = resp.incarnation
             self._iterators.clear()
         return True
@@ -562,8 +612,13 @@ class _WorkerDispatcher(threading.Thread):
             return
         previous, self.state = self.state, state
         if state == "dead":
-            logger.warning("%s (%s) is unavailable (%s): its functions run on the other workers "
-                           "until it answers again", self.task, self.address, why)
+            logger.warning(
+                "%s (%s) is unavailable (%s): its functions run on the other workers "
+                "until it answers again",
+                self.task,
+                self.address,
+                why,
+            )
         elif previous == "dead":
             logger.warning("%s (%s) is back", self.task, self.address)
         self.coordinator._workers_changed()
@@ -577,24 +632,35 @@ class _WorkerDispatcher(threading.Thread):
             resolved = []
             for dep in closure.deps:
                 if dep._error is not None:
-                    coordinator._finish(closure, error=CancelledError(
-                        f"{closure.name!r} #{closure.id} takes the result of {dep._name!r} "
-                        f"#{dep._id}, which failed: {dep._error}"))
+                    coordinator._finish(
+                        closure,
+                        error=CancelledError(
+                            f"{closure.name!r} #{closure.id} takes the result of {dep._name!r} "
+                            f"#{dep._id}, which failed: {dep._error}"
+                        ),
+                    )
                     return
-                resolved.append(pb.ResolvedValue(closure_id=dep._id,
-                                                 value=wire.encode_value(dep._value)))
+                resolved.append(
+                    pb.ResolvedValue(closure_id=dep._id, value=wire.encode_value(dep._value))
+                )
             for iterator_id, per_worker in closure.iterators.items():
                 if iterator_id not in self._iterators:
                     dataset = per_worker._dataset
                     self._stub.CreateIterator(
-                        pb.CreateIteratorRequest(dataset_id=dataset._id, iterator_id=iterator_id,
-                                                 dataset=dataset.payload),
-                        timeout=self.ext.rpc_timeout, metadata=self._metadata)
+                        pb.CreateIteratorRequest(
+                            dataset_id=dataset._id, iterator_id=iterator_id, dataset=dataset.payload
+                        ),
+                        timeout=self.ext.rpc_timeout,
+                        metadata=self._metadata,
+                    )
                     self._iterators.add(iterator_id)
             response = self._stub.RunClosure(
-                pb.RunClosureRequest(closure_id=closure.id, closure=closure.payload,
-                                     resolved=resolved),
-                timeout=self.ext.closure_timeout, metadata=self._metadata)
+                pb.RunClosureRequest(
+                    closure_id=closure.id, closure=closure.payload, resolved=resolved
+                ),
+                timeout=self.ext.closure_timeout,
+                metadata=self._metadata,
+            )
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = wire.rpc_detail(exc)
@@ -603,8 +669,9 @@ class _WorkerDispatcher(threading.Thread):
                 coordinator._requeue(closure, f"{self.task}: {detail}")
                 return
             if code == grpc.StatusCode.UNAUTHENTICATED:
-                error: BaseException = PermissionError(f"{self.task} refused {closure.name!r}: "
-                                                       f"{detail}")
+                error: BaseException = PermissionError(
+                    f"{self.task} refused {closure.name!r}: {detail}"
+                )
             else:
                 error = RuntimeError(f"{self.task} failed {closure.name!r}: {detail}")
             coordinator._finish(closure, error=error)
@@ -633,8 +700,11 @@ class _WorkerDispatcher(threading.Thread):
         elif err.kind == pb.ClosureError.OUT_OF_RANGE:
             error = OutOfRangeError(err.message)
         else:
-            error = ClosureError(f"{closure.name!r} failed on {self.task}: {err.message}",
-                                 err.exception_type, self.task)
+            error = ClosureError(
+                f"{closure.name!r} failed on {self.task}: {err.message}",
+                err.exception_type,
+                self.task,
+            )
         coordinator._finish(closure, error=error)
 
 
@@ -662,8 +732,9 @@ class _LocalDispatcher(threading.Thread):
                 kwargs = _resolve_local(closure.kwargs)
                 value = closure.fn(*args, **kwargs)
             except StopIteration as exc:
-                coordinator._finish(closure, error=OutOfRangeError(
-                    f"a per-worker iterator is exhausted ({exc!r})"))
+                coordinator._finish(
+                    closure, error=OutOfRangeError(f"a per-worker iterator is exhausted ({exc!r})")
+                )
             except BaseException as exc:  # noqa: BLE001 - raised by fetch/join
                 coordinator._finish(closure, error=exc)
             else:

@@ -71,8 +71,9 @@ class MinSizePartitioner(Partitioner):
         bytes_per_string: assumed size of one string element.
     """
 
-    def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
-                 bytes_per_string: int = 16) -> None:
+    def __init__(
+        self, min_shard_bytes: int = 256 << 10, max_shards: int = 1, bytes_per_string: int = 16
+    ) -> None:
         if min_shard_bytes < 1:
             raise ValueError(f"min_shard_bytes must be positive, got {min_shard_bytes}")
         if max_shards < 1:
@@ -92,8 +93,10 @@ class MinSizePartitioner(Partitioner):
         return result
 
     def __repr__(self) -> str:
-        return (f"MinSizePartitioner(min_shard_bytes={self._min_shard_bytes}, "
-                f"max_shards={self._max_shards})")
+        return (
+            f"MinSizePartitioner(min_shard_bytes={self._min_shard_bytes}, "
+            f"max_shards={self._max_shards})"
+        )
 
 
 class MaxSizePartitioner(Partitioner):
@@ -108,8 +111,9 @@ class MaxSizePartitioner(Partitioner):
         bytes_per_string: assumed size of one string element.
     """
 
-    def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
-                 bytes_per_string: int = 16) -> None:
+    def __init__(
+        self, max_shard_bytes: int, max_shards: int | None = None, bytes_per_string: int = 16
+    ) -> None:
         if max_shard_bytes < 1:
             raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
         if max_shards is not None and max_shards < 1:
@@ -127,8 +131,11 @@ class MaxSizePartitioner(Partitioner):
             return result
         row_elements = int(np.prod(dims, dtype=np.int64)) / dims[axis]
         bytes_per_slice = row_elements * _element_size(dt, self._bytes_per_string)
-        slices_per_shard = max(1, math.floor(self._max_shard_bytes / bytes_per_slice)) \
-            if bytes_per_slice > 0 else dims[axis]
+        slices_per_shard = (
+            max(1, math.floor(self._max_shard_bytes / bytes_per_slice))
+            if bytes_per_slice > 0
+            else dims[axis]
+        )
         shards = math.ceil(dims[axis] / slices_per_shard)
         if self._max_shards:
             shards = min(self._max_shards, shards)
@@ -136,8 +143,10 @@ class MaxSizePartitioner(Partitioner):
         return result
 
     def __repr__(self) -> str:
-        return (f"MaxSizePartitioner(max_shard_bytes={self._max_shard_bytes}, "
-                f"max_shards={self._max_shards})")
+        return (
+            f"MaxSizePartitioner(max_shard_bytes={self._max_shard_bytes}, "
+            f"max_shards={self._max_shards})"
+        )
 
 
 def shard_rows(rows: int, num_shards: int) -> list[tuple[int, int]]:

@@ -95,21 +95,22 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
 
     # Helpers ------------------------------------------------------------------------------------
 
-    def _decode(self, tensors: Any, context: grpc.ServicerContext, copy: bool = False
-                ) -> list[np.ndarray]:
+    def _decode(
+        self, tensors: Any, context: grpc.ServicerContext, copy: bool = False
+    ) -> list[np.ndarray]:
         try:
             return [wire.decode_tensor(t, copy=copy) for t in tensors]
         except ValueError as exc:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{self._task}: {exc}")
             raise  # unreachable
 
-    def _receive(self, chunks: Iterator[Any], field: str, context: grpc.ServicerContext
-                 ) -> tuple[Any, list[np.ndarray]]:
+    def _receive(
+        self, chunks: Iterator[Any], field: str, context: grpc.ServicerContext
+    ) -> tuple[Any, list[np.ndarray]]:
         """Assembles a client stream (PushStream, AssignStream) into pool buffers."""
         first = next(chunks, None)
         if first is None or not first.HasField("header"):
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with its "
-                   "request")
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with its request")
         header = first.header
         arrays: list[np.ndarray] = []
         try:
@@ -127,38 +128,54 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             index, end = chunk.tensor, chunk.offset + len(chunk.data)
             if not 0 <= index < len(views) or chunk.offset < 0 or end > views[index].size:
                 self._pool.give(arrays)
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                       f"{self._task}: stream chunk outside its tensor")
-            views[index][chunk.offset:end] = np.frombuffer(chunk.data, np.uint8)
+                abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{self._task}: stream chunk outside its tensor",
+                )
+            views[index][chunk.offset : end] = np.frombuffer(chunk.data, np.uint8)
             received[index] += len(chunk.data)
         if any(r != v.size for r, v in zip(received, views)):
             self._pool.give(arrays)
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"{self._task}: the stream ended before every tensor was complete")
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{self._task}: the stream ended before every tensor was complete",
+            )
         return header, arrays
 
     def _var(self, key: str, context: grpc.ServicerContext) -> _Var:
         var = self._vars.get(key)
         if var is None:
-            abort(context, grpc.StatusCode.NOT_FOUND,
-                   f"variable {key!r} is not on {self._task} (the task restarted and lost its "
-                   "variables, or they were never created here)")
+            abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"variable {key!r} is not on {self._task} (the task restarted and lost its "
+                "variables, or they were never created here)",
+            )
         return var
 
     def _optimizer(self, optimizer_id: str, context: grpc.ServicerContext) -> _OptimizerState:
         st = self._opts.get(optimizer_id)
         if st is None:
-            abort(context, grpc.StatusCode.FAILED_PRECONDITION,
-                   f"optimizer {optimizer_id!r} is not registered on {self._task} (the task "
-                   "restarted?)")
+            abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"optimizer {optimizer_id!r} is not registered on {self._task} (the task "
+                "restarted?)",
+            )
         return st
 
-    def _check_shape(self, key: str, var: _Var, value: np.ndarray,
-                     context: grpc.ServicerContext) -> None:
+    def _check_shape(
+        self, key: str, var: _Var, value: np.ndarray, context: grpc.ServicerContext
+    ) -> None:
         if value.shape != var.array.shape:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"{self._task}: variable {key!r} has shape {var.array.shape}, got a tensor "
-                   f"of shape {value.shape}")
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{self._task}: variable {key!r} has shape {var.array.shape}, got a tensor "
+                f"of shape {value.shape}",
+            )
 
     def _apply(self, st: _OptimizerState, keys: list[str], grads: list[np.ndarray]) -> None:
         """One optimizer step over these variables (the lock is held)."""
@@ -216,8 +233,9 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         self._pool.give(st.pooled)
         st.pooled.clear()
         st.version += 1
-        _log.debug("%s applied synchronous step %d from workers %s", self._task, st.version,
-                   contributors)
+        _log.debug(
+            "%s applied synchronous step %d from workers %s", self._task, st.version, contributors
+        )
         self._cond.notify_all()
 
     # RPCs -------------------------------------------------------------------------------------
@@ -232,8 +250,9 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             version = max((st.version for st in self._opts.values()), default=0)
         return pb.PullResponse(values=tensors, version=version)
 
-    def PullStream(self, request: pb.PullRequest,
-                   context: grpc.ServicerContext) -> Iterator[pb.TensorChunk]:
+    def PullStream(
+        self, request: pb.PullRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.TensorChunk]:
         snapshots: list[np.ndarray] = []
         try:
             with self._cond:
@@ -243,45 +262,64 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                     np.copyto(snap, var.array)  # consistent: a push cannot interleave
                     snapshots.append(snap)
                 version = max((st.version for st in self._opts.values()), default=0)
-            yield pb.TensorChunk(headers=[pb.Tensor(dtype=a.dtype.str, shape=a.shape)
-                                          for a in snapshots], version=version)
+            yield pb.TensorChunk(
+                headers=[pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in snapshots],
+                version=version,
+            )
             for index, snap in enumerate(snapshots):
                 flat = byte_view(snap)
                 for offset in range(0, flat.size, CHUNK_BYTES):
-                    yield pb.TensorChunk(tensor=index, offset=offset,
-                                         data=flat[offset:offset + CHUNK_BYTES].tobytes())
+                    yield pb.TensorChunk(
+                        tensor=index,
+                        offset=offset,
+                        data=flat[offset : offset + CHUNK_BYTES].tobytes(),
+                    )
         finally:
             self._pool.give(snapshots)
 
-    def Assign(self, request: pb.AssignRequest,
-               context: grpc.ServicerContext) -> pb.AssignResponse:
+    def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
         values = self._decode(request.values, context)
         self._assign(request, values, context, owned=False)
         return pb.AssignResponse()
 
-    def AssignStream(self, chunks: Iterator[pb.AssignChunk],
-                     context: grpc.ServicerContext) -> pb.AssignResponse:
+    def AssignStream(
+        self, chunks: Iterator[pb.AssignChunk], context: grpc.ServicerContext
+    ) -> pb.AssignResponse:
         request, values = self._receive(chunks, "values", context)
         owned = self._assign(request, values, context, owned=True)
         self._pool.give([v for v in values if id(v) not in owned])
         return pb.AssignResponse()
 
-    def _assign(self, request: pb.AssignRequest, values: list[np.ndarray],
-                context: grpc.ServicerContext, owned: bool) -> set[int]:
+    def _assign(
+        self,
+        request: pb.AssignRequest,
+        values: list[np.ndarray],
+        context: grpc.ServicerContext,
+        owned: bool,
+    ) -> set[int]:
         """Applies an assignment; returns the ids of the arrays it kept as new variables."""
         if request.kind not in _ASSIGN_KINDS:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"unknown assign kind {request.kind!r}; expected one of {_ASSIGN_KINDS}")
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown assign kind {request.kind!r}; expected one of {_ASSIGN_KINDS}",
+            )
         if len(request.keys) != len(values):
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"{len(request.keys)} keys but {len(values)} values")
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.keys)} keys but {len(values)} values",
+            )
         kept: set[int] = set()
         with self._cond:
             for key, value in zip(request.keys, values):
                 if request.create and key not in self._vars:
                     if request.kind != "assign":
-                        abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                               "create=True needs kind 'assign'")
+                        abort(
+                            context,
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            "create=True needs kind 'assign'",
+                        )
                     if owned:
                         kept.add(id(value))
                     else:
@@ -298,18 +336,22 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                     np.subtract(var.array, value, out=var.array, casting="unsafe")
         return kept
 
-    def RegisterOptimizer(self, request: pb.RegisterOptimizerRequest,
-                          context: grpc.ServicerContext) -> pb.RegisterOptimizerResponse:
+    def RegisterOptimizer(
+        self, request: pb.RegisterOptimizerRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterOptimizerResponse:
         if not wire.verify(self._key, request.spec, "optimizer"):
             refuse_payload(context, "optimizer", self._task)
         try:
             cls, state = wire.loads(request.spec)
             optimizer = rebuild_optimizer(cls, state)
         except Exception as exc:  # noqa: BLE001 - reported to the coordinator
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"{self._task} cannot rebuild the optimizer: {exc!r} (its class must be "
-                   "importable on the ps tasks, or defined in the coordinator's __main__ with "
-                   "cloudpickle installed)")
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{self._task} cannot rebuild the optimizer: {exc!r} (its class must be "
+                "importable on the ps tasks, or defined in the coordinator's __main__ with "
+                "cloudpickle installed)",
+            )
         with self._cond:
             st = self._opts.get(request.optimizer_id)
             if st is None:
@@ -320,8 +362,9 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 self._sync_replicas = request.sync_replicas
         return pb.RegisterOptimizerResponse()
 
-    def GetOptimizerState(self, request: pb.OptimizerStateRequest,
-                          context: grpc.ServicerContext) -> pb.OptimizerState:
+    def GetOptimizerState(
+        self, request: pb.OptimizerStateRequest, context: grpc.ServicerContext
+    ) -> pb.OptimizerState:
         with self._cond:
             st = self._optimizer(request.optimizer_id, context)
             slots = []
@@ -331,13 +374,14 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                     value = st.slots.get((key, name))
                     if value is None:
                         value = np.zeros_like(var.array)
-                    slots.append(pb.SlotValue(key=key, slot=name,
-                                              value=wire.encode_tensor(value)))
-            return pb.OptimizerState(optimizer_id=request.optimizer_id,
-                                     iterations=st.iterations, slots=slots)
+                    slots.append(pb.SlotValue(key=key, slot=name, value=wire.encode_tensor(value)))
+            return pb.OptimizerState(
+                optimizer_id=request.optimizer_id, iterations=st.iterations, slots=slots
+            )
 
-    def SetOptimizerState(self, request: pb.OptimizerState,
-                          context: grpc.ServicerContext) -> pb.SetOptimizerStateResponse:
+    def SetOptimizerState(
+        self, request: pb.OptimizerState, context: grpc.ServicerContext
+    ) -> pb.SetOptimizerStateResponse:
         values = self._decode([s.value for s in request.slots], context, copy=True)
         with self._cond:
             st = self._optimizer(request.optimizer_id, context)
@@ -349,8 +393,9 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 st.slots[(sv.key, sv.slot)] = value.astype(var.array.dtype, copy=False)
         return pb.SetOptimizerStateResponse()
 
-    def SetSyncReplicas(self, request: pb.SetSyncReplicasRequest,
-                        context: grpc.ServicerContext) -> pb.SetSyncReplicasResponse:
+    def SetSyncReplicas(
+        self, request: pb.SetSyncReplicasRequest, context: grpc.ServicerContext
+    ) -> pb.SetSyncReplicasResponse:
         with self._cond:
             self._sync_replicas = max(1, int(request.replicas))
             for st in self._opts.values():
@@ -360,19 +405,27 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
         return self._push(request, self._decode(request.gradients, context), context, None)
 
-    def PushStream(self, chunks: Iterator[pb.PushChunk],
-                   context: grpc.ServicerContext) -> pb.PushResponse:
+    def PushStream(
+        self, chunks: Iterator[pb.PushChunk], context: grpc.ServicerContext
+    ) -> pb.PushResponse:
         request, grads = self._receive(chunks, "gradients", context)
         return self._push(request, grads, context, grads)
 
-    def _push(self, request: pb.PushRequest, grads: list[np.ndarray],
-              context: grpc.ServicerContext, pooled: list[np.ndarray] | None
-              ) -> pb.PushResponse:
+    def _push(
+        self,
+        request: pb.PushRequest,
+        grads: list[np.ndarray],
+        context: grpc.ServicerContext,
+        pooled: list[np.ndarray] | None,
+    ) -> pb.PushResponse:
         """Applies gradients (async), or contributes them to the current synchronous step and
         waits until it is applied. ``pooled``: buffers to give back once applied."""
         if len(request.keys) != len(grads):
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"{len(request.keys)} keys but {len(grads)} gradients")
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.keys)} keys but {len(grads)} gradients",
+            )
         keys = list(request.keys)
         with self._cond:
             try:
@@ -395,16 +448,22 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 st.pooled.extend(pooled)
             self._maybe_complete(st)
             remaining = context.time_remaining()
-            budget = (remaining - _ANSWER_MARGIN_S) if remaining is not None \
+            budget = (
+                (remaining - _ANSWER_MARGIN_S)
+                if remaining is not None
                 else _MAX_WAIT_WITHOUT_DEADLINE_S
+            )
             deadline = time.monotonic() + budget
             while st.version == my_version:
                 left = deadline - time.monotonic()
                 if left <= 0 or not context.is_active():
                     have = sorted(st.pending)
-                    abort(context, grpc.StatusCode.DEADLINE_EXCEEDED,
-                           f"synchronous step {my_version + 1} on {self._task} needs gradients "
-                           f"from {self._sync_replicas} workers but got them only from workers "
-                           f"{have}: schedule one function per worker for every step")
+                    abort(
+                        context,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"synchronous step {my_version + 1} on {self._task} needs gradients "
+                        f"from {self._sync_replicas} workers but got them only from workers "
+                        f"{have}: schedule one function per worker for every step",
+                    )
                 self._cond.wait(min(left, 0.5))
             return pb.PushResponse(version=st.version, iterations=st.iterations)

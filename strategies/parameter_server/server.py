@@ -25,8 +25,9 @@ from .worker_service import WorkerService
 _log = logging.getLogger("pycollective.strategies.parameter_server")
 
 
-def _resolve_task(server_or_cluster_def: Any, job_name: str | None,
-                  task_index: int | None) -> tuple[ClusterSpec, str, int]:
+def _resolve_task(
+    server_or_cluster_def: Any, job_name: str | None, task_index: int | None
+) -> tuple[ClusterSpec, str, int]:
     if server_or_cluster_def is None:
         server_or_cluster_def = TFConfigClusterResolver()
     if isinstance(server_or_cluster_def, ClusterResolver):
@@ -38,14 +39,20 @@ def _resolve_task(server_or_cluster_def: Any, job_name: str | None,
         spec = ClusterSpec(server_or_cluster_def)
         job, index = job_name, task_index
     if not spec:
-        raise ValueError("Server needs a cluster: set TF_CONFIG (with 'ps' and 'worker' jobs), "
-                         "or pass a ClusterResolver / ClusterSpec")
+        raise ValueError(
+            "Server needs a cluster: set TF_CONFIG (with 'ps' and 'worker' jobs), "
+            "or pass a ClusterResolver / ClusterSpec"
+        )
     if job is None or index is None:
-        raise ValueError("Server needs to know which task it is: set TF_CONFIG's \"task\", or "
-                         "pass job_name and task_index")
+        raise ValueError(
+            'Server needs to know which task it is: set TF_CONFIG\'s "task", or '
+            "pass job_name and task_index"
+        )
     if job not in ("ps", "worker"):
-        raise ValueError(f"Server runs 'ps' and 'worker' tasks, not {job!r}: the chief runs the "
-                         "coordinator program (ParameterServerStrategy + ClusterCoordinator)")
+        raise ValueError(
+            f"Server runs 'ps' and 'worker' tasks, not {job!r}: the chief runs the "
+            "coordinator program (ParameterServerStrategy + ClusterCoordinator)"
+        )
     return spec, job, int(index)
 
 
@@ -70,14 +77,23 @@ class Server:
             synchronous training).
     """
 
-    def __init__(self, server_or_cluster_def: Any = None, job_name: str | None = None,
-                 task_index: int | None = None, protocol: str | None = None,
-                 config: Any = None, start: bool = True, *, token: str | None = None,
-                 max_workers: int = 32) -> None:
+    def __init__(
+        self,
+        server_or_cluster_def: Any = None,
+        job_name: str | None = None,
+        task_index: int | None = None,
+        protocol: str | None = None,
+        config: Any = None,
+        start: bool = True,
+        *,
+        token: str | None = None,
+        max_workers: int = 32,
+    ) -> None:
         if protocol not in (None, "grpc"):
             raise ValueError(f"protocol must be 'grpc', got {protocol!r}")
-        self._spec, self.job_name, self.task_index = _resolve_task(server_or_cluster_def,
-                                                                   job_name, task_index)
+        self._spec, self.job_name, self.task_index = _resolve_task(
+            server_or_cluster_def, job_name, task_index
+        )
         self._token = wire.resolve_token(token)
         self._configured = self._spec.task_address(self.job_name, self.task_index)
         self._max_workers = max_workers
@@ -105,17 +121,21 @@ class Server:
         host = host.strip("[]")
         bind_host = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_workers,
-                                       thread_name_prefix=f"pc-{self.job_name}"),
+            futures.ThreadPoolExecutor(
+                max_workers=self._max_workers, thread_name_prefix=f"pc-{self.job_name}"
+            ),
             interceptors=[TokenInterceptor(self._token, self.task)],
-            options=wire.server_options())
+            options=wire.server_options(),
+        )
         key = wire.payload_key(self._token)
         if self.job_name == "ps":
             pb_grpc.add_ParameterServerServicer_to_server(
-                ParameterServerService(key, self.task_index, self.incarnation), server)
+                ParameterServerService(key, self.task_index, self.incarnation), server
+            )
         else:
             pb_grpc.add_WorkerServicer_to_server(
-                WorkerService(key, self._token, self.task_index, self.incarnation), server)
+                WorkerService(key, self._token, self.task_index, self.incarnation), server
+            )
         wanted = f"{'[' + bind_host + ']' if ':' in bind_host else bind_host}:{port}"
         try:
             bound = server.add_insecure_port(wanted)
@@ -123,8 +143,10 @@ class Server:
             bound = 0
         if bound == 0:
             server.stop(None)
-            raise RuntimeError(f"{self.task} cannot listen on {wanted}: is the port in use "
-                               "(another job, or a previous run still exiting)?")
+            raise RuntimeError(
+                f"{self.task} cannot listen on {wanted}: is the port in use "
+                "(another job, or a previous run still exiting)?"
+            )
         server.start()
         self._server = server
         self.address = f"{host}:{bound}"
@@ -160,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
         prog="pycollective ps-task",
         description="Runs the ps or worker task that TF_CONFIG's 'task' names (with "
-                    "PYCOLLECTIVE_TOKEN, the cluster's shared secret) until SIGTERM or SIGINT. "
-                    "Prints '<task> serving on <address>' once it listens.").parse_args(argv)
+        "PYCOLLECTIVE_TOKEN, the cluster's shared secret) until SIGTERM or SIGINT. "
+        "Prints '<task> serving on <address>' once it listens.",
+    ).parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     server = Server(TFConfigClusterResolver())
 
@@ -170,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"pycollective.parameter_server: {server.task} serving on {server.address}",
-          flush=True)
+    print(f"pycollective.parameter_server: {server.task} serving on {server.address}", flush=True)
     sys.stdout.flush()
     while not server.join(1.0):
         pass

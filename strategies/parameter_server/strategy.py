@@ -68,8 +68,14 @@ UPDATE_MODES = ("async", "sync")
 DEFAULT_RPC_TIMEOUT_S = 30.0
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.\-/]")
 # Optimizer attributes that belong to the coordinator's bookkeeping, not to its arithmetic.
-_OPTIMIZER_BOOKKEEPING = ("_strategy", "_scope_strategy", "_iterations", "_slots",
-                          "_slot_order", "_lock")
+_OPTIMIZER_BOOKKEEPING = (
+    "_strategy",
+    "_scope_strategy",
+    "_iterations",
+    "_slots",
+    "_slot_order",
+    "_lock",
+)
 
 
 def _is_cluster(spec: ClusterSpec) -> bool:
@@ -99,19 +105,26 @@ class ParameterServerStrategy(Strategy):
             ``PYCOLLECTIVE_CPU_REPLICAS``, else one per CPU core).
     """
 
-    def __init__(self, cluster_resolver: ClusterResolver | None = None,
-                 variable_partitioner: Partitioner | Callable[..., Any] | None = None, *,
-                 update_mode: str = "async", rpc_timeout: float | None = None,
-                 sync_timeout: float | None = None, closure_timeout: float | None = None,
-                 token: str | None = None,
-                 compute_devices: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver | None = None,
+        variable_partitioner: Partitioner | Callable[..., Any] | None = None,
+        *,
+        update_mode: str = "async",
+        rpc_timeout: float | None = None,
+        sync_timeout: float | None = None,
+        closure_timeout: float | None = None,
+        token: str | None = None,
+        compute_devices: Sequence[str] | None = None,
+    ) -> None:
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {update_mode!r}")
         if variable_partitioner is not None and not callable(variable_partitioner):
-            raise TypeError("variable_partitioner must be a Partitioner (e.g. "
-                            "FixedShardsPartitioner(2)) or a callable (shape, dtype) -> list")
-        resolver = cluster_resolver if cluster_resolver is not None \
-            else TFConfigClusterResolver()
+            raise TypeError(
+                "variable_partitioner must be a Partitioner (e.g. "
+                "FixedShardsPartitioner(2)) or a callable (shape, dtype) -> list"
+            )
+        resolver = cluster_resolver if cluster_resolver is not None else TFConfigClusterResolver()
         if isinstance(resolver, TFConfigClusterResolver):
             resolver.validate()
         self._cluster_resolver = resolver
@@ -120,32 +133,47 @@ class ParameterServerStrategy(Strategy):
         spec = resolver.cluster_spec()
         if _is_cluster(spec):
             if "worker" not in spec.jobs or spec.num_tasks("worker") == 0:
-                raise ValueError(f"ParameterServerStrategy needs 'worker' tasks in the cluster, "
-                                 f"got jobs {spec.jobs}")
+                raise ValueError(
+                    f"ParameterServerStrategy needs 'worker' tasks in the cluster, "
+                    f"got jobs {spec.jobs}"
+                )
             task_type = resolver.task_type
             if task_type not in (None, "chief"):
                 raise ValueError(
                     f"this process is task {task_type!r} #{resolver.task_id}: ps and worker "
                     "tasks run Server(cluster_resolver).join(); only the chief (the "
-                    "coordinator) creates ParameterServerStrategy")
+                    "coordinator) creates ParameterServerStrategy"
+                )
             extended: StrategyExtended = ParameterServerStrategyExtended(
-                self, spec, variable_partitioner, update_mode,
+                self,
+                spec,
+                variable_partitioner,
+                update_mode,
                 rpc_timeout=DEFAULT_RPC_TIMEOUT_S if rpc_timeout is None else rpc_timeout,
-                sync_timeout=_config.default_timeout() if sync_timeout is None
-                else sync_timeout,
-                closure_timeout=_config.default_timeout() if closure_timeout is None
+                sync_timeout=_config.default_timeout() if sync_timeout is None else sync_timeout,
+                closure_timeout=_config.default_timeout()
+                if closure_timeout is None
                 else closure_timeout,
-                token=wire.resolve_token(token))
-            logger.info("ParameterServerStrategy: %d ps, %d workers, %s updates",
-                        spec.num_tasks("ps"), spec.num_tasks("worker"), update_mode)
+                token=wire.resolve_token(token),
+            )
+            logger.info(
+                "ParameterServerStrategy: %d ps, %d workers, %s updates",
+                spec.num_tasks("ps"),
+                spec.num_tasks("worker"),
+                update_mode,
+            )
         elif spec and not _is_cluster(spec):
-            raise ValueError(f"ParameterServerStrategy needs 'ps' tasks in the cluster, got jobs "
-                             f"{spec.jobs}; without TF_CONFIG it trains on this machine alone")
+            raise ValueError(
+                f"ParameterServerStrategy needs 'ps' tasks in the cluster, got jobs "
+                f"{spec.jobs}; without TF_CONFIG it trains on this machine alone"
+            )
         else:
             extended = CentralStorageExtended(self, resolve_devices(compute_devices))
-            logger.info("ParameterServerStrategy without a cluster: %d local replicas, "
-                        "variables on %s", len(extended.worker_devices),
-                        extended.parameter_devices[0])
+            logger.info(
+                "ParameterServerStrategy without a cluster: %d local replicas, variables on %s",
+                len(extended.worker_devices),
+                extended.parameter_devices[0],
+            )
         super().__init__(extended)
 
     @property
@@ -161,8 +189,10 @@ class ParameterServerStrategy(Strategy):
     def __repr__(self) -> str:
         if self.is_cluster:
             ext = self.extended
-            return (f"<ParameterServerStrategy {ext._num_ps} ps, {ext._num_workers_in_cluster} "
-                    f"workers, {self.update_mode}>")
+            return (
+                f"<ParameterServerStrategy {ext._num_ps} ps, {ext._num_workers_in_cluster} "
+                f"workers, {self.update_mode}>"
+            )
         return f"<ParameterServerStrategy on one machine, {self.num_replicas_in_sync} replicas>"
 
 
@@ -176,15 +206,18 @@ class CentralStorageStrategy(Strategy):
         parameter_device: where variables live (host memory; only CPU is accepted).
     """
 
-    def __init__(self, compute_devices: Sequence[str] | None = None,
-                 parameter_device: str | None = None) -> None:
+    def __init__(
+        self, compute_devices: Sequence[str] | None = None, parameter_device: str | None = None
+    ) -> None:
         if parameter_device is not None and "gpu" in parameter_device.lower():
-            raise NotImplementedError("parameter_device must be a CPU device: CUDA support is "
-                                      "not built yet")
+            raise NotImplementedError(
+                "parameter_device must be a CPU device: CUDA support is not built yet"
+            )
         super().__init__(CentralStorageExtended(self, resolve_devices(compute_devices)))
 
 
 # One machine ----------------------------------------------------------------------------------------
+
 
 class CentralStorageExtended(StrategyExtended):
     """Compute replicas are threads; every variable has one copy in host memory; replica
@@ -200,26 +233,38 @@ class CentralStorageExtended(StrategyExtended):
     def parameter_devices(self) -> tuple[str, ...]:
         return (self._parameter_device,)
 
-    def _create_variable(self, initial: np.ndarray, name: str, trainable: bool,
-                         aggregation: VariableAggregation,
-                         synchronization: VariableSynchronization,
-                         broadcast_initial: bool = True) -> DistributedVariable:
+    def _create_variable(
+        self,
+        initial: np.ndarray,
+        name: str,
+        trainable: bool,
+        aggregation: VariableAggregation,
+        synchronization: VariableSynchronization,
+        broadcast_initial: bool = True,
+    ) -> DistributedVariable:
         if synchronization == VariableSynchronization.ON_READ:
-            arrays = [np.array(initial, copy=True, order="C")
-                      for _ in range(self._num_local_replicas)]
+            arrays = [
+                np.array(initial, copy=True, order="C") for _ in range(self._num_local_replicas)
+            ]
             var: DistributedVariable = SyncOnReadVariable(
-                self._container_strategy(), arrays, name, trainable, aggregation,
-                synchronization)
+                self._container_strategy(), arrays, name, trainable, aggregation, synchronization
+            )
         else:
-            var = CentralVariable(self._container_strategy(),
-                                  np.array(initial, copy=True, order="C"),
-                                  self._num_local_replicas, name, trainable, aggregation,
-                                  synchronization)
+            var = CentralVariable(
+                self._container_strategy(),
+                np.array(initial, copy=True, order="C"),
+                self._num_local_replicas,
+                name,
+                trainable,
+                aggregation,
+                synchronization,
+            )
         self._created.add(var)
         return var
 
 
 # Cluster ----------------------------------------------------------------------------------------------
+
 
 class ParameterServerStrategyExtended(StrategyExtended):
     """The coordinator's side of a parameter-server cluster: variable placement, the
@@ -229,12 +274,24 @@ class ParameterServerStrategyExtended(StrategyExtended):
     itself (what a worker's ``optimizer.apply_gradients`` does).
     """
 
-    def __init__(self, container: Strategy, spec: ClusterSpec,
-                 partitioner: Callable[..., Any] | None, update_mode: str, *,
-                 rpc_timeout: float, sync_timeout: float, closure_timeout: float,
-                 token: str) -> None:
-        super().__init__(container, LocalBackend(1), AlgorithmAllReduce("auto"),
-                         ("/job:chief/replica:0/task:0/device:CPU:0",))
+    def __init__(
+        self,
+        container: Strategy,
+        spec: ClusterSpec,
+        partitioner: Callable[..., Any] | None,
+        update_mode: str,
+        *,
+        rpc_timeout: float,
+        sync_timeout: float,
+        closure_timeout: float,
+        token: str,
+    ) -> None:
+        super().__init__(
+            container,
+            LocalBackend(1),
+            AlgorithmAllReduce("auto"),
+            ("/job:chief/replica:0/task:0/device:CPU:0",),
+        )
         self._spec = spec
         self._partitioner = partitioner
         self.update_mode = update_mode
@@ -247,8 +304,7 @@ class ParameterServerStrategyExtended(StrategyExtended):
         self.client = PSClient(token, self.rpc_timeout)
         self._store = CoordinatorStore(self.client)
         self._ps = [(i, spec.task_address("ps", i)) for i in spec.task_indices("ps")]
-        self._workers = [(i, spec.task_address("worker", i))
-                         for i in spec.task_indices("worker")]
+        self._workers = [(i, spec.task_address("worker", i)) for i in spec.task_indices("worker")]
         self._lock = threading.RLock()
         self._next_ps = itertools.count()
         self._counter = itertools.count()
@@ -307,10 +363,13 @@ class ParameterServerStrategyExtended(StrategyExtended):
 
     # Not on the coordinator -------------------------------------------------------------------------
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any],
-                               kwargs: dict[str, Any]) -> Any:
-        raise RuntimeError("with parameter servers, strategy.run runs on the workers: call it "
-                           "inside a function scheduled with ClusterCoordinator.schedule")
+    def _call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        raise RuntimeError(
+            "with parameter servers, strategy.run runs on the workers: call it "
+            "inside a function scheduled with ClusterCoordinator.schedule"
+        )
 
     # Variables --------------------------------------------------------------------------------------
 
@@ -337,28 +396,39 @@ class ParameterServerStrategyExtended(StrategyExtended):
         try:
             parts = [int(p) for p in result]
         except TypeError:
-            raise TypeError(f"variable_partitioner returned {result!r}; expected a list with "
-                            "the number of partitions per axis, e.g. [2, 1]") from None
-        if len(parts) != len(shape) or any(p < 1 for p in parts) or any(p != 1
-                                                                          for p in parts[1:]):
-            raise ValueError(f"variable_partitioner returned {parts} for shape {shape}: only "
-                             "axis 0 can be partitioned (e.g. [2, 1])")
+            raise TypeError(
+                f"variable_partitioner returned {result!r}; expected a list with "
+                "the number of partitions per axis, e.g. [2, 1]"
+            ) from None
+        if len(parts) != len(shape) or any(p < 1 for p in parts) or any(p != 1 for p in parts[1:]):
+            raise ValueError(
+                f"variable_partitioner returned {parts} for shape {shape}: only "
+                "axis 0 can be partitioned (e.g. [2, 1])"
+            )
         return max(1, min(parts[0], shape[0]))
 
-    def _create_variable(self, initial: np.ndarray, name: str, trainable: bool,
-                         aggregation: VariableAggregation,
-                         synchronization: VariableSynchronization,
-                         broadcast_initial: bool = True) -> DistributedVariable:
+    def _create_variable(
+        self,
+        initial: np.ndarray,
+        name: str,
+        trainable: bool,
+        aggregation: VariableAggregation,
+        synchronization: VariableSynchronization,
+        broadcast_initial: bool = True,
+    ) -> DistributedVariable:
         if not broadcast_initial:
             # Optimizer state made by Optimizer._bind/_create_slots before the optimizer was
             # registered (e.g. restoring a checkpoint before the first schedule): keep it on the
             # coordinator; registration moves it to the parameter servers.
-            return super()._create_variable(initial, name, trainable, aggregation,
-                                            synchronization, broadcast_initial=False)
+            return super()._create_variable(
+                initial, name, trainable, aggregation, synchronization, broadcast_initial=False
+            )
         initial = np.ascontiguousarray(initial)
         if initial.dtype.kind not in "biufc":
-            raise TypeError(f"variable {name!r}: parameter servers hold numeric tensors, got "
-                            f"dtype {initial.dtype}")
+            raise TypeError(
+                f"variable {name!r}: parameter servers hold numeric tensors, got "
+                f"dtype {initial.dtype}"
+            )
         shape = initial.shape
         with self._lock:
             n = self._num_shards(shape, initial.dtype)
@@ -370,16 +440,28 @@ class ParameterServerStrategyExtended(StrategyExtended):
                 tasks = [self._ps[next(self._next_ps) % len(self._ps)][0] for _ in range(n)]
             address = dict(self._ps)
             if n == 1:
-                shards = [Shard(tasks[0], address[tasks[0]], key, 0, shape[0] if shape else 0,
-                                shape)]
+                shards = [
+                    Shard(tasks[0], address[tasks[0]], key, 0, shape[0] if shape else 0, shape)
+                ]
             else:
-                shards = [Shard(t, address[t], f"{key}/part_{i}", start, stop,
-                                (stop - start,) + shape[1:])
-                          for i, (t, (start, stop)) in enumerate(zip(tasks,
-                                                                     shard_rows(shape[0], n)))]
+                shards = [
+                    Shard(
+                        t, address[t], f"{key}/part_{i}", start, stop, (stop - start,) + shape[1:]
+                    )
+                    for i, (t, (start, stop)) in enumerate(zip(tasks, shard_rows(shape[0], n)))
+                ]
             cls = ShardedVariable if n > 1 else ParameterServerVariable
-            var = cls(self._container_strategy(), self._store, name, shape, initial.dtype,
-                      shards, trainable, aggregation, synchronization)
+            var = cls(
+                self._container_strategy(),
+                self._store,
+                name,
+                shape,
+                initial.dtype,
+                shards,
+                trainable,
+                aggregation,
+                synchronization,
+            )
             self.client.call_many(assign_calls(var, "assign", initial, create=True))
             self._variables.append(var)
             self._created.add(var)
@@ -395,33 +477,54 @@ class ParameterServerStrategyExtended(StrategyExtended):
         state (iterations, slots of every trainable variable) there; returns its id. Done
         automatically when a scheduled function refers to the optimizer."""
         if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"expected an Optimizer of pycollective.strategies, got "
-                            f"{type(optimizer).__name__}")
+            raise TypeError(
+                f"expected an Optimizer of pycollective.strategies, got {type(optimizer).__name__}"
+            )
         strategy = self._container_strategy()
         with self._lock:
             entry = self._optimizers.get(id(optimizer))
             if entry is None:
                 bound = optimizer._strategy
-                if bound is not None and bound is not strategy \
-                        and bound is not _context.default_strategy():
-                    raise ValueError(f"optimizer {optimizer.name!r} is used with {bound!r}; "
-                                     f"create one optimizer per strategy")
+                if (
+                    bound is not None
+                    and bound is not strategy
+                    and bound is not _context.default_strategy()
+                ):
+                    raise ValueError(
+                        f"optimizer {optimizer.name!r} is used with {bound!r}; "
+                        f"create one optimizer per strategy"
+                    )
                 optimizer_id = f"{self.session}/opt{len(self._optimizers)}"
-                state = {k: v for k, v in optimizer.__dict__.items()
-                         if k not in _OPTIMIZER_BOOKKEEPING}
+                state = {
+                    k: v for k, v in optimizer.__dict__.items() if k not in _OPTIMIZER_BOOKKEEPING
+                }
                 body, tensors = wire.dumps((type(optimizer), state))
                 spec = wire.sign(self.payload_key, "optimizer", body, tensors)
-                self.client.call_many([
-                    PSCall(addr, task, "RegisterOptimizer",
-                           pb.RegisterOptimizerRequest(optimizer_id=optimizer_id, spec=spec,
-                                                       sync_replicas=self._sync_replicas))
-                    for task, addr in self._ps])
+                self.client.call_many(
+                    [
+                        PSCall(
+                            addr,
+                            task,
+                            "RegisterOptimizer",
+                            pb.RegisterOptimizerRequest(
+                                optimizer_id=optimizer_id,
+                                spec=spec,
+                                sync_replicas=self._sync_replicas,
+                            ),
+                        )
+                        for task, addr in self._ps
+                    ]
+                )
                 with optimizer._lock:
                     previous = optimizer._iterations
                     optimizer._strategy = strategy
                     optimizer._iterations = IterationsVariable(
-                        strategy, self.client, optimizer_id, f"{optimizer.name}/iterations",
-                        self._ps)
+                        strategy,
+                        self.client,
+                        optimizer_id,
+                        f"{optimizer.name}/iterations",
+                        self._ps,
+                    )
                 if previous is not None:
                     optimizer._iterations.assign(previous.read_value())
                 entry = self._optimizers[id(optimizer)] = (optimizer, optimizer_id)
@@ -450,7 +553,8 @@ class ParameterServerStrategyExtended(StrategyExtended):
                     else:
                         optimizer._slot_order[:] = [
                             (v, n, handle if s is existing else s)
-                            for v, n, s in optimizer._slot_order]
+                            for v, n, s in optimizer._slot_order
+                        ]
                         moved.append((handle, existing.read_value()))
             for handle, value in moved:
                 handle.assign(value)
@@ -470,13 +574,22 @@ class ParameterServerStrategyExtended(StrategyExtended):
         if self.update_mode != "sync":
             return
         try:
-            self.client.call_many([
-                PSCall(addr, task, "SetSyncReplicas",
-                       pb.SetSyncReplicasRequest(replicas=replicas), min(self.rpc_timeout, 5.0))
-                for task, addr in self._ps])
+            self.client.call_many(
+                [
+                    PSCall(
+                        addr,
+                        task,
+                        "SetSyncReplicas",
+                        pb.SetSyncReplicasRequest(replicas=replicas),
+                        min(self.rpc_timeout, 5.0),
+                    )
+                    for task, addr in self._ps
+                ]
+            )
         except Exception as exc:  # noqa: BLE001 - a dead ps is reported by the next step
-            logger.warning("could not tell the parameter servers about %d workers: %s",
-                           replicas, exc)
+            logger.warning(
+                "could not tell the parameter servers about %d workers: %s", replicas, exc
+            )
 
     def push_gradients(self, optimizer: Optimizer, grads_and_vars: Any) -> int:
         """Applies gradients from the coordinator with ``optimizer``'s update arithmetic on

@@ -54,7 +54,7 @@ class Shard:
 def split_rows(value: np.ndarray, shards: Sequence[Shard]) -> list[np.ndarray]:
     if len(shards) == 1:
         return [value]
-    return [value[s.start:s.stop] for s in shards]
+    return [value[s.start : s.stop] for s in shards]
 
 
 def join_rows(parts: list[np.ndarray]) -> np.ndarray:
@@ -74,40 +74,62 @@ class CoordinatorStore:
         out = np.empty(var.shape, var.dtype)
         by_task: dict[tuple[int, str], list[PullEntry]] = {}
         for s in var._shards:
-            rows = out if len(var._shards) == 1 else out[s.start:s.stop]
+            rows = out if len(var._shards) == 1 else out[s.start : s.stop]
             by_task.setdefault((s.task, s.address), []).append(
-                PullEntry(s.key, s.shape, var.dtype, rows))
+                PullEntry(s.key, s.shape, var.dtype, rows)
+            )
         self.client.pull([(t, a, entries) for (t, a), entries in by_task.items()])
         return out
 
-    def write(self, var: RemoteVariable, kind: str, value: np.ndarray,
-              create: bool = False) -> None:
+    def write(
+        self, var: RemoteVariable, kind: str, value: np.ndarray, create: bool = False
+    ) -> None:
         self.client.call_many(assign_calls(var, kind, value, create))
 
 
-def assign_calls(var: RemoteVariable, kind: str, value: np.ndarray,
-                 create: bool = False, timeout: float | None = None) -> list[PSCall]:
+def assign_calls(
+    var: RemoteVariable,
+    kind: str,
+    value: np.ndarray,
+    create: bool = False,
+    timeout: float | None = None,
+) -> list[PSCall]:
     """One Assign call per ps task holding a shard of ``var``."""
     by_task: dict[tuple[int, str], tuple[list[str], list[np.ndarray]]] = {}
     for s, part in zip(var._shards, split_rows(value, var._shards)):
         keys, arrays = by_task.setdefault((s.task, s.address), ([], []))
         keys.append(s.key)
         arrays.append(np.ascontiguousarray(part))
-    return [PSCall(addr, task, "Assign",
-                   pb.AssignRequest(keys=keys, kind=kind, create=create,
-                                    trainable=var.trainable), timeout, arrays)
-            for (task, addr), (keys, arrays) in by_task.items()]
+    return [
+        PSCall(
+            addr,
+            task,
+            "Assign",
+            pb.AssignRequest(keys=keys, kind=kind, create=create, trainable=var.trainable),
+            timeout,
+            arrays,
+        )
+        for (task, addr), (keys, arrays) in by_task.items()
+    ]
 
 
-def push_calls(optimizer_id: str, pairs: Sequence[tuple[Any, Any]], worker: int,
-               synchronous: bool, timeout: float | None = None) -> list[PSCall]:
+def push_calls(
+    optimizer_id: str,
+    pairs: Sequence[tuple[Any, Any]],
+    worker: int,
+    synchronous: bool,
+    timeout: float | None = None,
+) -> list[PSCall]:
     """One Push call per ps task: the gradients of the shards it holds."""
     by_task: dict[tuple[int, str], tuple[list[str], list[np.ndarray]]] = {}
     for g, var in pairs:
         if not isinstance(var, RemoteVariable) or isinstance(
-                var, (SlotVariable, IterationsVariable)):
-            raise TypeError(f"apply_gradients expects (gradient, variable) pairs with variables "
-                            f"of the ParameterServerStrategy, got {type(var).__name__}")
+            var, (SlotVariable, IterationsVariable)
+        ):
+            raise TypeError(
+                f"apply_gradients expects (gradient, variable) pairs with variables "
+                f"of the ParameterServerStrategy, got {type(var).__name__}"
+            )
         grad = to_numpy_gradient(g, var)
         for s, part in zip(var._shards, split_rows(grad, var._shards)):
             keys, arrays = by_task.setdefault((s.task, s.address), ([], []))
@@ -115,20 +137,36 @@ def push_calls(optimizer_id: str, pairs: Sequence[tuple[Any, Any]], worker: int,
                 raise ValueError(f"apply_gradients got two gradients for variable {var.name!r}")
             keys.append(s.key)
             arrays.append(np.ascontiguousarray(part))
-    return [PSCall(addr, task, "Push",
-                   pb.PushRequest(optimizer_id=optimizer_id, worker=worker,
-                                  synchronous=synchronous, keys=keys), timeout, arrays)
-            for (task, addr), (keys, arrays) in by_task.items()]
+    return [
+        PSCall(
+            addr,
+            task,
+            "Push",
+            pb.PushRequest(
+                optimizer_id=optimizer_id, worker=worker, synchronous=synchronous, keys=keys
+            ),
+            timeout,
+            arrays,
+        )
+        for (task, addr), (keys, arrays) in by_task.items()
+    ]
 
 
 class RemoteVariable(DistributedVariable):
     """Base of the handles: a variable whose value lives on parameter servers."""
 
-    def __init__(self, strategy: Any, store: Any, name: str, shape: tuple[int, ...],
-                 dtype: Any, shards: Sequence[Shard], trainable: bool,
-                 aggregation: VariableAggregation = VariableAggregation.NONE,
-                 synchronization: VariableSynchronization = VariableSynchronization.ON_WRITE
-                 ) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        store: Any,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        shards: Sequence[Shard],
+        trainable: bool,
+        aggregation: VariableAggregation = VariableAggregation.NONE,
+        synchronization: VariableSynchronization = VariableSynchronization.ON_WRITE,
+    ) -> None:
         # DistributedVariable.__init__ would allocate local copies: set the fields directly.
         self._strategy = strategy
         self._store = store
@@ -157,8 +195,10 @@ class RemoteVariable(DistributedVariable):
 
     @property
     def initial_value(self) -> np.ndarray:
-        raise AttributeError(f"{type(self).__name__} {self._name!r} keeps no initial value: it "
-                             "lives on the parameter servers")
+        raise AttributeError(
+            f"{type(self).__name__} {self._name!r} keeps no initial value: it "
+            "lives on the parameter servers"
+        )
 
     @property
     def _arrays(self) -> Any:
@@ -166,7 +206,8 @@ class RemoteVariable(DistributedVariable):
             f"variable {self._name!r} lives on the parameter servers and has no local copies. "
             "Apply gradients inside a function scheduled with ClusterCoordinator.schedule "
             "(optimizer.apply_gradients there pushes them to the parameter servers), or call "
-            "strategy.extended.push_gradients(optimizer, grads_and_vars) on the coordinator")
+            "strategy.extended.push_gradients(optimizer, grads_and_vars) on the coordinator"
+        )
 
     # Reading and writing -------------------------------------------------------------------------
 
@@ -206,14 +247,21 @@ class RemoteVariable(DistributedVariable):
 
     def _spec(self) -> tuple:
         """What a worker needs to rebuild this handle (see worker_service.WorkerService)."""
-        return (type(self).__name__, self._name, self._shape, self._dtype.str,
-                tuple((s.task, s.address, s.key, s.start, s.stop, s.shape) for s in self._shards),
-                self._trainable)
+        return (
+            type(self).__name__,
+            self._name,
+            self._shape,
+            self._dtype.str,
+            tuple((s.task, s.address, s.key, s.start, s.stop, s.shape) for s in self._shards),
+            self._trainable,
+        )
 
     def __repr__(self) -> str:
         where = ", ".join(sorted({ps_task(s.task) for s in self._shards}))
-        return (f"<{type(self).__name__} {self._name!r} shape={self._shape} dtype={self._dtype} "
-                f"on {where}>")
+        return (
+            f"<{type(self).__name__} {self._name!r} shape={self._shape} dtype={self._dtype} "
+            f"on {where}>"
+        )
 
 
 class ParameterServerVariable(RemoteVariable):
@@ -228,18 +276,35 @@ class ShardedVariable(RemoteVariable):
     split the same way when pushed.
     """
 
-    def __init__(self, strategy: Any, store: Any, name: str, shape: tuple[int, ...],
-                 dtype: Any, shards: Sequence[Shard], trainable: bool,
-                 aggregation: VariableAggregation = VariableAggregation.NONE,
-                 synchronization: VariableSynchronization = VariableSynchronization.ON_WRITE
-                 ) -> None:
-        super().__init__(strategy, store, name, shape, dtype, shards, trainable, aggregation,
-                         synchronization)
+    def __init__(
+        self,
+        strategy: Any,
+        store: Any,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        shards: Sequence[Shard],
+        trainable: bool,
+        aggregation: VariableAggregation = VariableAggregation.NONE,
+        synchronization: VariableSynchronization = VariableSynchronization.ON_WRITE,
+    ) -> None:
+        super().__init__(
+            strategy, store, name, shape, dtype, shards, trainable, aggregation, synchronization
+        )
         self._variables = tuple(
-            ParameterServerVariable(strategy, store, f"{name}/part_{i}", s.shape, dtype,
-                                    [Shard(s.task, s.address, s.key, 0, s.shape[0], s.shape)],
-                                    trainable, aggregation, synchronization)
-            for i, s in enumerate(shards))
+            ParameterServerVariable(
+                strategy,
+                store,
+                f"{name}/part_{i}",
+                s.shape,
+                dtype,
+                [Shard(s.task, s.address, s.key, 0, s.shape[0], s.shape)],
+                trainable,
+                aggregation,
+                synchronization,
+            )
+            for i, s in enumerate(shards)
+        )
 
     @property
     def variables(self) -> list[ParameterServerVariable]:
@@ -255,18 +320,31 @@ class IterationsVariable(RemoteVariable):
     """An optimizer's ``iterations`` kept on the parameter servers: each ps task counts the
     updates it applied; reading gives the largest count, assigning sets every task's."""
 
-    def __init__(self, strategy: Any, client: PSClient, optimizer_id: str, name: str,
-                 tasks: Sequence[tuple[int, str]]) -> None:
-        super().__init__(strategy, None, name, (), np.int64, (), False,
-                         VariableAggregation.ONLY_FIRST_REPLICA)
+    def __init__(
+        self,
+        strategy: Any,
+        client: PSClient,
+        optimizer_id: str,
+        name: str,
+        tasks: Sequence[tuple[int, str]],
+    ) -> None:
+        super().__init__(
+            strategy, None, name, (), np.int64, (), False, VariableAggregation.ONLY_FIRST_REPLICA
+        )
         self._client = client
         self._optimizer_id = optimizer_id
         self._tasks = tuple(tasks)
 
     def _remote_read(self) -> np.ndarray:
-        calls = [PSCall(addr, task, "GetOptimizerState",
-                        pb.OptimizerStateRequest(optimizer_id=self._optimizer_id))
-                 for task, addr in self._tasks]
+        calls = [
+            PSCall(
+                addr,
+                task,
+                "GetOptimizerState",
+                pb.OptimizerStateRequest(optimizer_id=self._optimizer_id),
+            )
+            for task, addr in self._tasks
+        ]
         counts = [r.iterations for r in self._client.call_many(calls)]
         return np.asarray(max(counts) if counts else 0, dtype=np.int64)
 
@@ -276,10 +354,17 @@ class IterationsVariable(RemoteVariable):
             value += int(self._remote_read())
         elif kind == "assign_sub":
             value = int(self._remote_read()) - value
-        calls = [PSCall(addr, task, "SetOptimizerState",
-                        pb.OptimizerState(optimizer_id=self._optimizer_id, iterations=value,
-                                          set_iterations=True))
-                 for task, addr in self._tasks]
+        calls = [
+            PSCall(
+                addr,
+                task,
+                "SetOptimizerState",
+                pb.OptimizerState(
+                    optimizer_id=self._optimizer_id, iterations=value, set_iterations=True
+                ),
+            )
+            for task, addr in self._tasks
+        ]
         self._client.call_many(calls)
 
     def _restore_value(self, value: np.ndarray) -> None:
@@ -293,10 +378,23 @@ class SlotVariable(RemoteVariable):
     """One optimizer slot (e.g. Adam's ``m``) of one variable, kept next to the variable's
     shards on the parameter servers."""
 
-    def __init__(self, strategy: Any, client: PSClient, optimizer_id: str,
-                 variable: RemoteVariable, slot_name: str) -> None:
-        super().__init__(strategy, None, f"{variable.name}/{slot_name}", variable.shape,
-                         variable.dtype, variable._shards, False)
+    def __init__(
+        self,
+        strategy: Any,
+        client: PSClient,
+        optimizer_id: str,
+        variable: RemoteVariable,
+        slot_name: str,
+    ) -> None:
+        super().__init__(
+            strategy,
+            None,
+            f"{variable.name}/{slot_name}",
+            variable.shape,
+            variable.dtype,
+            variable._shards,
+            False,
+        )
         self._client = client
         self._optimizer_id = optimizer_id
         self._slot_name = slot_name
@@ -309,9 +407,15 @@ class SlotVariable(RemoteVariable):
 
     def _remote_read(self) -> np.ndarray:
         by_task = self._by_task()
-        calls = [PSCall(addr, task, "GetOptimizerState",
-                        pb.OptimizerStateRequest(optimizer_id=self._optimizer_id, keys=keys))
-                 for (task, addr), keys in by_task.items()]
+        calls = [
+            PSCall(
+                addr,
+                task,
+                "GetOptimizerState",
+                pb.OptimizerStateRequest(optimizer_id=self._optimizer_id, keys=keys),
+            )
+            for (task, addr), keys in by_task.items()
+        ]
         values: dict[str, np.ndarray] = {}
         for resp in self._client.call_many(calls):
             for sv in resp.slots:
@@ -321,16 +425,22 @@ class SlotVariable(RemoteVariable):
 
     def _update(self, kind: str, value: Any) -> None:
         if kind != "assign":
-            value = self._remote_read() + (1 if kind == "assign_add" else -1) * \
-                self._convert(value)
+            value = self._remote_read() + (1 if kind == "assign_add" else -1) * self._convert(value)
         value = self._convert(value)
         by_task: dict[tuple[int, str], list[pb.SlotValue]] = {}
         for s, part in zip(self._shards, split_rows(value, self._shards)):
             by_task.setdefault((s.task, s.address), []).append(
-                pb.SlotValue(key=s.key, slot=self._slot_name, value=wire.encode_tensor(part)))
-        calls = [PSCall(addr, task, "SetOptimizerState",
-                        pb.OptimizerState(optimizer_id=self._optimizer_id, slots=slots))
-                 for (task, addr), slots in by_task.items()]
+                pb.SlotValue(key=s.key, slot=self._slot_name, value=wire.encode_tensor(part))
+            )
+        calls = [
+            PSCall(
+                addr,
+                task,
+                "SetOptimizerState",
+                pb.OptimizerState(optimizer_id=self._optimizer_id, slots=slots),
+            )
+            for (task, addr), slots in by_task.items()
+        ]
         self._client.call_many(calls)
 
     def _restore_value(self, value: np.ndarray) -> None:
@@ -338,6 +448,7 @@ class SlotVariable(RemoteVariable):
 
 
 # One machine: CentralStorageStrategy ----------------------------------------------------------------
+
 
 class _CentralArrays:
     """What the strategies-layer optimizer indexes as ``var._arrays[replica]``.
@@ -373,9 +484,16 @@ class CentralVariable(MirroredVariable):
     """One copy of a variable in host memory (the parameter device) for every compute replica:
     every replica reads it, updates are applied to it once."""
 
-    def __init__(self, strategy: Any, initial: np.ndarray, num_replicas: int, name: str,
-                 trainable: bool, aggregation: VariableAggregation,
-                 synchronization: VariableSynchronization) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        initial: np.ndarray,
+        num_replicas: int,
+        name: str,
+        trainable: bool,
+        aggregation: VariableAggregation,
+        synchronization: VariableSynchronization,
+    ) -> None:
         super().__init__(strategy, [initial], name, trainable, aggregation, synchronization)
         self._arrays = _CentralArrays(self._arrays[0], num_replicas)  # type: ignore[assignment]
         self._values = (ComponentVariable(self, 0),)
@@ -405,13 +523,17 @@ class CentralVariable(MirroredVariable):
             super()._apply(0, kind, value)
 
     def __repr__(self) -> str:
-        return (f"<CentralVariable {self._name!r} shape={self.shape} dtype={self.dtype} on "
-                f"{self.device}>")
+        return (
+            f"<CentralVariable {self._name!r} shape={self.shape} dtype={self.dtype} on "
+            f"{self.device}>"
+        )
 
 
 def to_numpy_gradient(grad: Any, var: Any) -> np.ndarray:
     arr = _tensors.to_numpy(grad, f"gradient of {var.name!r}")
     if arr.shape != tuple(var.shape):
-        raise ValueError(f"gradient of {var.name!r} has shape {arr.shape}, the variable has "
-                         f"shape {tuple(var.shape)}")
+        raise ValueError(
+            f"gradient of {var.name!r} has shape {arr.shape}, the variable has "
+            f"shape {tuple(var.shape)}"
+        )
     return _tensors.contiguous(arr.astype(var.dtype, copy=False))

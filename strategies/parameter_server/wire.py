@@ -44,9 +44,11 @@ _NUMERIC_KINDS = "biufc"
 
 _log = logging.getLogger("pycollective.strategies.parameter_server")
 
-_TOKEN_HINT = ("set PYCOLLECTIVE_TOKEN to the same secret on every task (e.g. export "
-               "PYCOLLECTIVE_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')), "
-               "or start the cluster with `pycollective run --ps N --workers M`, which makes one")
+_TOKEN_HINT = (
+    "set PYCOLLECTIVE_TOKEN to the same secret on every task (e.g. export "
+    "PYCOLLECTIVE_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')), "
+    "or start the cluster with `pycollective run --ps N --workers M`, which makes one"
+)
 
 
 def resolve_token(token: str | None) -> str:
@@ -71,12 +73,14 @@ def metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 # Tensors -----------------------------------------------------------------------------------------
 
+
 def encode_tensor(array: Any) -> pb.Tensor:
     """A numpy array (or number) as a Tensor message (its bytes are copied once)."""
     arr = np.asarray(array)
     if arr.dtype.kind not in _NUMERIC_KINDS:
-        raise TypeError(f"only numeric tensors travel to and from parameter servers, got dtype "
-                        f"{arr.dtype}")
+        raise TypeError(
+            f"only numeric tensors travel to and from parameter servers, got dtype {arr.dtype}"
+        )
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return pb.Tensor(dtype=arr.dtype.str, shape=arr.shape, data=arr.tobytes())
@@ -101,13 +105,16 @@ def decode_tensor(message: pb.Tensor, copy: bool = False) -> np.ndarray:
         raise ValueError(f"tensor has an invalid shape {shape}")
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if count * dtype.itemsize != len(message.data):
-        raise ValueError(f"tensor of shape {shape} and dtype {dtype} needs "
-                         f"{count * dtype.itemsize} bytes, the message has {len(message.data)}")
+        raise ValueError(
+            f"tensor of shape {shape} and dtype {dtype} needs "
+            f"{count * dtype.itemsize} bytes, the message has {len(message.data)}"
+        )
     arr = np.frombuffer(message.data, dtype=dtype, count=count).reshape(shape)
     return arr.copy() if copy else arr
 
 
 # Values (results of scheduled functions) ---------------------------------------------------------
+
 
 def encode_value(obj: Any, where: str = "the return value") -> pb.Value:
     """A nest of tensors as a Value message. TypeError for anything else (the message says
@@ -124,8 +131,9 @@ def encode_value(obj: Any, where: str = "the return value") -> pb.Value:
         keys, values = [], []
         for k, v in obj.items():
             if not isinstance(k, str):
-                raise TypeError(f"{where}: dict keys must be strings to travel back, got "
-                                f"{type(k).__name__}")
+                raise TypeError(
+                    f"{where}: dict keys must be strings to travel back, got {type(k).__name__}"
+                )
             keys.append(k)
             values.append(encode_value(v, where))
         return pb.Value(dict=pb.ValueDict(keys=keys, values=values))
@@ -137,9 +145,11 @@ def encode_value(obj: Any, where: str = "the return value") -> pb.Value:
         arr = np.asarray(obj)
         if arr.dtype.kind in _NUMERIC_KINDS:
             return pb.Value(tensor=encode_tensor(arr))
-    raise TypeError(f"{where} has a {type(obj).__name__}, which cannot travel back to the "
-                    "coordinator: return numpy arrays, numbers, strings or lists/tuples/dicts "
-                    "of them")
+    raise TypeError(
+        f"{where} has a {type(obj).__name__}, which cannot travel back to the "
+        "coordinator: return numpy arrays, numbers, strings or lists/tuples/dicts "
+        "of them"
+    )
 
 
 def decode_value(message: pb.Value) -> Any:
@@ -162,6 +172,7 @@ def decode_value(message: pb.Value) -> Any:
 
 # Signed payloads -----------------------------------------------------------------------------------
 
+
 def _mac(key: bytes, kind: str, body: bytes, tensors: Any) -> bytes:
     mac = hmac.new(key, digestmod=hashlib.sha256)
 
@@ -179,11 +190,13 @@ def _mac(key: bytes, kind: str, body: bytes, tensors: Any) -> bytes:
     return mac.digest()
 
 
-def sign(key: bytes, kind: str, body: bytes, tensors: list[pb.Tensor] | None = None
-         ) -> pb.SignedPayload:
+def sign(
+    key: bytes, kind: str, body: bytes, tensors: list[pb.Tensor] | None = None
+) -> pb.SignedPayload:
     tensors = list(tensors or [])
-    return pb.SignedPayload(kind=kind, body=body, tensors=tensors,
-                            mac=_mac(key, kind, body, tensors))
+    return pb.SignedPayload(
+        kind=kind, body=body, tensors=tensors, mac=_mac(key, kind, body, tensors)
+    )
 
 
 def verify(key: bytes, payload: pb.SignedPayload, kind: str) -> bool:
@@ -212,8 +225,11 @@ class _Pickler(_BasePickler):  # type: ignore[misc, valid-type]
         self.tensors: list[pb.Tensor] = []
 
     def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is np.ndarray and obj.dtype.kind in _NUMERIC_KINDS \
-                and obj.dtype.fields is None:
+        if (
+            type(obj) is np.ndarray
+            and obj.dtype.kind in _NUMERIC_KINDS
+            and obj.dtype.fields is None
+        ):
             self.tensors.append(encode_tensor(obj))
             return ("tensor", len(self.tensors) - 1)
         if self._hook is not None:
@@ -231,8 +247,7 @@ def dumps(obj: Any, hook: Callable[[Any], Any] | None = None) -> tuple[bytes, li
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, tensors: Any,
-                 load: Callable[[Any], Any] | None) -> None:
+    def __init__(self, file: io.BytesIO, tensors: Any, load: Callable[[Any], Any] | None) -> None:
         super().__init__(file)
         self._tensors = tensors
         self._load = load
@@ -251,6 +266,7 @@ def loads(payload: pb.SignedPayload, load: Callable[[Any], Any] | None = None) -
 
 
 # gRPC plumbing ---------------------------------------------------------------------------------------
+
 
 def channel_options() -> list[tuple[str, Any]]:
     return [

@@ -46,8 +46,12 @@ class _MissingIterator(Exception):
 
 class _WorkerExtended(StrategyExtended):
     def __init__(self, container: Strategy, task_index: int, num_replicas_in_sync: int) -> None:
-        super().__init__(container, LocalBackend(1), AlgorithmAllReduce("auto"),
-                         (f"{worker_task(task_index)}/device:CPU:0",))
+        super().__init__(
+            container,
+            LocalBackend(1),
+            AlgorithmAllReduce("auto"),
+            (f"{worker_task(task_index)}/device:CPU:0",),
+        )
         self._n_sync = num_replicas_in_sync
 
     @property
@@ -55,8 +59,10 @@ class _WorkerExtended(StrategyExtended):
         return self._n_sync
 
     def _create_variable(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("variables of ParameterServerStrategy are created on the coordinator, "
-                           "in strategy.scope(), not inside scheduled functions")
+        raise RuntimeError(
+            "variables of ParameterServerStrategy are created on the coordinator, "
+            "in strategy.scope(), not inside scheduled functions"
+        )
 
 
 class WorkerStrategy(Strategy):
@@ -78,8 +84,9 @@ class _RemoteOptimizerMixin:
     _ps_store: ClosureStore
     _ps_optimizer_id: str
 
-    def apply_gradients(self, grads_and_vars: Any, name: str | None = None,
-                        skip_gradients_aggregation: bool = False) -> Any:
+    def apply_gradients(
+        self, grads_and_vars: Any, name: str | None = None, skip_gradients_aggregation: bool = False
+    ) -> Any:
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if pairs:
             self._ps_store.push(self._ps_optimizer_id, pairs)
@@ -88,9 +95,13 @@ class _RemoteOptimizerMixin:
     @property
     def iterations(self) -> IterationsVariable:
         store = self._ps_store
-        return IterationsVariable(None, store.client, self._ps_optimizer_id,
-                                  f"{getattr(self, 'name', 'optimizer')}/iterations",
-                                  store.meta["ps"])
+        return IterationsVariable(
+            None,
+            store.client,
+            self._ps_optimizer_id,
+            f"{getattr(self, 'name', 'optimizer')}/iterations",
+            store.meta["ps"],
+        )
 
     def build(self, var_list: Any) -> None:
         """Slots live on the parameter servers: nothing to build here."""
@@ -146,9 +157,12 @@ class ClosureStore:
                 by_task: dict[tuple[int, str], list[PullEntry]] = {}
                 for key, entry in wanted.items():
                     by_task.setdefault(where[key], []).append(entry)
-                self.cache.update(self.client.pull(
-                    [(t, a, entries) for (t, a), entries in by_task.items()],
-                    timeout=self.meta.get("rpc_timeout")))
+                self.cache.update(
+                    self.client.pull(
+                        [(t, a, entries) for (t, a), entries in by_task.items()],
+                        timeout=self.meta.get("rpc_timeout"),
+                    )
+                )
             parts = [self.cache[s.key] for s in var._shards]
         return parts[0] if len(parts) == 1 else join_rows(parts)
 
@@ -159,10 +173,12 @@ class ClosureStore:
 
     # Writing ------------------------------------------------------------------------------------
 
-    def write(self, var: RemoteVariable, kind: str, value: np.ndarray,
-              create: bool = False) -> None:
-        self.client.call_many(assign_calls(var, kind, value, create,
-                                           timeout=self.meta.get("rpc_timeout")))
+    def write(
+        self, var: RemoteVariable, kind: str, value: np.ndarray, create: bool = False
+    ) -> None:
+        self.client.call_many(
+            assign_calls(var, kind, value, create, timeout=self.meta.get("rpc_timeout"))
+        )
         self.invalidate([s.key for s in var._shards])
 
     def push(self, optimizer_id: str, pairs: list[tuple[Any, Any]]) -> int:
@@ -204,24 +220,29 @@ class WorkerService(pb_grpc.WorkerServicer):
             s = self._strategies.get(num_replicas_in_sync)
             if s is None:
                 s = self._strategies[num_replicas_in_sync] = WorkerStrategy(
-                    self.task_index, num_replicas_in_sync)
+                    self.task_index, num_replicas_in_sync
+                )
             return s
 
     def make_handle(self, store: ClosureStore, spec: tuple) -> RemoteVariable:
         cls_name, name, shape, dtype, shards, trainable = spec
-        shard_objs = [Shard(int(t), str(a), str(k), int(b), int(e), tuple(sh))
-                      for t, a, k, b, e, sh in shards]
+        shard_objs = [
+            Shard(int(t), str(a), str(k), int(b), int(e), tuple(sh)) for t, a, k, b, e, sh in shards
+        ]
         cls = ShardedVariable if cls_name == "ShardedVariable" else ParameterServerVariable
         return cls(None, store, name, tuple(shape), dtype, shard_objs, trainable)
 
-    def make_optimizer(self, store: ClosureStore, optimizer_id: str, cls: type,
-                       state: dict[str, Any]) -> Any:
+    def make_optimizer(
+        self, store: ClosureStore, optimizer_id: str, cls: type, state: dict[str, Any]
+    ) -> Any:
         with self._lock:
             remote_cls = self._optimizer_classes.get(cls)
             if remote_cls is None:
                 remote_cls = self._optimizer_classes[cls] = type(
-                    cls.__name__, (_RemoteOptimizerMixin, cls),
-                    {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+                    cls.__name__,
+                    (_RemoteOptimizerMixin, cls),
+                    {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+                )
         opt = rebuild_optimizer(remote_cls, state)
         opt._ps_store = store
         opt._ps_optimizer_id = optimizer_id
@@ -244,31 +265,38 @@ class WorkerService(pb_grpc.WorkerServicer):
     def Ping(self, request: pb.PingRequest, context: grpc.ServicerContext) -> pb.PingResponse:
         return pb.PingResponse(incarnation=self._incarnation, job="worker", task=self.task_index)
 
-    def CreateIterator(self, request: pb.CreateIteratorRequest,
-                       context: grpc.ServicerContext) -> pb.CreateIteratorResponse:
+    def CreateIterator(
+        self, request: pb.CreateIteratorRequest, context: grpc.ServicerContext
+    ) -> pb.CreateIteratorResponse:
         if not wire.verify(self._key, request.dataset, "dataset"):
             refuse_payload(context, "dataset function", self._task)
         with self._lock:
             dataset = self._datasets.get(request.dataset_id)
         if dataset is None:
             try:
-                dataset_fn, num_workers, n_sync = wire.loads(request.dataset,
-                                                             self._dataset_reference)
-                dataset = call_dataset_fn(dataset_fn, InputContext(num_workers, self.task_index,
-                                                                   n_sync))
+                dataset_fn, num_workers, n_sync = wire.loads(
+                    request.dataset, self._dataset_reference
+                )
+                dataset = call_dataset_fn(
+                    dataset_fn, InputContext(num_workers, self.task_index, n_sync)
+                )
                 iter(dataset)  # fail here, not in the first closure, when it is not iterable
             except Exception as exc:  # noqa: BLE001 - reported to the coordinator
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                       f"{self._task} could not build its dataset: "
-                       f"{''.join(traceback.format_exception_only(type(exc), exc)).strip()}")
+                abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{self._task} could not build its dataset: "
+                    f"{''.join(traceback.format_exception_only(type(exc), exc)).strip()}",
+                )
             with self._lock:
                 dataset = self._datasets.setdefault(request.dataset_id, dataset)
         with self._lock:
             self._iterators[request.iterator_id] = iter(dataset)
         return pb.CreateIteratorResponse(incarnation=self._incarnation)
 
-    def RunClosure(self, request: pb.RunClosureRequest,
-                   context: grpc.ServicerContext) -> pb.RunClosureResponse:
+    def RunClosure(
+        self, request: pb.RunClosureRequest, context: grpc.ServicerContext
+    ) -> pb.RunClosureResponse:
         if not wire.verify(self._key, request.closure, "closure"):
             refuse_payload(context, "scheduled function", self._task)
         resolved = {r.closure_id: wire.decode_value(r.value) for r in request.resolved}
@@ -278,10 +306,13 @@ class WorkerService(pb_grpc.WorkerServicer):
         except _MissingIterator as exc:
             return self._error(pb.ClosureError.MISSING_ITERATOR, str(exc))
         except Exception as exc:  # noqa: BLE001 - reported to the coordinator
-            return self._error(pb.ClosureError.APPLICATION,
-                               f"{self._task} could not unpickle the scheduled function: "
-                               f"{exc!r}. Functions must be importable on the workers, or "
-                               "pickled by value (install cloudpickle)", type(exc).__name__)
+            return self._error(
+                pb.ClosureError.APPLICATION,
+                f"{self._task} could not unpickle the scheduled function: "
+                f"{exc!r}. Functions must be importable on the workers, or "
+                "pickled by value (install cloudpickle)",
+                type(exc).__name__,
+            )
         store.meta = meta
         strategy = self.strategy(int(meta.get("num_replicas_in_sync", 1)))
         for handle in store.handles:
@@ -293,17 +324,24 @@ class WorkerService(pb_grpc.WorkerServicer):
         try:
             result = fn(*args, **kwargs)
         except UnavailableError as exc:
-            return self._error(pb.ClosureError.PS_UNAVAILABLE, str(exc), "UnavailableError",
-                               exc.task or "")
+            return self._error(
+                pb.ClosureError.PS_UNAVAILABLE, str(exc), "UnavailableError", exc.task or ""
+            )
         except (StopIteration, OutOfRangeError) as exc:
-            return self._error(pb.ClosureError.OUT_OF_RANGE,
-                               f"a per-worker iterator on {self._task} is exhausted "
-                               f"({type(exc).__name__}); repeat the dataset in dataset_fn, or "
-                               "schedule fewer steps", type(exc).__name__)
+            return self._error(
+                pb.ClosureError.OUT_OF_RANGE,
+                f"a per-worker iterator on {self._task} is exhausted "
+                f"({type(exc).__name__}); repeat the dataset in dataset_fn, or "
+                "schedule fewer steps",
+                type(exc).__name__,
+            )
         except Exception as exc:  # noqa: BLE001 - reported to the coordinator
-            return self._error(pb.ClosureError.APPLICATION,
-                               f"{type(exc).__name__}: {exc}\n\nRemote traceback "
-                               f"({self._task}):\n{traceback.format_exc()}", type(exc).__name__)
+            return self._error(
+                pb.ClosureError.APPLICATION,
+                f"{type(exc).__name__}: {exc}\n\nRemote traceback "
+                f"({self._task}):\n{traceback.format_exc()}",
+                type(exc).__name__,
+            )
         finally:
             _context.pop(frame)
         try:
@@ -312,12 +350,15 @@ class WorkerService(pb_grpc.WorkerServicer):
             return self._error(pb.ClosureError.APPLICATION, str(exc), "TypeError")
         return pb.RunClosureResponse(result=value, incarnation=self._incarnation)
 
-    def _error(self, kind: int, message: str, exception_type: str = "",
-               task: str = "") -> pb.RunClosureResponse:
+    def _error(
+        self, kind: int, message: str, exception_type: str = "", task: str = ""
+    ) -> pb.RunClosureResponse:
         return pb.RunClosureResponse(
-            error=pb.ClosureError(kind=kind, message=message, task=task,
-                                  exception_type=exception_type),
-            incarnation=self._incarnation)
+            error=pb.ClosureError(
+                kind=kind, message=message, task=task, exception_type=exception_type
+            ),
+            incarnation=self._incarnation,
+        )
 
 
 def call_dataset_fn(dataset_fn: Any, input_context: InputContext) -> Any:
@@ -326,8 +367,9 @@ def call_dataset_fn(dataset_fn: Any, input_context: InputContext) -> Any:
 
     try:
         params = inspect.signature(dataset_fn).parameters.values()
-        takes_arg = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
-                        for p in params)
+        takes_arg = any(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+        )
     except (TypeError, ValueError):
         takes_arg = True
     return dataset_fn(input_context) if takes_arg else dataset_fn()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-INSTALL_HINT = ('TPUStrategy needs JAX: pip install "pycollective[tpu]" (CPU JAX; on a TPU host '
-                'install "jax[tpu]", on NVIDIA GPUs "jax[cuda12]" or "jax[cuda13]" instead)')
+INSTALL_HINT = (
+    'TPUStrategy needs JAX: pip install "pycollective[tpu]" (CPU JAX; on a TPU host '
+    'install "jax[tpu]", on NVIDIA GPUs "jax[cuda12]" or "jax[cuda13]" instead)'
+)
 
 
 #: what TPUStrategy uses from JAX (tested with jax 0.10.2; pip gives Python >= 3.11 a JAX this
@@ -25,7 +27,8 @@ def require() -> Any:
         raise ImportError(
             f"TPUStrategy needs a newer JAX than {jax.__version__}: it lacks "
             f"{', '.join('jax.' + m for m in missing)} (shard_map with varying-axes types). "
-            'Tested with jax 0.10.2: pip install -U "jax<0.11" (Python >= 3.11)')
+            'Tested with jax 0.10.2: pip install -U "jax<0.11" (Python >= 3.11)'
+        )
     return jax
 
 

@@ -52,45 +52,67 @@ class TPUClusterResolver(ClusterResolver):
             the resolver could call ``jax.distributed.initialize``.
     """
 
-    def __init__(self, tpu: str | None = None, zone: str | None = None,
-                 project: str | None = None, job_name: str = "worker",
-                 coordinator_name: str | None = None, coordinator_address: str | None = None,
-                 credentials: Any = "default", service: Any = None,
-                 discovery_url: str | None = None) -> None:
+    def __init__(
+        self,
+        tpu: str | None = None,
+        zone: str | None = None,
+        project: str | None = None,
+        job_name: str = "worker",
+        coordinator_name: str | None = None,
+        coordinator_address: str | None = None,
+        credentials: Any = "default",
+        service: Any = None,
+        discovery_url: str | None = None,
+    ) -> None:
         jax = _jax.require()
         if tpu not in (None, "", "local"):
-            raise ValueError(f"TPUClusterResolver(tpu={tpu!r}): only tpu='local' (the devices "
-                             "JAX sees in this job) is supported; on a Cloud TPU VM pass "
-                             "tpu='local' (or nothing) and run the program on every host")
-        given = [n for n, v in zip(_CLOUD_ARGS, (zone, project, service, discovery_url))
-                 if v is not None]
+            raise ValueError(
+                f"TPUClusterResolver(tpu={tpu!r}): only tpu='local' (the devices "
+                "JAX sees in this job) is supported; on a Cloud TPU VM pass "
+                "tpu='local' (or nothing) and run the program on every host"
+            )
+        given = [
+            n for n, v in zip(_CLOUD_ARGS, (zone, project, service, discovery_url)) if v is not None
+        ]
         if given:
-            raise ValueError(f"TPUClusterResolver: {', '.join(given)} are Cloud TPU lookup "
-                             "arguments, which need Google Cloud's API; run on the TPU VM with "
-                             "tpu='local' instead")
+            raise ValueError(
+                f"TPUClusterResolver: {', '.join(given)} are Cloud TPU lookup "
+                "arguments, which need Google Cloud's API; run on the TPU VM with "
+                "tpu='local' instead"
+            )
         self.task_type = job_name
         self._job_name = job_name
         # The cluster token authenticates pycollective's own connections; JAX's coordination
         # service does not use it, so a launcher without one (torchrun) is fine here.
         self._process = _ProcessSpec.from_env(
-            token=os.environ.get("PYCOLLECTIVE_TOKEN") or "not-used-by-jax")
+            token=os.environ.get("PYCOLLECTIVE_TOKEN") or "not-used-by-jax"
+        )
         self._coordinator = coordinator_address
         if self._process.world_size > 1:
             self._coordinator = coordinator_address or format_address(
-                self._process.master_addr, self._process.master_port + JAX_PORT_OFFSET)
+                self._process.master_addr, self._process.master_port + JAX_PORT_OFFSET
+            )
             _initialize_distributed(jax, self._coordinator, self._process)
         self.task_id = jax.process_index()
         self.rpc_layer = None
         devices = jax.devices()
         self._platform = devices[0].platform
         if self._platform != "tpu":
-            logger.info("TPUClusterResolver: no TPU in this job; using %d %s device(s) "
-                        "(%d process(es), %d here): %s", len(devices), self._platform,
-                        jax.process_count(), len(jax.local_devices()),
-                        ", ".join(str(d) for d in jax.local_devices()))
+            logger.info(
+                "TPUClusterResolver: no TPU in this job; using %d %s device(s) "
+                "(%d process(es), %d here): %s",
+                len(devices),
+                self._platform,
+                jax.process_count(),
+                len(jax.local_devices()),
+                ", ".join(str(d) for d in jax.local_devices()),
+            )
         else:
-            logger.info("TPUClusterResolver: %d TPU cores in %d process(es)", len(devices),
-                        jax.process_count())
+            logger.info(
+                "TPUClusterResolver: %d TPU cores in %d process(es)",
+                len(devices),
+                jax.process_count(),
+            )
 
     # What the strategy needs --------------------------------------------------------------------
 
@@ -127,16 +149,19 @@ class TPUClusterResolver(ClusterResolver):
         if self._process.world_size == 1:
             return ClusterSpec({})
         host = self._process.master_addr
-        return ClusterSpec({self._job_name: [f"{host}:{i}"
-                                             for i in range(self._process.world_size)]})
+        return ClusterSpec(
+            {self._job_name: [f"{host}:{i}" for i in range(self._process.world_size)]}
+        )
 
-    def master(self, task_type: str | None = None, task_id: int | None = None,
-               rpc_layer: str | None = None) -> str:
+    def master(
+        self, task_type: str | None = None, task_id: int | None = None, rpc_layer: str | None = None
+    ) -> str:
         """The address of JAX's coordination service ("" with one process)."""
         return self._coordinator or ""
 
-    def num_accelerators(self, task_type: str | None = None, task_id: int | None = None,
-                         config_proto: Any = None) -> dict[str, int]:
+    def num_accelerators(
+        self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None
+    ) -> dict[str, int]:
         """This process's devices by kind, e.g. ``{"TPU": 8}`` or ``{"CPU": 4}``."""
         return {self._platform.upper(): len(self.local_devices)}
 
@@ -145,8 +170,10 @@ class TPUClusterResolver(ClusterResolver):
         return "local"
 
     def __repr__(self) -> str:
-        return (f"TPUClusterResolver(platform={self._platform!r}, devices={len(self.devices)}, "
-                f"processes={self.num_processes})")
+        return (
+            f"TPUClusterResolver(platform={self._platform!r}, devices={len(self.devices)}, "
+            f"processes={self.num_processes})"
+        )
 
 
 def _initialize_distributed(jax: Any, coordinator: str, spec: _ProcessSpec) -> None:
@@ -155,19 +182,27 @@ def _initialize_distributed(jax: Any, coordinator: str, spec: _ProcessSpec) -> N
             raise RuntimeError(
                 f"jax.distributed is initialized as process {jax.process_index()} of "
                 f"{jax.process_count()}, but the launcher environment ({spec.source}) says "
-                f"rank {spec.rank} of {spec.world_size}")
+                f"rank {spec.rank} of {spec.world_size}"
+            )
         return
     if _jax.backend_initialized():
         raise RuntimeError(
             f"this is process {spec.rank} of {spec.world_size} ({spec.source}), but JAX was "
             "already used in this process, so jax.distributed.initialize can no longer join the "
             "processes; create the TPUClusterResolver (or TPUStrategy) before any other JAX "
-            "call")
+            "call"
+        )
     # Cross-process collectives between CPU devices need an implementation (TPUs and GPUs
     # bring their own interconnect); gloo ships with jaxlib.
     if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    logger.info("TPUClusterResolver: jax.distributed.initialize(%s, %d processes, process %d) "
-                "from %s", coordinator, spec.world_size, spec.rank, spec.source)
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=spec.world_size,
-                               process_id=spec.rank)
+    logger.info(
+        "TPUClusterResolver: jax.distributed.initialize(%s, %d processes, process %d) from %s",
+        coordinator,
+        spec.world_size,
+        spec.rank,
+        spec.source,
+    )
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=spec.world_size, process_id=spec.rank
+    )

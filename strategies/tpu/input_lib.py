@@ -44,14 +44,18 @@ class TPUDistributedDataset(DistributedDataset):
                 raise ValueError("a dataset element has no arrays")
             lengths = {_batch_len(x, "experimental_distribute_dataset") for x in leaves}
             if len(lengths) != 1:
-                raise ValueError(f"the arrays of one dataset element have different batch sizes "
-                                 f"{sorted(lengths)}; they must agree on axis 0")
+                raise ValueError(
+                    f"the arrays of one dataset element have different batch sizes "
+                    f"{sorted(lengths)}; they must agree on axis 0"
+                )
             total = lengths.pop()
             rows = -(-total // n_sync)
-            bounds = split_bounds(total, n_sync)[first:first + n_local]
+            bounds = split_bounds(total, n_sync)[first : first + n_local]
             valid = [stop - start for start, stop in bounds]
-            out = [PaddedPerReplica([pad_rows(x[start:stop], rows) for start, stop in bounds],
-                                    valid) for x in leaves]
+            out = [
+                PaddedPerReplica([pad_rows(x[start:stop], rows) for start, stop in bounds], valid)
+                for x in leaves
+            ]
             return _nest.pack_sequence_as(element, out)
 
         return DistributedIterator(next_fn)

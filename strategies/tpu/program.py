@@ -62,8 +62,9 @@ class Prepared:
         self.key: Any = None
 
 
-def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]]],
-            scan: bool) -> Prepared:
+def prepare(
+    ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]]], scan: bool
+) -> Prepared:
     """Places the arguments of one call (``scan``: of several steps, stacked on a new axis 1 for
     per-replica values and axis 0 for replicated ones)."""
     out = Prepared()
@@ -83,8 +84,10 @@ def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]
             per_step = []  # per step: this process's replicas' components, padded
             for value in column:
                 if not isinstance(value, DistributedValues) or len(value.values) != n_local:
-                    raise ValueError(f"argument {j} of run: expected a per-replica value with "
-                                     f"{n_local} components (one per local replica)")
+                    raise ValueError(
+                        f"argument {j} of run: expected a per-replica value with "
+                        f"{n_local} components (one per local replica)"
+                    )
             top = _agreed_rows(column)
             for value in column:
                 comps, rows = _pad_components(value, top)
@@ -99,8 +102,9 @@ def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]
                     for r in range(n_local):
                         valid_rows[r].append(rows[r])
             if scan:
-                rows_r = [np.stack([step_c[r] for step_c in per_step])[None]
-                          for r in range(n_local)]
+                rows_r = [
+                    np.stack([step_c[r] for step_c in per_step])[None] for r in range(n_local)
+                ]
             else:
                 rows_r = [np.asarray(per_step[0][r])[None] for r in range(n_local)]
             out.sharded.append(ext._shard_rows(rows_r))
@@ -115,8 +119,10 @@ def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]
         else:
             for v in column[1:]:
                 if v is not leaf and v != leaf:
-                    raise ValueError(f"run_steps: argument {j} is a Python value that changes "
-                                     f"between steps ({leaf!r}, {v!r}); pass an array instead")
+                    raise ValueError(
+                        f"run_steps: argument {j} is a Python value that changes "
+                        f"between steps ({leaf!r}, {v!r}); pass an array instead"
+                    )
             out.kinds.append(("static", leaf))
             try:
                 hash(leaf)
@@ -128,8 +134,10 @@ def prepare(ext: TPUExtended, inputs: list[tuple[tuple[Any, ...], dict[str, Any]
         rows = [np.zeros((1, steps) if scan else (1,), np.int32) for _ in range(n_local)]
     else:
         out.has_valid = True
-        rows = [np.asarray(v, np.int32)[None] if scan else np.asarray(v[:1], np.int32)
-                for v in valid_rows]
+        rows = [
+            np.asarray(v, np.int32)[None] if scan else np.asarray(v[:1], np.int32)
+            for v in valid_rows
+        ]
     out.valid = ext._shard_rows(rows)
     out.key = (_nest._describe(out.template), tuple(key), out.has_valid)
     return out
@@ -140,8 +148,11 @@ def _agreed_rows(column: list[DistributedValues]) -> int | None:
     padded already (``PaddedPerReplica``): the most rows of any replica, of every step. With
     several processes, every process must build the same program, so they agree on the most
     rows of any process (an all-gather of one int), not each its own."""
-    tops = [max(np.shape(c)[0] if np.ndim(c) else 0 for c in value.values)
-            for value in column if not isinstance(value, PaddedPerReplica)]
+    tops = [
+        max(np.shape(c)[0] if np.ndim(c) else 0 for c in value.values)
+        for value in column
+        if not isinstance(value, PaddedPerReplica)
+    ]
     if not tops:
         return None
     top = max(tops)
@@ -153,8 +164,9 @@ def _agreed_rows(column: list[DistributedValues]) -> int | None:
     return top
 
 
-def _pad_components(value: DistributedValues, top: int | None = None
-                    ) -> tuple[list[np.ndarray], list[int] | None]:
+def _pad_components(
+    value: DistributedValues, top: int | None = None
+) -> tuple[list[np.ndarray], list[int] | None]:
     """The components as arrays of one shape (uneven axis 0 padded with zero rows, to ``top``
     rows when given) and the number of real rows of each (None for scalars)."""
     from .input_lib import pad_rows
@@ -167,9 +179,11 @@ def _pad_components(value: DistributedValues, top: int | None = None
     rows = [c.shape[0] for c in comps]
     tails = {c.shape[1:] for c in comps}
     if len(tails) != 1:
-        raise ValueError(f"per-replica components of shapes {[c.shape for c in comps]}: a "
-                         "compiled step needs one shape on every replica; only axis 0 (the "
-                         "batch) may differ, and is then padded")
+        raise ValueError(
+            f"per-replica components of shapes {[c.shape for c in comps]}: a "
+            "compiled step needs one shape on every replica; only axis 0 (the "
+            "batch) may differ, and is then padded"
+        )
     top = max(rows) if top is None else top
     return [pad_rows(c, top) for c in comps], rows
 
@@ -177,8 +191,14 @@ def _pad_components(value: DistributedValues, top: int | None = None
 class Program:
     """One compiled replica step (or block of steps) for one input signature."""
 
-    def __init__(self, ext: TPUExtended, fn: Callable[..., Any], prepared: Prepared,
-                 variables: list[TPUMirroredVariable], scan: bool) -> None:
+    def __init__(
+        self,
+        ext: TPUExtended,
+        fn: Callable[..., Any],
+        prepared: Prepared,
+        variables: list[TPUMirroredVariable],
+        scan: bool,
+    ) -> None:
         jax = _jax.require()
         from jax.sharding import PartitionSpec as P
 
@@ -192,26 +212,40 @@ class Program:
         self._kinds = prepared.kinds
         self._has_valid = prepared.has_valid
         self.record: dict[str, Any] = {}
-        mapped = jax.shard_map(self._body, mesh=ext._mesh,
-                               in_specs=(P(), P(step.AXIS), P(step.AXIS), P(), P(step.AXIS)),
-                               out_specs=(P(), P(step.AXIS), P(step.AXIS), P()),
-                               check_vma=True)
+        mapped = jax.shard_map(
+            self._body,
+            mesh=ext._mesh,
+            in_specs=(P(), P(step.AXIS), P(step.AXIS), P(), P(step.AXIS)),
+            out_specs=(P(), P(step.AXIS), P(step.AXIS), P()),
+            check_vma=True,
+        )
         # The variables' old buffers are donated: XLA may write the new values in place.
         self._jitted = jax.jit(mapped, donate_argnums=(0, 1))
         self._compiled: Any = None
 
-    def _replica_step(self, state: tuple[tuple[Any, ...], tuple[Any, ...]], sharded: list[Any],
-                      replicated: list[Any], valid: Any) -> Any:
+    def _replica_step(
+        self,
+        state: tuple[tuple[Any, ...], tuple[Any, ...]],
+        sharded: list[Any],
+        replicated: list[Any],
+        valid: Any,
+    ) -> Any:
         strategy = self._ext._container_strategy()
-        trace = step.StepTrace(strategy, self._mirrored + self._on_read, state[0] + state[1],
-                               valid if self._has_valid else None)
+        trace = step.StepTrace(
+            strategy,
+            self._mirrored + self._on_read,
+            state[0] + state[1],
+            valid if self._has_valid else None,
+        )
         # Replicated arguments enter as per-replica (varying) copies, as variables do (see
         # step.read): jax.grad with respect to one is then this replica's gradient, not the
         # sum over replicas that the transpose of an invariant value would give.
         replicated = [step.as_per_replica(x) for x in replicated]
         it_s, it_r = iter(sharded), iter(replicated)
-        leaves = [next(it_s) if kind == "pr" else next(it_r) if kind == "rep" else static
-                  for kind, static in self._kinds]
+        leaves = [
+            next(it_s) if kind == "pr" else next(it_r) if kind == "rep" else static
+            for kind, static in self._kinds
+        ]
         args, kwargs = _nest.pack_sequence_as(self._template, leaves)
         with trace.active(step.TPUReplicaContext(strategy, trace)):
             result = step.call_traced(self._fn, args, kwargs)
@@ -228,39 +262,59 @@ class Program:
         groups: tuple[list[Any], list[Any]] = ([], [])
         for var, value in zip(variables, values):
             groups[bool(var._per_replica)].append((var, value))
-        self.record.update(result=result, kinds=kinds, checks=trace.check_names,
-                           valid_rows_read=trace.valid_rows_read,
-                           mirrored=[v for v, _ in groups[0]], on_read=[v for v, _ in groups[1]])
+        self.record.update(
+            result=result,
+            kinds=kinds,
+            checks=trace.check_names,
+            valid_rows_read=trace.valid_rows_read,
+            mirrored=[v for v, _ in groups[0]],
+            on_read=[v for v, _ in groups[1]],
+        )
         new_state = (tuple(x for _, x in groups[0]), tuple(x for _, x in groups[1]))
         return new_state, tuple(arrays), trace.checks()
 
-    def _body(self, mirrored: tuple[Any, ...], on_read: tuple[Any, ...],
-              sharded: tuple[Any, ...], replicated: tuple[Any, ...], valid: Any) -> Any:
+    def _body(
+        self,
+        mirrored: tuple[Any, ...],
+        on_read: tuple[Any, ...],
+        sharded: tuple[Any, ...],
+        replicated: tuple[Any, ...],
+        valid: Any,
+    ) -> Any:
         state = (mirrored, tuple(x[0] for x in on_read))
         sharded = [x[0] for x in sharded]
         valid = valid[0]
         if not self._scan:
-            new_state, arrays, checks = self._replica_step(state, sharded, list(replicated),
-                                                           valid)
+            new_state, arrays, checks = self._replica_step(state, sharded, list(replicated), valid)
         else:
             from jax import lax
 
             def one(carry: Any, xs: Any) -> Any:
-                new_state, arrays, checks = self._replica_step(carry, list(xs[0]), list(xs[1]),
-                                                               xs[2])
+                new_state, arrays, checks = self._replica_step(
+                    carry, list(xs[0]), list(xs[1]), xs[2]
+                )
                 return new_state, (arrays, checks)
 
             new_state, (arrays, checks) = lax.scan(
-                one, state, (tuple(sharded), tuple(replicated), valid))
+                one, state, (tuple(sharded), tuple(replicated), valid)
+            )
             arrays = tuple(a[-1] for a in arrays)
             checks = step.jnp().all(checks, axis=0)
-        return (new_state[0], tuple(x[None] for x in new_state[1]),
-                tuple(a[None] for a in arrays), checks)
+        return (
+            new_state[0],
+            tuple(x[None] for x in new_state[1]),
+            tuple(a[None] for a in arrays),
+            checks,
+        )
 
     def _args(self, prepared: Prepared) -> tuple[Any, ...]:
-        return (tuple(v._device_value for v in self._mirrored),
-                tuple(v._device_value for v in self._on_read),
-                tuple(prepared.sharded), tuple(prepared.replicated), prepared.valid)
+        return (
+            tuple(v._device_value for v in self._mirrored),
+            tuple(v._device_value for v in self._on_read),
+            tuple(prepared.sharded),
+            tuple(prepared.replicated),
+            prepared.valid,
+        )
 
     def compile(self, prepared: Prepared) -> bool:
         """Traces ``fn`` and compiles the program (ahead of time, one trace). Returns False,
@@ -279,8 +333,7 @@ class Program:
 
     def __call__(self, prepared: Prepared) -> Any:
         mirrored, on_read, arrays, checks = self._compiled(*self._args(prepared))
-        for var, value in zip(self.record["mirrored"] + self.record["on_read"],
-                              mirrored + on_read):
+        for var, value in zip(self.record["mirrored"] + self.record["on_read"], mirrored + on_read):
             var._set_device_value(value)
         if self.record["checks"]:
             ok = np.asarray(checks)
@@ -289,7 +342,8 @@ class Program:
                 raise ValueError(
                     f"{', '.join(bad)}: the variable has aggregation NONE, but replicas passed "
                     "different values; replica 0's value was kept. Pass aggregation=SUM, MEAN "
-                    "or ONLY_FIRST_REPLICA to Variable()")
+                    "or ONLY_FIRST_REPLICA to Variable()"
+                )
         return self._outputs(arrays, prepared)
 
     def _outputs(self, arrays: tuple[Any, ...], prepared: Prepared) -> Any:
@@ -310,11 +364,13 @@ class Program:
             else:
                 # A result whose axis 0 has the padded batch's size carries the counts of real
                 # rows, so that reduce/gather along axis 0 leave the padding out.
-                batch = (valid is not None and global_array.ndim >= 2
-                         and global_array.shape[1] == prepared.batch_rows)
+                batch = (
+                    valid is not None
+                    and global_array.ndim >= 2
+                    and global_array.shape[1] == prepared.batch_rows
+                )
                 leaves.append(TPUPerReplica(global_array, rows, valid if batch else None))
         return _nest.pack_sequence_as(self.record["result"], leaves)
-
 
 
 def same_shape_runs(elements: list[Any]) -> list[list[Any]]:

@@ -75,12 +75,14 @@ def gather_global(global_array: Any, axis: int, valid: Any = None) -> Any:
 
         def gather(x: Any) -> Any:
             if not -(x.ndim - 1) <= axis < x.ndim - 1:
-                raise ValueError(f"gather along axis {axis}: the per-replica values have shape "
-                                 f"{x.shape[1:]} (rank {x.ndim - 1}); gather needs an axis of "
-                                 "them (scalars cannot be concatenated)")
+                raise ValueError(
+                    f"gather along axis {axis}: the per-replica values have shape "
+                    f"{x.shape[1:]} (rank {x.ndim - 1}); gather needs an axis of "
+                    "them (scalars cannot be concatenated)"
+                )
             a = axis if axis >= 0 else x.ndim - 1 + axis
             moved = jnp.moveaxis(x, 0, a)  # (..., replicas, rows, ...)
-            shape = moved.shape[:a] + (moved.shape[a] * moved.shape[a + 1],) + moved.shape[a + 2:]
+            shape = moved.shape[:a] + (moved.shape[a] * moved.shape[a + 1],) + moved.shape[a + 2 :]
             return moved.reshape(shape)
 
         fn = _REDUCERS[key] = jax.jit(gather)
@@ -98,6 +100,7 @@ def _gather_valid(global_array: Any, valid: Any) -> Any:
     key = ("gather-valid", total)
     fn = _REDUCERS.get(key)
     if fn is None:
+
         def gather(x: Any, n: Any) -> Any:
             rows = x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
             keep = (jnp.arange(x.shape[1])[None, :] < n[:, None]).reshape(-1)

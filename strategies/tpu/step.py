@@ -100,8 +100,13 @@ def is_varying(x: Any) -> bool:
 class StepTrace:
     """The state of one replica step while it is traced: the variables' current values."""
 
-    def __init__(self, strategy: TPUStrategy, variables: list[DistributedVariable],
-                 values: tuple[Any, ...], valid_rows: Any) -> None:
+    def __init__(
+        self,
+        strategy: TPUStrategy,
+        variables: list[DistributedVariable],
+        values: tuple[Any, ...],
+        valid_rows: Any,
+    ) -> None:
         self.strategy = strategy
         self._vars: dict[int, DistributedVariable] = {id(v): v for v in variables}
         self._values: dict[int, Any] = {id(v): x for v, x in zip(variables, values)}
@@ -117,8 +122,10 @@ class StepTrace:
         key = id(var)
         if key not in self._values:
             if var.distribute_strategy is not self.strategy:
-                raise TypeError(f"variable {var.name!r} belongs to {var.distribute_strategy!r}, "
-                                f"not to {self.strategy!r}, whose step is being compiled")
+                raise TypeError(
+                    f"variable {var.name!r} belongs to {var.distribute_strategy!r}, "
+                    f"not to {self.strategy!r}, whose step is being compiled"
+                )
             # Created while this step was traced (an optimizer's slots on first use): it
             # enters the step as a constant and leaves it as an output.
             self._vars[key] = var
@@ -133,13 +140,17 @@ class StepTrace:
         self.get(var)
         value = jnp().asarray(value)
         if value.shape != var.shape:
-            raise ValueError(f"cannot update variable {var.name!r} of shape {var.shape} with a "
-                             f"value of shape {value.shape}")
+            raise ValueError(
+                f"cannot update variable {var.name!r} of shape {var.shape} with a "
+                f"value of shape {value.shape}"
+            )
         value = value.astype(self._jax_dtype(var))
         if not var._per_replica and is_varying(value):
-            raise ValueError(f"the new value of mirrored variable {var.name!r} may differ "
-                             "between replicas (it depends on per-replica data); all-reduce it "
-                             "first, or assign through the variable's aggregation")
+            raise ValueError(
+                f"the new value of mirrored variable {var.name!r} may differ "
+                "between replicas (it depends on per-replica data); all-reduce it "
+                "first, or assign through the variable's aggregation"
+            )
         if var._per_replica and not is_varying(value):
             value = _lax().pcast(value, AXIS, to="varying")  # the carry keeps one type
         self._values[id(var)] = value
@@ -233,8 +244,10 @@ class TPUReplicaContext(ReplicaContext):
         rest, up to the batch's static size, are zero padding (see TPUStrategy: uneven
         batches). Counted on axis 0 of the first per-replica argument of ``run``."""
         if self._trace.valid_rows is None:
-            raise ValueError("experimental_valid_rows counts the rows of the first PerReplica "
-                             "argument of strategy.run, and this run got none")
+            raise ValueError(
+                "experimental_valid_rows counts the rows of the first PerReplica "
+                "argument of strategy.run, and this run got none"
+            )
         self._trace.valid_rows_read = True
         return self._trace.valid_rows
 
@@ -252,22 +265,31 @@ class TPUReplicaContext(ReplicaContext):
         compiled program has static shapes)."""
         lax = _lax()
         return _nest.map_structure(
-            lambda x: lax.all_gather(jnp().asarray(x), AXIS, axis=axis, tiled=True), value)
+            lambda x: lax.all_gather(jnp().asarray(x), AXIS, axis=axis, tiled=True), value
+        )
 
     def merge_call(self, merge_fn: Any, args: Any = (), kwargs: Any = None) -> Any:
         raise NotImplementedError(
             "merge_call is not available in a TPUStrategy replica function: the replicas run as "
             "one compiled SPMD program, so there is no point where they stop and run Python "
             "once. Use get_replica_context().all_reduce/all_gather, or an optimizer's "
-            "apply_gradients, which update variables inside the compiled step")
+            "apply_gradients, which update variables inside the compiled step"
+        )
 
     def _exchange(self, what: str, value: Any, fn: Any) -> Any:
-        raise NotImplementedError(f"{what} needs the replicas to meet in Python, which a "
-                                  "compiled TPUStrategy step cannot do")
+        raise NotImplementedError(
+            f"{what} needs the replicas to meet in Python, which a "
+            "compiled TPUStrategy step cannot do"
+        )
 
 
-def apply_gradients(strategy: TPUStrategy, opt: Any, grads: list[Any],
-                    variables: list[DistributedVariable], skip_aggregation: bool) -> None:
+def apply_gradients(
+    strategy: TPUStrategy,
+    opt: Any,
+    grads: list[Any],
+    variables: list[DistributedVariable],
+    skip_aggregation: bool,
+) -> None:
     """An optimizer's update inside the traced step: gradients all-reduced with XLA
     collectives (unless ``skip_aggregation``), then the optimizer's functional rule."""
     trace = current()
@@ -279,14 +301,16 @@ def apply_gradients(strategy: TPUStrategy, opt: Any, grads: list[Any],
     for g, var in zip(grads, variables):
         g = np_.asarray(g, dtype=StepTrace._jax_dtype(var))
         if g.shape != var.shape:
-            raise ValueError(f"gradient of {var.name!r} has shape {g.shape}, the variable has "
-                             f"shape {var.shape}")
+            raise ValueError(
+                f"gradient of {var.name!r} has shape {g.shape}, the variable has shape {var.shape}"
+            )
         if skip_aggregation:
             if is_varying(g):
                 raise ValueError(
                     f"apply_gradients(skip_gradients_aggregation=True) got a gradient of "
                     f"{var.name!r} that differs between replicas; all-reduce it first "
-                    "(get_replica_context().all_reduce) or let apply_gradients aggregate it")
+                    "(get_replica_context().all_reduce) or let apply_gradients aggregate it"
+                )
         else:
             reduce = lax.psum if opt.gradient_aggregation == ReduceOp.SUM else lax.pmean
             g = reduce(g, AXIS)
@@ -305,9 +329,12 @@ def call_traced(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
     try:
         return fn(*args, **kwargs)
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
-            jax.errors.TracerBoolConversionError,
-            jax.errors.TracerIntegerConversionError) as exc:
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerArrayConversionError,
+        jax.errors.TracerBoolConversionError,
+        jax.errors.TracerIntegerConversionError,
+    ) as exc:
         name = getattr(fn, "__name__", type(fn).__name__)
         raise StepTraceError(
             f"TPUStrategy.run compiles {name}() with XLA, so it must be traceable by JAX: its "
@@ -315,4 +342,5 @@ def call_traced(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             "signature), so Python control flow on them, numpy calls on them (np.asarray, "
             "float(), .item()) and other host work cannot see their values. Use jax.numpy, "
             "lax.cond/lax.select for data-dependent choices, and return values to inspect "
-            f"them after the step. JAX said: {type(exc).__name__}: {exc}") from exc
+            f"them after the step. JAX said: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -43,34 +43,48 @@ PROGRAM_CACHE_SIZE = 64
 class TPUExtended(StrategyExtended):
     """Implementation of TPUStrategy (its ``extended``)."""
 
-    def __init__(self, container_strategy: TPUStrategy, resolver: TPUClusterResolver,
-                 devices: Sequence[Any], steps_per_execution: int) -> None:
+    def __init__(
+        self,
+        container_strategy: TPUStrategy,
+        resolver: TPUClusterResolver,
+        devices: Sequence[Any],
+        steps_per_execution: int,
+    ) -> None:
         jax = _jax.require()
         from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
         register_pytree()
         self._resolver = resolver
         self._jax_devices = list(devices)
-        self._mesh = Mesh(np.array(self._jax_devices), (step.AXIS,),
-                          axis_types=(AxisType.Auto,))
+        self._mesh = Mesh(np.array(self._jax_devices), (step.AXIS,), axis_types=(AxisType.Auto,))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
         self._sharded = NamedSharding(self._mesh, PartitionSpec(step.AXIS))
         me = jax.process_index()
         local = [i for i, d in enumerate(self._jax_devices) if d.process_index == me]
         if not local:
-            raise ValueError(f"process {me} has none of the {len(self._jax_devices)} assigned "
-                             "devices; every process of the job must own some replicas (assign "
-                             "devices of every process, or run fewer processes)")
+            raise ValueError(
+                f"process {me} has none of the {len(self._jax_devices)} assigned "
+                "devices; every process of the job must own some replicas (assign "
+                "devices of every process, or run fewer processes)"
+            )
         if local != list(range(local[0], local[0] + len(local))):
-            raise ValueError("each process's devices must be a contiguous run of the device "
-                             f"assignment; process {me} has positions {local}")
+            raise ValueError(
+                "each process's devices must be a contiguous run of the device "
+                f"assignment; process {me} has positions {local}"
+            )
         self._local_positions = local
         # No collective backend: the base's shared state only (devices, options, variables
         # created, the run lock).
-        self._init_common(container_strategy,
-                          [f"/job:{resolver.task_type}/replica:0/task:{d.process_index}/"
-                           f"device:{d.platform.upper()}:{d.id}" for d in self._jax_devices
-                           if d.process_index == me], None)
+        self._init_common(
+            container_strategy,
+            [
+                f"/job:{resolver.task_type}/replica:0/task:{d.process_index}/"
+                f"device:{d.platform.upper()}:{d.id}"
+                for d in self._jax_devices
+                if d.process_index == me
+            ],
+            None,
+        )
         self._variables: list[weakref.ref[TPUMirroredVariable]] = []
         self._variables_version = 0
         self._programs: collections.OrderedDict[Any, Program] = collections.OrderedDict()
@@ -85,8 +99,10 @@ class TPUExtended(StrategyExtended):
 
     @property
     def backend(self) -> Any:
-        raise AttributeError("TPUStrategy has no pycollective collective backend: its "
-                             "collectives are XLA's, compiled into the step")
+        raise AttributeError(
+            "TPUStrategy has no pycollective collective backend: its "
+            "collectives are XLA's, compiled into the step"
+        )
 
     @property
     def cross_device_ops(self) -> None:
@@ -139,19 +155,34 @@ class TPUExtended(StrategyExtended):
         """A host value as an array replicated on every device of the mesh."""
         jax = _jax.require()
         arr = np.asarray(_tensors.to_numpy(value))
-        return jax.device_put(arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False),
-                              self._replicated)
+        return jax.device_put(
+            arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False), self._replicated
+        )
 
-    def _create_variable(self, initial: np.ndarray, name: str, trainable: bool,
-                         aggregation: VariableAggregation,
-                         synchronization: VariableSynchronization,
-                         broadcast_initial: bool = True) -> DistributedVariable:
+    def _create_variable(
+        self,
+        initial: np.ndarray,
+        name: str,
+        trainable: bool,
+        aggregation: VariableAggregation,
+        synchronization: VariableSynchronization,
+        broadcast_initial: bool = True,
+    ) -> DistributedVariable:
         # Every process computes the same initial value (the program is the same everywhere);
         # unlike MultiWorkerMirroredStrategy nothing is broadcast.
-        cls = TPUSyncOnReadVariable if synchronization == VariableSynchronization.ON_READ \
+        cls = (
+            TPUSyncOnReadVariable
+            if synchronization == VariableSynchronization.ON_READ
             else TPUMirroredVariable
-        var = cls(self._container_strategy(), np.array(initial, copy=True, order="C"), name,
-                  trainable, aggregation, synchronization)
+        )
+        var = cls(
+            self._container_strategy(),
+            np.array(initial, copy=True, order="C"),
+            name,
+            trainable,
+            aggregation,
+            synchronization,
+        )
         self._created.add(var)
         self._variables.append(weakref.ref(var))
         self._variables_version += 1
@@ -164,26 +195,38 @@ class TPUExtended(StrategyExtended):
             self._variables_version += 1
         return alive
 
-    def _compiled_apply_gradients(self, opt: Any, grads: list[Any],
-                                  variables: list[DistributedVariable],
-                                  skip_aggregation: bool) -> None:
+    def _compiled_apply_gradients(
+        self,
+        opt: Any,
+        grads: list[Any],
+        variables: list[DistributedVariable],
+        skip_aggregation: bool,
+    ) -> None:
         """Optimizer.apply_gradients for this strategy's variables (called by the optimizer)."""
         for v in variables:
             if not isinstance(v, TPUMirroredVariable):
                 raise TypeError(f"apply_gradients: {v.name!r} is not a TPUStrategy variable")
         if step.tracing_for(self._container_strategy()):
-            step.apply_gradients(self._container_strategy(), opt, grads, variables,
-                                 skip_aggregation)
+            step.apply_gradients(
+                self._container_strategy(), opt, grads, variables, skip_aggregation
+            )
             return
         # Cross-replica context: one compiled step; PerReplica gradients are reduced by the
         # optimizer's aggregation, plain ones are applied as they are (as MirroredStrategy).
         distributed = tuple(isinstance(g, DistributedValues) for g in grads)
         self._container_strategy().run(
-            _apply_in_step, args=(opt, list(grads), tuple(variables), distributed,
-                                  bool(skip_aggregation)))
+            _apply_in_step,
+            args=(opt, list(grads), tuple(variables), distributed, bool(skip_aggregation)),
+        )
 
-    def update(self, var: DistributedVariable, fn: Callable[..., Any], args: Sequence[Any] = (),
-               kwargs: dict[str, Any] | None = None, group: bool = True) -> Any:
+    def update(
+        self,
+        var: DistributedVariable,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
         """Runs ``fn(var, *args, **kwargs)`` once: the variable is one replicated array, so an
         update through it reaches every replica."""
         self._require_cross_replica("update")
@@ -195,15 +238,24 @@ class TPUExtended(StrategyExtended):
 
     # Cross-replica reductions -------------------------------------------------------------------
 
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any,
-                  options: CommunicationOptions | None = None) -> Any:
+    def reduce_to(
+        self,
+        reduce_op: Any,
+        value: Any,
+        destinations: Any,
+        options: CommunicationOptions | None = None,
+    ) -> Any:
         """Reduces ``value`` across replicas (an XLA reduction on the devices); the result is
         replicated, so every destination has it."""
         self._require_cross_replica("reduce_to")
         return self._container_strategy().reduce(reduce_op, value, axis=None)
 
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[tuple[Any, Any]],
-                        options: CommunicationOptions | None = None) -> list[Any]:
+    def batch_reduce_to(
+        self,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None = None,
+    ) -> list[Any]:
         self._require_cross_replica("batch_reduce_to")
         return [self.reduce_to(reduce_op, v, d) for v, d in value_destination_pairs]
 
@@ -218,9 +270,11 @@ class TPUExtended(StrategyExtended):
         comps = [host_array(c) for c in value.values]
         shapes = {c.shape for c in comps}
         if len(shapes) != 1:
-            raise ValueError(f"per-replica values of different shapes {sorted(shapes)} cannot "
-                             "be reduced or gathered by TPUStrategy (a compiled program has "
-                             "static shapes); pad them to one shape first")
+            raise ValueError(
+                f"per-replica values of different shapes {sorted(shapes)} cannot "
+                "be reduced or gathered by TPUStrategy (a compiled program has "
+                "static shapes); pad them to one shape first"
+            )
         return self._shard_rows([c[None] for c in comps])
 
     def _valid_rows(self, value: Any) -> Any:
@@ -236,8 +290,9 @@ class TPUExtended(StrategyExtended):
         """A global array ``(replicas, ...)`` from this process's replicas' rows (each with a
         leading axis of 1)."""
         jax = _jax.require()
-        if self._num_local_replicas == self._num_replicas_in_sync \
-                and all(isinstance(r, np.ndarray) for r in local_rows):
+        if self._num_local_replicas == self._num_replicas_in_sync and all(
+            isinstance(r, np.ndarray) for r in local_rows
+        ):
             # one process: one transfer call for every device (much less Python per step)
             return jax.device_put(canonical(np.concatenate(local_rows)), self._sharded)
         mine = [d for d in self._jax_devices if d.process_index == jax.process_index()]
@@ -247,13 +302,21 @@ class TPUExtended(StrategyExtended):
 
     # Running steps ------------------------------------------------------------------------------
 
-    def _run_replicas(self, strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> Any:
+    def _run_replicas(
+        self,
+        strategy: Strategy,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         return self._execute(fn, [(args, kwargs)], scan=False)
 
-    def _execute(self, fn: Callable[..., Any], inputs: list[tuple[tuple[Any, ...],
-                                                                  dict[str, Any]]],
-                 scan: bool) -> Any:
+    def _execute(
+        self,
+        fn: Callable[..., Any],
+        inputs: list[tuple[tuple[Any, ...], dict[str, Any]]],
+        scan: bool,
+    ) -> Any:
         """Runs ``fn`` on every replica for each of ``inputs`` (one step each; ``scan``: all of
         them in one program) and returns the last step's results."""
         prepared = prepare(self, inputs, scan)
@@ -277,12 +340,17 @@ class TPUExtended(StrategyExtended):
                 key = (fn, prepared.key, self._variables_version, len(inputs) if scan else None)
                 program = Program(self, fn, prepared, variables, scan)
                 if not program.compile(prepared):
-                    raise RuntimeError(f"{getattr(fn, '__name__', fn)!r} creates new variables "
-                                       "each time it is traced; create them in scope()")
+                    raise RuntimeError(
+                        f"{getattr(fn, '__name__', fn)!r} creates new variables "
+                        "each time it is traced; create them in scope()"
+                    )
         with self._device_lock:
             outputs = program(prepared)
-        if prepared.padded and not program.record.get("valid_rows_read") \
-                and not self._warned_unmasked:
+        if (
+            prepared.padded
+            and not program.record.get("valid_rows_read")
+            and not self._warned_unmasked
+        ):
             self._warned_unmasked = True
             warnings.warn(
                 f"{getattr(fn, '__name__', 'fn')}: a per-replica batch was padded with zero "
@@ -290,7 +358,9 @@ class TPUExtended(StrategyExtended):
                 "get_replica_context().experimental_valid_rows: a loss or metric over the "
                 "whole batch counts the padding rows as data. Mask them (rows below "
                 "experimental_valid_rows are real), or drop the uneven last batch",
-                UserWarning, stacklevel=5)
+                UserWarning,
+                stacklevel=5,
+            )
         self._programs[key] = program
         self._programs.move_to_end(key)
         while len(self._programs) > PROGRAM_CACHE_SIZE:
@@ -298,15 +368,25 @@ class TPUExtended(StrategyExtended):
         return outputs
 
 
-def _apply_in_step(opt: Any, grads: list[Any], variables: tuple[Any, ...],
-                   distributed: tuple[bool, ...], skip: bool) -> None:
+def _apply_in_step(
+    opt: Any,
+    grads: list[Any],
+    variables: tuple[Any, ...],
+    distributed: tuple[bool, ...],
+    skip: bool,
+) -> None:
     # A PerReplica gradient is reduced by the optimizer's aggregation (unless ``skip``). A
     # plain gradient is the same value on every replica; it enters the step as a per-replica
     # (varying) copy, and its MEAN is that value again, now known to be the same everywhere.
     ctx = _context.get_replica_context()
-    reduced = [ctx.all_reduce(ReduceOp.MEAN, g) if not d
-               else g if skip else ctx.all_reduce(opt.gradient_aggregation, g)
-               for g, d in zip(grads, distributed)]
+    reduced = [
+        ctx.all_reduce(ReduceOp.MEAN, g)
+        if not d
+        else g
+        if skip
+        else ctx.all_reduce(opt.gradient_aggregation, g)
+        for g, d in zip(grads, distributed)
+    ]
     opt.apply_gradients(zip(reduced, variables), skip_gradients_aggregation=True)
 
 
@@ -340,33 +420,49 @@ class TPUStrategy(Strategy):
         ImportError: JAX is not installed (``pip install "pycollective[tpu]"``).
     """
 
-    def __init__(self, tpu_cluster_resolver: TPUClusterResolver | None = None,
-                 experimental_device_assignment: Any = None,
-                 experimental_spmd_xla_partitioning: bool = False,
-                 steps_per_execution: int = 1) -> None:
+    def __init__(
+        self,
+        tpu_cluster_resolver: TPUClusterResolver | None = None,
+        experimental_device_assignment: Any = None,
+        experimental_spmd_xla_partitioning: bool = False,
+        steps_per_execution: int = 1,
+    ) -> None:
         _jax.require()
         if experimental_spmd_xla_partitioning:
-            raise NotImplementedError("experimental_spmd_xla_partitioning (model parallelism "
-                                      "within a replica) is not supported: every replica holds "
-                                      "a full copy of each variable")
-        resolver = tpu_cluster_resolver if tpu_cluster_resolver is not None \
-            else TPUClusterResolver()
+            raise NotImplementedError(
+                "experimental_spmd_xla_partitioning (model parallelism "
+                "within a replica) is not supported: every replica holds "
+                "a full copy of each variable"
+            )
+        resolver = (
+            tpu_cluster_resolver if tpu_cluster_resolver is not None else TPUClusterResolver()
+        )
         if not isinstance(resolver, TPUClusterResolver):
-            raise TypeError(f"tpu_cluster_resolver must be a TPUClusterResolver, got "
-                            f"{type(resolver).__name__}")
+            raise TypeError(
+                f"tpu_cluster_resolver must be a TPUClusterResolver, got {type(resolver).__name__}"
+            )
         self._resolver = resolver
         devices = _assign_devices(resolver.devices, experimental_device_assignment)
         super().__init__(TPUExtended(self, resolver, devices, steps_per_execution))
-        logger.info("TPUStrategy: %d replicas on %s devices (%d here)", len(devices),
-                    resolver.platform, self._extended._num_local_replicas)
+        logger.info(
+            "TPUStrategy: %d replicas on %s devices (%d here)",
+            len(devices),
+            resolver.platform,
+            self._extended._num_local_replicas,
+        )
 
     @property
     def cluster_resolver(self) -> TPUClusterResolver:
         """Returns the cluster resolver associated with this strategy."""
         return self._resolver
 
-    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: dict[str, Any] | None = None, options: Any = None) -> Any:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
         """Runs ``fn`` on every replica as one compiled XLA program.
 
         ``fn`` is traced by JAX (once per signature: the function object, the shapes and
@@ -382,8 +478,9 @@ class TPUStrategy(Strategy):
         """
         return self._extended._call_for_each_replica(fn, args, kwargs or {})
 
-    def run_steps(self, fn: Callable[..., Any], iterator: Iterator[Any],
-                  steps: int | None = None) -> Any:
+    def run_steps(
+        self, fn: Callable[..., Any], iterator: Iterator[Any], steps: int | None = None
+    ) -> Any:
         """Runs ``fn(element)`` for the next ``steps`` elements of ``iterator`` (default
         ``extended.steps_per_execution``) in one compiled program: a ``lax.scan`` over the
         block, as Keras's ``steps_per_execution``. Returns the last step's results, or None
@@ -402,7 +499,8 @@ class TPUStrategy(Strategy):
                 f"run_steps needs an iterator, got {type(iterator).__name__}: pass "
                 "iter(dataset) (e.g. it = iter(strategy.experimental_distribute_dataset(...))) "
                 "and the same iterator to every call, which then continues where the last one "
-                "stopped; a dataset would restart at its first element each call")
+                "stopped; a dataset would restart at its first element each call"
+            )
         it = iterator
         elements = []
         for _ in range(steps):
@@ -439,20 +537,22 @@ class TPUStrategy(Strategy):
         def leaf(x: Any) -> Any:
             if isinstance(x, (DistributedVariable, Mirrored)):
                 # The same on every replica: tf sums (or averages) the copies.
-                arr = np.asarray(x.read_value() if isinstance(x, DistributedVariable)
-                                 else x.values[0])
+                arr = np.asarray(
+                    x.read_value() if isinstance(x, DistributedVariable) else x.values[0]
+                )
                 if axis is not None:
                     arr = arr.sum(axis=axis) if op == ReduceOp.SUM else arr.mean(axis=axis)
                 return self._extended._replicate(
-                    (arr * n if op == ReduceOp.SUM else arr).astype(arr.dtype))
+                    (arr * n if op == ReduceOp.SUM else arr).astype(arr.dtype)
+                )
             if isinstance(x, DistributedValues):
-                return reductions.reduce_global(self._extended._global(x), op, axis,
-                                                self._extended._valid_rows(x))
+                return reductions.reduce_global(
+                    self._extended._global(x), op, axis, self._extended._valid_rows(x)
+                )
             arr = host_array(x)
             rule = non_distributed_reduce_rule(op, axis, n, self._extended._num_local_replicas)
             if rule == "per_replica":  # this process's one replica's value
-                return reductions.reduce_global(
-                    self._extended._global(PerReplica([arr])), op, axis)
+                return reductions.reduce_global(self._extended._global(PerReplica([arr])), op, axis)
             if rule == "same":
                 return self._extended._replicate(arr)
             return self._extended._replicate(arr.mean(axis=axis).astype(arr.dtype))
@@ -468,16 +568,17 @@ class TPUStrategy(Strategy):
 
         def leaf(x: Any) -> Any:
             if isinstance(x, DistributedValues) and not isinstance(x, DistributedVariable):
-                return reductions.gather_global(self._extended._global(x), axis,
-                                                self._extended._valid_rows(x))
+                return reductions.gather_global(
+                    self._extended._global(x), axis, self._extended._valid_rows(x)
+                )
             arr = np.asarray(x.read_value() if isinstance(x, DistributedVariable) else x)
             return self._extended._replicate(np.concatenate([arr] * n, axis=axis))
 
         return _nest.map_structure(leaf, value)
 
-    def experimental_distribute_dataset(self, dataset: Iterable[Any],
-                                        options: InputOptions | None = None
-                                        ) -> TPUDistributedDataset:
+    def experimental_distribute_dataset(
+        self, dataset: Iterable[Any], options: InputOptions | None = None
+    ) -> TPUDistributedDataset:
         """Distributes an iterable of global batches: each batch is split across all replicas
         along axis 0, and an uneven batch is padded with zero rows to ``ceil(B / replicas)``
         rows per replica (see ``experimental_valid_rows``).
@@ -485,17 +586,20 @@ class TPUStrategy(Strategy):
         ``options``: the batches are always split per worker and placed on the devices by
         ``run``; an InputOptions asking for anything else raises NotImplementedError."""
         _check_input_options(options, "experimental_distribute_dataset")
-        if options is not None \
-                and options.experimental_replication_mode != InputReplicationMode.PER_WORKER:
+        if (
+            options is not None
+            and options.experimental_replication_mode != InputReplicationMode.PER_WORKER
+        ):
             raise NotImplementedError(
                 "experimental_distribute_dataset splits global batches per worker; "
                 f"experimental_replication_mode={options.experimental_replication_mode.name} "
-                "needs distribute_datasets_from_function")
+                "needs distribute_datasets_from_function"
+            )
         return TPUDistributedDataset(self, dataset)
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable[..., Iterable[Any]],
-                                          options: InputOptions | None = None
-                                          ) -> DistributedDatasetsFromFunction:
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[..., Iterable[Any]], options: InputOptions | None = None
+    ) -> DistributedDatasetsFromFunction:
         """Calls ``dataset_fn(InputContext)`` once per process (or per replica) for per-replica
         batches. A replica whose pipeline ended gets an empty batch, which ``run`` pads with
         zero rows (``experimental_valid_rows`` is 0 there)."""
@@ -509,18 +613,24 @@ def _check_input_options(options: InputOptions | None, where: str) -> None:
         return
     unsupported = []
     if options.experimental_fetch_to_device is False:
-        unsupported.append("experimental_fetch_to_device=False (run always puts the batch on "
-                           "the devices)")
+        unsupported.append(
+            "experimental_fetch_to_device=False (run always puts the batch on the devices)"
+        )
     if options.experimental_place_dataset_on_device:
-        unsupported.append("experimental_place_dataset_on_device=True (the dataset is read on "
-                           "the host)")
+        unsupported.append(
+            "experimental_place_dataset_on_device=True (the dataset is read on the host)"
+        )
     if options.experimental_per_replica_buffer_size != 1:
-        unsupported.append(f"experimental_per_replica_buffer_size="
-                           f"{options.experimental_per_replica_buffer_size} (no prefetching)")
+        unsupported.append(
+            f"experimental_per_replica_buffer_size="
+            f"{options.experimental_per_replica_buffer_size} (no prefetching)"
+        )
     if unsupported:
-        raise NotImplementedError(f"{where}: TPUStrategy cannot honour InputOptions "
-                                  f"{'; '.join(unsupported)}; leave these fields at their "
-                                  "defaults")
+        raise NotImplementedError(
+            f"{where}: TPUStrategy cannot honour InputOptions "
+            f"{'; '.join(unsupported)}; leave these fields at their "
+            "defaults"
+        )
 
 
 def _assign_devices(devices: list[Any], assignment: Any) -> list[Any]:
@@ -532,17 +642,20 @@ def _assign_devices(devices: list[Any], assignment: Any) -> list[Any]:
             f"experimental_device_assignment with num_cores_per_replica={cores}: a replica "
             "spanning several cores is model parallelism, which TPUStrategy does not support "
             "(every replica is one device holding a full copy of each variable); use a "
-            "DeviceAssignment with num_cores_per_replica=1")
+            "DeviceAssignment with num_cores_per_replica=1"
+        )
     if hasattr(assignment, "num_replicas"):
         assignment = int(assignment.num_replicas)
     if isinstance(assignment, int) and not isinstance(assignment, bool):
         if not 1 <= assignment <= len(devices):
-            raise ValueError(f"experimental_device_assignment={assignment}: the job has "
-                             f"{len(devices)} devices")
+            raise ValueError(
+                f"experimental_device_assignment={assignment}: the job has {len(devices)} devices"
+            )
         return devices[:assignment]
     chosen = list(assignment)
     unknown = [d for d in chosen if d not in devices]
     if not chosen or unknown:
-        raise ValueError(f"experimental_device_assignment must name devices of the job "
-                         f"({devices}); got {chosen}")
+        raise ValueError(
+            f"experimental_device_assignment must name devices of the job ({devices}); got {chosen}"
+        )
     return chosen

@@ -23,8 +23,9 @@ class TPUPerReplica(PerReplica):
     Otherwise None.
     """
 
-    def __init__(self, global_array: Any, local_rows: Sequence[int],
-                 valid_rows: Any = None) -> None:
+    def __init__(
+        self, global_array: Any, local_rows: Sequence[int], valid_rows: Any = None
+    ) -> None:
         self._global = global_array
         self._rows = tuple(local_rows)
         self._cache: tuple[Any, ...] | None = None

@@ -37,8 +37,15 @@ class TPUMirroredVariable(MirroredVariable):
     #: the step state is one array for all replicas (sync-on-read: one row per replica)
     _per_replica = False
 
-    def __init__(self, strategy: Any, initial: np.ndarray, name: str, trainable: bool,
-                 aggregation: VariableAggregation, synchronization: Any) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        initial: np.ndarray,
+        name: str,
+        trainable: bool,
+        aggregation: VariableAggregation,
+        synchronization: Any,
+    ) -> None:
         self._strategy = strategy
         self._name = name
         self._trainable = trainable
@@ -51,8 +58,9 @@ class TPUMirroredVariable(MirroredVariable):
         # the host until the step's output (or the first use) puts it on the devices.
         self._host_cache: np.ndarray | None = initial.copy()
         self._device: Any = None if _step.current() is not None else self._place(initial)
-        DistributedValues.__init__(self, [ComponentVariable(self, i)
-                                          for i in range(strategy.extended._num_local_replicas)])
+        DistributedValues.__init__(
+            self, [ComponentVariable(self, i) for i in range(strategy.extended._num_local_replicas)]
+        )
 
     @property
     def dtype(self) -> np.dtype:
@@ -121,9 +129,11 @@ class TPUMirroredVariable(MirroredVariable):
             return traced
         trace = _step.current()
         if trace is not None:
-            raise ValueError(f"variable {self._name!r} belongs to {self._strategy!r}, but a step "
-                             f"of {trace.strategy!r} is being compiled; a step can only use its "
-                             "own strategy's variables")
+            raise ValueError(
+                f"variable {self._name!r} belongs to {self._strategy!r}, but a step "
+                f"of {trace.strategy!r} is being compiled; a step can only use its "
+                "own strategy's variables"
+            )
         return _readonly(self._host())
 
     def _read_cross_replica(self) -> np.ndarray:
@@ -136,7 +146,8 @@ class TPUMirroredVariable(MirroredVariable):
         if _step.read(self) is not None:
             raise _step.StepTraceError(
                 f"numpy read variable {self._name!r} inside a compiled TPUStrategy step, where "
-                "it is an abstract (traced) value; use v.value() or jax.numpy on it")
+                "it is an abstract (traced) value; use v.value() or jax.numpy on it"
+            )
         return super().__array__(dtype, copy)
 
     def __jax_array__(self) -> Any:
@@ -170,14 +181,19 @@ class TPUMirroredVariable(MirroredVariable):
         if agg == VariableAggregation.NONE:
             if self._strategy.num_replicas_in_sync == 1:
                 return self._strategy.experimental_local_results(value)[0]
-            raise ValueError(f"Cannot {kind} TPUMirroredVariable {self._name!r} (aggregation "
-                             "NONE) with a PerReplica value: pass aggregation=SUM, MEAN or "
-                             "ONLY_FIRST_REPLICA to Variable(), or reduce the value first")
+            raise ValueError(
+                f"Cannot {kind} TPUMirroredVariable {self._name!r} (aggregation "
+                "NONE) with a PerReplica value: pass aggregation=SUM, MEAN or "
+                "ONLY_FIRST_REPLICA to Variable(), or reduce the value first"
+            )
         return self._strategy.reduce(ReduceOp.from_variable_aggregation(agg), value, axis=None)
 
     def _convert(self, value: Any) -> np.ndarray:
-        if not isinstance(value, np.ndarray) and hasattr(value, "__array__") \
-                and not _tensors.is_torch(value):
+        if (
+            not isinstance(value, np.ndarray)
+            and hasattr(value, "__array__")
+            and not _tensors.is_torch(value)
+        ):
             value = np.asarray(value)
         return super()._convert(value)
 
@@ -186,18 +202,20 @@ class TPUMirroredVariable(MirroredVariable):
             f"TPUMirroredVariable {self._name!r} is one array replicated on every device; a "
             "single replica's copy cannot be updated on its own. Update the variable itself "
             "(var.assign...), or use strategy.extended.update(var, fn), whose fn gets the "
-            "variable")
+            "variable"
+        )
 
     def _restore_value(self, value: np.ndarray) -> None:
         self._set_device_value(self._place(value))
 
     def __repr__(self) -> str:
-        return (f"<TPUMirroredVariable {self._name!r} shape={self.shape} dtype={self.dtype} "
-                f"devices={self._strategy.num_replicas_in_sync} "
-                f"aggregation={self._aggregation.name}>")
+        return (
+            f"<TPUMirroredVariable {self._name!r} shape={self.shape} dtype={self.dtype} "
+            f"devices={self._strategy.num_replicas_in_sync} "
+            f"aggregation={self._aggregation.name}>"
+        )
 
     __hash__ = object.__hash__
-
 
 
 class TPUSyncOnReadVariable(TPUMirroredVariable):
@@ -221,8 +239,9 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
         from .values import TPUPerReplica
 
         with self._lock():
-            return TPUPerReplica(self._device_value,
-                                 self._strategy.extended._local_positions).values
+            return TPUPerReplica(
+                self._device_value, self._strategy.extended._local_positions
+            ).values
 
     @property
     def _arrays(self) -> list[np.ndarray]:
@@ -242,12 +261,17 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
         if agg == VariableAggregation.ONLY_FIRST_REPLICA:
             value = np.asarray(reductions.first_row(self._device_value))
         elif agg == VariableAggregation.NONE:
-            raise ValueError(f"Cannot read SyncOnReadVariable {self._name!r} in a cross-replica "
-                             "context: its aggregation is NONE; create it with aggregation="
-                             "VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA")
+            raise ValueError(
+                f"Cannot read SyncOnReadVariable {self._name!r} in a cross-replica "
+                "context: its aggregation is NONE; create it with aggregation="
+                "VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA"
+            )
         else:
-            value = np.asarray(reductions.reduce_global(
-                self._device_value, ReduceOp.from_variable_aggregation(agg), None))
+            value = np.asarray(
+                reductions.reduce_global(
+                    self._device_value, ReduceOp.from_variable_aggregation(agg), None
+                )
+            )
         return value.astype(self._dtype)
 
     def _checkpoint_value(self) -> np.ndarray:
@@ -258,9 +282,11 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
 
     def _update_now(self, kind: str, value: Any) -> None:
         if kind != "assign" and self._aggregation == VariableAggregation.SUM:
-            raise ValueError(f"SyncOnReadVariable does not support `{kind}` in cross-replica "
-                             "context when aggregation is set to VariableAggregation.SUM "
-                             f"(variable {self._name!r}); use assign, or update it inside run")
+            raise ValueError(
+                f"SyncOnReadVariable does not support `{kind}` in cross-replica "
+                "context when aggregation is set to VariableAggregation.SUM "
+                f"(variable {self._name!r}); use assign, or update it inside run"
+            )
         new = self._convert(value)
         if kind == "assign":
             self._restore_value(new)
@@ -274,11 +300,14 @@ class TPUSyncOnReadVariable(TPUMirroredVariable):
         self._set_device_value(self._place(value))
 
     def __repr__(self) -> str:
-        return (f"<TPUSyncOnReadVariable {self._name!r} shape={self.shape} dtype={self.dtype} "
-                f"replicas={self._strategy.num_replicas_in_sync} "
-                f"aggregation={self._aggregation.name}>")
+        return (
+            f"<TPUSyncOnReadVariable {self._name!r} shape={self.shape} dtype={self.dtype} "
+            f"replicas={self._strategy.num_replicas_in_sync} "
+            f"aggregation={self._aggregation.name}>"
+        )
 
     __hash__ = object.__hash__
+
 
 _registered: list[bool] = []
 
@@ -293,7 +322,8 @@ def register_pytree() -> None:
 
     for cls in (TPUMirroredVariable, TPUSyncOnReadVariable):
         jax.tree_util.register_pytree_node(
-            cls, lambda v: ((v.value() if _step.read(v) is not None else v._device_copy(),),
-                            None),
-            lambda _, children: children[0])
+            cls,
+            lambda v: ((v.value() if _step.read(v) is not None else v._device_copy(),), None),
+            lambda _, children: children[0],
+        )
     _registered.append(True)
