@@ -40,14 +40,14 @@ struct CollectiveArgs {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
-  uint8_t updateRule = 0;       // allreduce_update: the optimizer rule (its own header field)
+  uint8_t updateRule = 0;  // allreduce_update: the optimizer rule (its own header field)
   uint32_t shapeHash = 0;
-  size_t segmentBytes = 0;      // pipeline segment; 0 = PYCOLLECTIVE_SEGMENT_BYTES
-  double timeoutSeconds = 0;    // 0 = the communicator's timeout
+  size_t segmentBytes = 0;    // pipeline segment; 0 = PYCOLLECTIVE_SEGMENT_BYTES
+  double timeoutSeconds = 0;  // 0 = the communicator's timeout
   // CUDA device holding in/out, or -1 for host memory. Device buffers reach the algorithms
   // through the same Exchange calls (copy, scratch, reduce), which then use DeviceOps.
   int device = -1;
-  void* stream = nullptr;       // with device >= 0: the stream in/out are ordered on
+  void* stream = nullptr;  // with device >= 0: the stream in/out are ordered on
   // Pairwise kinds: one entry per group rank (owned by the caller for the whole call).
   const PeerBuffer* peers = nullptr;
 };

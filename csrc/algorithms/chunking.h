@@ -9,7 +9,9 @@ namespace pycollective {
 
 struct Chunks {
   Chunks(size_t count, size_t parts)
-      : count(count), parts(parts), base(parts ? count / parts : 0),
+      : count(count),
+        parts(parts),
+        base(parts ? count / parts : 0),
         extra(parts ? count % parts : 0) {}
   size_t offset(size_t i) const { return i * base + std::min(i, extra); }
   size_t size(size_t i) const { return base + (i < extra ? 1 : 0); }

@@ -131,12 +131,10 @@ class Direct : public Algorithm {
       case CollectiveKind::kBroadcast: {
         const char* src = all[a.root].in + mine * es;
         for (int p = 0; p < n; ++p)
-          if (all[p].out + mine * es != src)
-            ex.copy(all[p].out + mine * es, src, mineLen * es);
+          if (all[p].out + mine * es != src) ex.copy(all[p].out + mine * es, src, mineLen * es);
         break;
       }
-      default:
-        PC_ASSERT(false, "direct cannot run ", collectiveName(a.kind));
+      default: PC_ASSERT(false, "direct cannot run ", collectiveName(a.kind));
     }
     finish(ex);
   }

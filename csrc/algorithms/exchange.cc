@@ -63,7 +63,9 @@ Exchange::CallState::~CallState() {
   }
 }
 
-Exchange Exchange::on(Group subgroup) const { return Exchange(std::move(subgroup), state_); }
+Exchange Exchange::on(Group subgroup) const {
+  return Exchange(std::move(subgroup), state_);
+}
 
 RequestPtr Exchange::track(int globalPeer, RequestPtr request, bool isSend) {
   Link* link = &state_->comm->link(globalPeer);
@@ -125,8 +127,10 @@ void Exchange::reduceLocal(void* dst, const void* a, const void* b, size_t bytes
 }
 
 void Exchange::store(void* dst, const void* src, size_t bytes) const {
-  if (state_->copy == nullptr) streamCopy(dst, src, bytes);
-  else copy(dst, src, bytes);
+  if (state_->copy == nullptr)
+    streamCopy(dst, src, bytes);
+  else
+    copy(dst, src, bytes);
 }
 
 void* Exchange::scratch(int slot, size_t bytes) {
@@ -144,9 +148,9 @@ void Exchange::scale(void* data, size_t count, double factor) const {
 
 void Exchange::prune() {
   auto& f = state_->inFlight;
-  f.erase(std::remove_if(f.begin(), f.end(),
-                         [](const Pending& p) { return p.request->done.load(); }),
-          f.end());
+  f.erase(
+      std::remove_if(f.begin(), f.end(), [](const Pending& p) { return p.request->done.load(); }),
+      f.end());
 }
 
 void Exchange::wait(const RequestPtr& request) {

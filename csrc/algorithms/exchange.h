@@ -60,17 +60,16 @@ class Exchange {
   void wait(const RequestPtr& request);
   void waitAll();
 
-
  private:
   struct CallState {
-    ~CallState();            // device calls: makes the caller's device current again
+    ~CallState();  // device calls: makes the caller's device current again
     int previousDevice = -1;
     Communicator* comm;
-    FrameHeader header;      // template: step/bytes filled per message
+    FrameHeader header;  // template: step/bytes filled per message
     ReduceFn reduce;
-    CopyFn copy = nullptr;   // nullptr: host memory (std::memcpy)
-    int device = -1;         // CUDA device of the call's buffers, -1 for host memory
-    int reduceThreads = 1;   // host reductions may split over this many threads
+    CopyFn copy = nullptr;  // nullptr: host memory (std::memcpy)
+    int device = -1;        // CUDA device of the call's buffers, -1 for host memory
+    int reduceThreads = 1;  // host reductions may split over this many threads
     DType dtype = DType::kFloat32;
     size_t elemSize;
     size_t segmentBytes;

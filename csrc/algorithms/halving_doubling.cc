@@ -17,7 +17,9 @@ namespace halving_doubling {
 
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 // The power-of-two core and how real ranks map onto it.
 struct Fold {
@@ -93,8 +95,10 @@ void wholeVectorDoubling(Exchange& ex, const Fold& f, int v, const char* src, ch
     ex.send(f.real(partnerV), src, bytes);
     ex.recv(f.real(partnerV), theirs, bytes);
     ex.waitAll();
-    if (v < partnerV) ex.reduceLocal(out, src, theirs, bytes);
-    else ex.reduceLocal(out, theirs, src, bytes);
+    if (v < partnerV)
+      ex.reduceLocal(out, src, theirs, bytes);
+    else
+      ex.reduceLocal(out, theirs, src, bytes);
     src = out;
   }
 }
@@ -221,14 +225,10 @@ class HalvingDoubling : public Algorithm {
         return 2 * L * c.alpha + 2 * (p - 1) / p * S * c.beta + (p - 1) / p * S * c.gamma + fold;
       case CollectiveKind::kReduceScatter:
         return L * c.alpha + (p - 1) / p * S * (c.beta + c.gamma);
-      case CollectiveKind::kAllgather:
-        return rounds * c.alpha + (n - 1) * S * c.beta;
-      case CollectiveKind::kBroadcast:
-        return rounds * (c.alpha + S * c.beta);
-      case CollectiveKind::kReduce:
-        return rounds * (c.alpha + S * (c.beta + c.gamma));
-      default:
-        return 1e30;
+      case CollectiveKind::kAllgather: return rounds * c.alpha + (n - 1) * S * c.beta;
+      case CollectiveKind::kBroadcast: return rounds * (c.alpha + S * c.beta);
+      case CollectiveKind::kReduce: return rounds * (c.alpha + S * (c.beta + c.gamma));
+      default: return 1e30;
     }
   }
 
@@ -236,9 +236,7 @@ class HalvingDoubling : public Algorithm {
     const char* in = static_cast<const char*>(a.in);
     char* out = static_cast<char*>(a.out);
     switch (a.kind) {
-      case CollectiveKind::kAllreduce:
-        allreduce(ex, in, out, a.count);
-        return;
+      case CollectiveKind::kAllreduce: allreduce(ex, in, out, a.count); return;
       case CollectiveKind::kReduceScatter: {
         if (ex.size() == 1) {
           ex.copy(out, in, a.count * ex.elemSize());
@@ -249,17 +247,10 @@ class HalvingDoubling : public Algorithm {
         halving(ex, f, ex.rank(), in, work, out, a.count);
         return;
       }
-      case CollectiveKind::kAllgather:
-        allgather(ex, in, out, a.count);
-        return;
-      case CollectiveKind::kBroadcast:
-        broadcast(ex, in, out, a.count, a.root);
-        return;
-      case CollectiveKind::kReduce:
-        reduce(ex, in, out, a.count, a.root);
-        return;
-      default:
-        PC_ASSERT(false, "halving_doubling cannot run ", collectiveName(a.kind));
+      case CollectiveKind::kAllgather: allgather(ex, in, out, a.count); return;
+      case CollectiveKind::kBroadcast: broadcast(ex, in, out, a.count, a.root); return;
+      case CollectiveKind::kReduce: reduce(ex, in, out, a.count, a.root); return;
+      default: PC_ASSERT(false, "halving_doubling cannot run ", collectiveName(a.kind));
     }
   }
 };

@@ -29,8 +29,8 @@ Layout layoutOf(const Group& g) {
   if (comm.hierarchicalGroupSize > 0) {
     int size = comm.hierarchicalGroupSize;
     if (n % size != 0) {
-      l.problem = "group size " + std::to_string(size) + " does not divide " +
-                  std::to_string(n) + " ranks";
+      l.problem =
+          "group size " + std::to_string(size) + " does not divide " + std::to_string(n) + " ranks";
       return l;
     }
     for (int start = 0; start < n; start += size) {
@@ -53,7 +53,8 @@ Layout layoutOf(const Group& g) {
   for (const auto& grp : l.groups)
     if (grp.size() != l.groups[0].size()) {
       std::string sizes;
-      for (const auto& x : l.groups) sizes += (sizes.empty() ? "" : ", ") + std::to_string(x.size());
+      for (const auto& x : l.groups)
+        sizes += (sizes.empty() ? "" : ", ") + std::to_string(x.size());
       l.problem = "hosts run different numbers of ranks (" + sizes +
                   "); it needs the same number on every host";
       return l;
@@ -79,11 +80,11 @@ class Hierarchical : public Algorithm {
     const LinkCost& lc = g.comm().localCost;
     const LinkCost& rc = H > 1 ? g.comm().remoteCost : lc;
     const double S = a.count * elementSize(a.dtype);
-    double local = 2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * lc.beta +
-                   (L - 1) / L * S * lc.gamma;
+    double local =
+        2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * lc.beta + (L - 1) / L * S * lc.gamma;
     double shard = S / L;
-    double cross = 2 * (H - 1) * rc.alpha + 2 * (H - 1) / H * shard * rc.beta +
-                   (H - 1) / H * shard * rc.gamma;
+    double cross =
+        2 * (H - 1) * rc.alpha + 2 * (H - 1) / H * shard * rc.beta + (H - 1) / H * shard * rc.gamma;
     return local + cross;
   }
 

@@ -42,9 +42,9 @@ class Pairwise : public Algorithm {
     PC_CHECK(peers != nullptr, ex.group().comm().who(), " ", collectiveName(a.kind),
              " was called without per-peer buffers");
     const PeerBuffer& self = peers[r];
-    PC_CHECK(self.sendCount == self.recvCount, ex.group().comm().who(), " ",
-             collectiveName(a.kind), ": this rank sends ", self.sendCount,
-             " elements to itself but expects ", self.recvCount);
+    PC_CHECK(self.sendCount == self.recvCount, ex.group().comm().who(), " ", collectiveName(a.kind),
+             ": this rank sends ", self.sendCount, " elements to itself but expects ",
+             self.recvCount);
     for (int k = 1; k < n; ++k) {
       const int to = (r + k) % n, from = (r - k + n) % n;
       ex.send(to, peers[to].send, peers[to].sendCount * es);

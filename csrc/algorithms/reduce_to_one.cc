@@ -81,9 +81,7 @@ class ReduceToOne : public Algorithm {
         reduceToRoot(ex, in, out, a.count, root);
         fromRoot(ex, out, bytes, root);
         return;
-      case CollectiveKind::kReduce:
-        reduceToRoot(ex, in, out, a.count, root);
-        return;
+      case CollectiveKind::kReduce: reduceToRoot(ex, in, out, a.count, root); return;
       case CollectiveKind::kBroadcast:
         if (r == root && out != in) ex.copy(out, in, bytes);
         fromRoot(ex, out, bytes, root);
@@ -112,8 +110,10 @@ class ReduceToOne : public Algorithm {
           reduceToRoot(ex, in, full, a.count, root);
           for (int p = 0; p < n; ++p) {
             const char* part = full + chunks.offset(p) * es;
-            if (p == root) ex.copy(out, part, chunks.size(p) * es);
-            else ex.send(p, part, chunks.size(p) * es);
+            if (p == root)
+              ex.copy(out, part, chunks.size(p) * es);
+            else
+              ex.send(p, part, chunks.size(p) * es);
           }
         } else {
           reduceToRoot(ex, in, nullptr, a.count, root);
@@ -122,8 +122,7 @@ class ReduceToOne : public Algorithm {
         ex.waitAll();
         return;
       }
-      default:
-        PC_ASSERT(false, "reduce_to_one cannot run ", collectiveName(a.kind));
+      default: PC_ASSERT(false, "reduce_to_one cannot run ", collectiveName(a.kind));
     }
   }
 };

@@ -19,8 +19,8 @@ namespace {
 // The wire index of an algorithm is its position here: append only.
 const std::vector<const Algorithm*>& registry() {
   static const std::vector<const Algorithm*> all = {
-      &ring::algorithm(), &halving_doubling::algorithm(), &hierarchical::algorithm(),
-      &reduce_to_one::algorithm(), &direct::algorithm(), &pairwise::algorithm()};
+      &ring::algorithm(),          &halving_doubling::algorithm(), &hierarchical::algorithm(),
+      &reduce_to_one::algorithm(), &direct::algorithm(),           &pairwise::algorithm()};
   return all;
 }
 
@@ -154,7 +154,8 @@ const char* algorithmName(uint8_t index) {
 }
 
 // Frame errors (transport/frame.h) name the header's algorithm index through this.
-[[maybe_unused]] const bool kAlgorithmNamerRegistered = (registerAlgorithmNamer(&algorithmName), true);
+[[maybe_unused]] const bool kAlgorithmNamerRegistered =
+    (registerAlgorithmNamer(&algorithmName), true);
 
 const LinkCost& costOf(const Group& group) {
   const auto& hosts = group.comm().hostOf();
@@ -189,8 +190,7 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
     return;
   }
   // Fails with InvalidType for an integer avg, before anything moves.
-  if (reducesData(args.kind))
-    lookupReduce(args.dtype, args.op);
+  if (reducesData(args.kind)) lookupReduce(args.dtype, args.op);
 
   const Algorithm* algo = nullptr;
   if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
@@ -203,9 +203,11 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
     PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",
             args.count * elementSize(args.dtype), " bytes; model:", c.table);
   } else {
-    PC_CHECK(algoName != kInlineAlgorithm, comm.who(), " algorithm 'inline' computes a "
+    PC_CHECK(algoName != kInlineAlgorithm, comm.who(),
+             " algorithm 'inline' computes a "
              "collective from every replica's buffers on one thread, so it runs only for "
-             "in-process replicas (LocalCommunicator); choose one of ", joinNames());
+             "in-process replicas (LocalCommunicator); choose one of ",
+             joinNames());
     for (const Algorithm* a : registry())
       if (algoName == a->name()) algo = a;
     PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());
@@ -219,17 +221,14 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
   if (args.op == ReduceOp::kAvg) {
     const double scale = 1.0 / group.size();
     switch (args.kind) {
-      case CollectiveKind::kAllreduce:
-        ex.scale(args.out, args.count, scale);
-        break;
+      case CollectiveKind::kAllreduce: ex.scale(args.out, args.count, scale); break;
       case CollectiveKind::kReduce:
         if (group.rank() == args.root) ex.scale(args.out, args.count, scale);
         break;
       case CollectiveKind::kReduceScatter:
         ex.scale(args.out, Chunks(args.count, group.size()).size(group.rank()), scale);
         break;
-      default:
-        break;
+      default: break;
     }
   }
 }

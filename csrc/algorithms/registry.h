@@ -45,11 +45,23 @@ Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, cons
 // The algorithm runCollective would use for algo="auto", with the reason.
 std::string explainChoice(const Group& group, const CollectiveArgs& args);
 
-namespace ring { const Algorithm& algorithm(); }
-namespace halving_doubling { const Algorithm& algorithm(); }
-namespace hierarchical { const Algorithm& algorithm(); }
-namespace reduce_to_one { const Algorithm& algorithm(); }
-namespace direct { const Algorithm& algorithm(); }
-namespace pairwise { const Algorithm& algorithm(); }
+namespace ring {
+const Algorithm& algorithm();
+}
+namespace halving_doubling {
+const Algorithm& algorithm();
+}
+namespace hierarchical {
+const Algorithm& algorithm();
+}
+namespace reduce_to_one {
+const Algorithm& algorithm();
+}
+namespace direct {
+const Algorithm& algorithm();
+}
+namespace pairwise {
+const Algorithm& algorithm();
+}
 
 }  // namespace pycollective

@@ -21,8 +21,8 @@ namespace {
 struct Step {
   const char* sendBase;  // start of the buffer holding the chunk to send
   size_t sendChunk;
-  char* recvBase;        // start of the full-size buffer the chunk lands in
-  const char* accumBase; // nullptr: copy; else dst = accum OP incoming (same offsets)
+  char* recvBase;         // start of the full-size buffer the chunk lands in
+  const char* accumBase;  // nullptr: copy; else dst = accum OP incoming (same offsets)
   size_t recvChunk;
   char* recvChunkDst = nullptr;  // override of the destination of the received chunk
   // Runs on each received segment (after its reduction) before the next step forwards it.
@@ -73,7 +73,9 @@ void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps
   ex.waitAll();
 }
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 // Steps of the reduce-scatter phase; rank r ends holding chunk r.
 void addReduceScatterSteps(std::vector<Step>& steps, int n, int r, const char* in, char* work,
@@ -154,8 +156,8 @@ namespace {
 // Pipelined chain: position 0 starts, position n-1 ends. Every rank but the first receives
 // each segment from its predecessor (copying or reducing with `accum`), and every rank but the
 // last forwards it to its successor from `fwd`.
-void chain(Exchange& ex, int position, int prevRank, int nextRank, const char* firstSrc,
-           char* dst, const char* accum, size_t count) {
+void chain(Exchange& ex, int position, int prevRank, int nextRank, const char* firstSrc, char* dst,
+           const char* accum, size_t count) {
   const int n = ex.size();
   const size_t es = ex.elemSize();
   const size_t m = segmentsFor(count, es, ex.segmentBytes());
@@ -177,7 +179,7 @@ void chain(Exchange& ex, int position, int prevRank, int nextRank, const char* f
   ex.waitAll();
 }
 
-double groupLinkCost(const Group& g, double LinkCost::*field) {
+double groupLinkCost(const Group& g, double LinkCost::* field) {
   return costOf(g).*field;
 }
 
@@ -198,14 +200,12 @@ class RingAlgorithm : public Algorithm {
         return 2 * (n - 1) * alpha + 2 * (n - 1) / n * S * beta + (n - 1) / n * S * gamma;
       case CollectiveKind::kReduceScatter:
         return (n - 1) * alpha + (n - 1) / n * S * (beta + gamma);
-      case CollectiveKind::kAllgather:
-        return (n - 1) * alpha + (n - 1) * S * beta;
+      case CollectiveKind::kAllgather: return (n - 1) * alpha + (n - 1) * S * beta;
       case CollectiveKind::kBroadcast:
         return (n - 1) * alpha + S * beta + (n - 2) * std::min(S, seg) * beta;
       case CollectiveKind::kReduce:
         return (n - 1) * alpha + S * (beta + gamma) + (n - 2) * std::min(S, seg) * beta;
-      default:
-        return 1e30;
+      default: return 1e30;
     }
   }
 
@@ -215,9 +215,7 @@ class RingAlgorithm : public Algorithm {
     const char* in = static_cast<const char*>(a.in);
     char* out = static_cast<char*>(a.out);
     switch (a.kind) {
-      case CollectiveKind::kAllreduce:
-        allreduce(ex, in, out, a.count);
-        return;
+      case CollectiveKind::kAllreduce: allreduce(ex, in, out, a.count); return;
       case CollectiveKind::kReduceScatter: {
         char* work = static_cast<char*>(ex.scratch(0, a.count * es));
         reduceScatter(ex, in, work, out, a.count);
@@ -246,8 +244,7 @@ class RingAlgorithm : public Algorithm {
         chain(ex, pos, mod(r - 1, n), mod(r + 1, n), in, dst, in, a.count);
         return;
       }
-      default:
-        PC_ASSERT(false, "ring cannot run ", collectiveName(a.kind));
+      default: PC_ASSERT(false, "ring cannot run ", collectiveName(a.kind));
     }
   }
 };

@@ -66,7 +66,7 @@ void bindGroup(py::module_& m) {
       "Creates (lower rank) or opens a shared-memory segment; blocks until both sides attached.");
 
   py::class_<BridgeEnd, std::shared_ptr<BridgeEnd>>(m, "BridgeEnd",
-                                                     "The pump side of a bridged (grpc) link.")
+                                                    "The pump side of a bridged (grpc) link.")
       .def(
           "take_outgoing",
           [](BridgeEnd& e, double timeout) -> py::object {
@@ -148,10 +148,9 @@ void bindGroup(py::module_& m) {
               runCollective(*comm, members, groupId, a, algo);
             });
           },
-          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"),
-          py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algo"),
-          py::arg("shape_hash"), py::arg("segment_bytes"), py::arg("timeout"),
-          py::arg("members"), py::arg("group_id"),
+          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
+          py::arg("segment_bytes"), py::arg("timeout"), py::arg("members"), py::arg("group_id"),
           "Queues a collective on the group's executor (issue order is run order); returns Work.")
       .def(
           "run",
@@ -163,10 +162,9 @@ void bindGroup(py::module_& m) {
             py::gil_scoped_release release;
             c.executor().run([&] { runCollective(c, members, groupId, a, algo); });
           },
-          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"),
-          py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algo"),
-          py::arg("shape_hash"), py::arg("segment_bytes"), py::arg("timeout"),
-          py::arg("members"), py::arg("group_id"),
+          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
+          py::arg("segment_bytes"), py::arg("timeout"), py::arg("members"), py::arg("group_id"),
           "Runs a collective now on this thread (after any queued async work); GIL released.")
       .def(
           "exchange",
@@ -174,8 +172,10 @@ void bindGroup(py::module_& m) {
              const std::vector<py::object>& recvs, size_t count, int dtype, int root,
              uint32_t shapeHash, double timeout, std::vector<int> members, int groupId,
              bool asynchronous) -> py::object {
-            PC_CHECK(isPairwise(static_cast<CollectiveKind>(kind)), "exchange runs alltoall, "
-                     "gather, scatter or send/recv, not collective ", kind);
+            PC_CHECK(isPairwise(static_cast<CollectiveKind>(kind)),
+                     "exchange runs alltoall, "
+                     "gather, scatter or send/recv, not collective ",
+                     kind);
             PC_CHECK(sends.size() == members.size() && recvs.size() == members.size(),
                      "exchange needs one send and one receive entry per group rank (",
                      members.size(), "), got ", sends.size(), " and ", recvs.size());
@@ -208,9 +208,9 @@ void bindGroup(py::module_& m) {
             }
             return py::none();
           },
-          py::arg("kind"), py::arg("sends"), py::arg("recvs"), py::arg("count"),
-          py::arg("dtype"), py::arg("root"), py::arg("shape_hash"), py::arg("timeout"),
-          py::arg("members"), py::arg("group_id"), py::arg("asynchronous"),
+          py::arg("kind"), py::arg("sends"), py::arg("recvs"), py::arg("count"), py::arg("dtype"),
+          py::arg("root"), py::arg("shape_hash"), py::arg("timeout"), py::arg("members"),
+          py::arg("group_id"), py::arg("asynchronous"),
           "A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous "
           "array or None) goes to group rank p, recvs[p] receives from it. `count` is the "
           "element count every rank's header carries (the same on all ranks). Returns Work if "
@@ -218,16 +218,15 @@ void bindGroup(py::module_& m) {
       .def(
           "explain",
           [](Communicator& c, int kind, size_t count, int dtype, int op) {
-            return explainChoice(Group::world(c), makeArgs(kind, 0, 0, count, dtype, op, 0, 0, 0,
-                                                           0));
+            return explainChoice(Group::world(c),
+                                 makeArgs(kind, 0, 0, count, dtype, op, 0, 0, 0, 0));
           },
           py::arg("kind"), py::arg("count"), py::arg("dtype"), py::arg("op"))
       .def(
           "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
           py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")
       .def(
-          "set_tuned",
-          [](Communicator& c, const TunedRows& table) { c.tuned = tunedTable(table); },
+          "set_tuned", [](Communicator& c, const TunedRows& table) { c.tuned = tunedTable(table); },
           py::arg("table"), "[(collective kind, max bytes, algorithm)] sorted by max bytes")
       .def_property_readonly("aborted", &Communicator::aborted)
       .def_property_readonly("abort_reason", &Communicator::abortReason);

@@ -6,8 +6,8 @@
 #include "algorithms/registry.h"
 #include "bindings/bindings.h"
 #include "config.h"
-#include "core/memory_bandwidth.h"
 #include "core/error.h"
+#include "core/memory_bandwidth.h"
 #include "cuda/device_ops.h"
 #include "reduce/reduce.h"
 
@@ -21,8 +21,8 @@ CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int
   PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
   PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
   PC_CHECK(kind >= 0 && kind <= static_cast<int>(CollectiveKind::kSendRecv) &&
-               kind != static_cast<int>(CollectiveKind::kAllreduceUpdate), "unknown collective ",
-           kind);
+               kind != static_cast<int>(CollectiveKind::kAllreduceUpdate),
+           "unknown collective ", kind);
   CollectiveArgs a;
   a.kind = static_cast<CollectiveKind>(kind);
   a.in = reinterpret_cast<const void*>(in);
@@ -127,8 +127,8 @@ void bindInfo(py::module_& m) {
                         reinterpret_cast<const void*>(b), count, static_cast<DType>(dtype),
                         static_cast<ReduceOp>(op), reinterpret_cast<cuda::Stream>(stream));
       },
-      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"),
-      py::arg("op"), py::arg("stream") = 0,
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      py::arg("stream") = 0,
       "Enqueues dst = a OP b on the stream (avg enqueues the sum); returns at once.");
   m.def(
       "cuda_scale",

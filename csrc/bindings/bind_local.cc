@@ -3,8 +3,8 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
-#include "local/local_group.h"
 #include "core/error.h"
+#include "local/local_group.h"
 
 namespace py = pybind11;
 
@@ -19,15 +19,15 @@ void bindLocal(py::module_& m) {
       .def(
           "run",
           [](LocalGroup& g, int kind, const py::list& ins, const py::list& outs, size_t count,
-             int dtype, int op, int root,
-             const std::string& algo, uint32_t shapeHash, size_t segmentBytes, double timeout) {
+             int dtype, int op, int root, const std::string& algo, uint32_t shapeHash,
+             size_t segmentBytes, double timeout) {
             PC_CHECK(static_cast<int>(ins.size()) == g.size() &&
                          static_cast<int>(outs.size()) == g.size(),
                      "expected ", g.size(), " buffers per side");
             std::vector<CollectiveArgs> args;
             for (int r = 0; r < g.size(); ++r)
-              args.push_back(makeArgs(kind, dataPointer(ins[r]), dataPointer(outs[r]), count,
-                                      dtype, op, root, shapeHash, segmentBytes, timeout));
+              args.push_back(makeArgs(kind, dataPointer(ins[r]), dataPointer(outs[r]), count, dtype,
+                                      op, root, shapeHash, segmentBytes, timeout));
             py::gil_scoped_release release;
             g.run(args, algo);
           },
@@ -41,14 +41,14 @@ void bindLocal(py::module_& m) {
              const std::string& algo, uint32_t shapeHash, size_t segmentBytes, double timeout,
              const std::vector<int>& devices, const std::vector<uintptr_t>& streams) {
             const size_t n = static_cast<size_t>(g.size());
-            PC_CHECK(ins.size() == n && outs.size() == n && devices.size() == n &&
-                         streams.size() == n,
-                     "expected ", g.size(), " pointers, devices and streams per side");
+            PC_CHECK(
+                ins.size() == n && outs.size() == n && devices.size() == n && streams.size() == n,
+                "expected ", g.size(), " pointers, devices and streams per side");
             std::vector<CollectiveArgs> args;
             for (size_t r = 0; r < n; ++r) {
               PC_CHECK(devices[r] >= 0, "replica ", r, ": device buffers need a device >= 0");
-              CollectiveArgs a = makeArgs(kind, ins[r], outs[r], count, dtype, op, root,
-                                          shapeHash, segmentBytes, timeout);
+              CollectiveArgs a = makeArgs(kind, ins[r], outs[r], count, dtype, op, root, shapeHash,
+                                          segmentBytes, timeout);
               a.device = devices[r];
               a.stream = reinterpret_cast<void*>(streams[r]);
               args.push_back(a);

@@ -40,7 +40,9 @@ ReduceOp opOf(int code) {
   return static_cast<ReduceOp>(code);
 }
 
-void* ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+void* ptr(uintptr_t p) {
+  return reinterpret_cast<void*>(p);
+}
 
 nccl::UniqueId idFrom(const py::bytes& b) {
   std::string s = b;
@@ -54,14 +56,15 @@ nccl::UniqueId idFrom(const py::bytes& b) {
 }  // namespace
 
 void bindNccl(py::module_& m) {
-  m.def("nccl_set_wheel_dirs", [](WheelDirs dirs) { nccl::setWheelDirs(std::move(dirs)); },
-        py::arg("dirs"), "(folder, origin) pairs of installed nvidia-nccl-cu* wheels.");
+  m.def(
+      "nccl_set_wheel_dirs", [](WheelDirs dirs) { nccl::setWheelDirs(std::move(dirs)); },
+      py::arg("dirs"), "(folder, origin) pairs of installed nvidia-nccl-cu* wheels.");
   m.def(
       "nccl_search_order",
       [](const WheelDirs& dirs) {
         std::vector<std::pair<std::string, std::string>> out;
-        for (const auto& c : nccl::Library::searchOrder(
-                 params::envString("PYCOLLECTIVE_NCCL_LIBRARY", ""), dirs))
+        for (const auto& c :
+             nccl::Library::searchOrder(params::envString("PYCOLLECTIVE_NCCL_LIBRARY", ""), dirs))
           out.emplace_back(c.path, c.origin);
         return out;
       },
@@ -70,14 +73,15 @@ void bindNccl(py::module_& m) {
       "nccl_probe",
       [](const WheelDirs& dirs) {
         // A private load, never the process's library: tests probe fake paths with it.
-        auto lib = nccl::Library::open(nccl::Library::searchOrder(
-            params::envString("PYCOLLECTIVE_NCCL_LIBRARY", ""), dirs));
+        auto lib = nccl::Library::open(
+            nccl::Library::searchOrder(params::envString("PYCOLLECTIVE_NCCL_LIBRARY", ""), dirs));
         return describeLibrary(*lib);
       },
       py::arg("wheel_dirs"),
       "Tries the search order once without keeping the library; raises NcclUnavailable.");
-  m.def("nccl_library", [] { return describeLibrary(nccl::library()); },
-        "Loads the process's NCCL (first call) and describes it; raises NcclUnavailable.");
+  m.def(
+      "nccl_library", [] { return describeLibrary(nccl::library()); },
+      "Loads the process's NCCL (first call) and describes it; raises NcclUnavailable.");
   m.def("nccl_available", &nccl::available);
   m.def("nccl_unique_id", [] {
     nccl::UniqueId id;
@@ -142,8 +146,8 @@ void bindNccl(py::module_& m) {
             py::gil_scoped_release release;
             c.reduceScatter(ptr(send), ptr(recv), recvCount, t, o, ptr(stream));
           },
-          py::arg("send"), py::arg("recv"), py::arg("recv_count"), py::arg("dtype"),
-          py::arg("op"), py::arg("stream"))
+          py::arg("send"), py::arg("recv"), py::arg("recv_count"), py::arg("dtype"), py::arg("op"),
+          py::arg("stream"))
       .def(
           "allgather",
           [](NcclComm& c, uintptr_t send, uintptr_t recv, size_t sendCount, int dtype,
@@ -166,8 +170,8 @@ void bindNccl(py::module_& m) {
           py::arg("stream"))
       .def(
           "reduce",
-          [](NcclComm& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
-             int root, uintptr_t stream) {
+          [](NcclComm& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
+             uintptr_t stream) {
             const DType t = dtypeOf(dtype);
             const ReduceOp o = opOf(op);
             py::gil_scoped_release release;
@@ -184,8 +188,7 @@ void bindNccl(py::module_& m) {
           py::arg("timeout"))
       .def("is_completed", &NcclComm::isCompleted)
       .def("async_error", &NcclComm::asyncError, py::call_guard<py::gil_scoped_release>())
-      .def("abort", &NcclComm::abort, py::arg("reason"),
-           py::call_guard<py::gil_scoped_release>())
+      .def("abort", &NcclComm::abort, py::arg("reason"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("aborted", &NcclComm::aborted)
       .def_property_readonly("failure", &NcclComm::failure)
       .def("__repr__", &NcclComm::who);

@@ -28,8 +28,7 @@ using HyperTuple = std::tuple<double, double, double, double, double, double>;
 using TensorTuple = std::tuple<size_t, py::list, py::list, std::vector<py::list>>;
 
 UpdateRule ruleOf(int rule) {
-  PC_CHECK(rule >= 0 && rule <= static_cast<int>(UpdateRule::kAdam), "unknown update rule ",
-           rule);
+  PC_CHECK(rule >= 0 && rule <= static_cast<int>(UpdateRule::kAdam), "unknown update rule ", rule);
   return static_cast<UpdateRule>(rule);
 }
 
@@ -40,8 +39,7 @@ DType dtypeOf(int dtype) {
 
 UpdateHyper hyperOf(const HyperTuple& h) {
   UpdateHyper hyper;
-  std::tie(hyper.lr, hyper.momentum, hyper.beta1, hyper.beta2, hyper.epsilon, hyper.gradScale) =
-      h;
+  std::tie(hyper.lr, hyper.momentum, hyper.beta1, hyper.beta2, hyper.epsilon, hyper.gradScale) = h;
   return hyper;
 }
 

@@ -22,7 +22,10 @@ namespace pycollective {
 
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>> links,
                            std::vector<int> hostOf, double timeoutSeconds)
-    : rank_(rank), size_(size), links_(std::move(links)), hostOf_(std::move(hostOf)),
+    : rank_(rank),
+      size_(size),
+      links_(std::move(links)),
+      hostOf_(std::move(hostOf)),
       timeoutSeconds_(timeoutSeconds) {
   PC_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " out of range for size ", size);
   PC_CHECK(static_cast<int>(links_.size()) == size, "expected ", size, " links, got ",
@@ -32,8 +35,8 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
            " entries for ", size, " ranks");
   const int onMyHost = static_cast<int>(std::count(hostOf_.begin(), hostOf_.end(), hostOf_[rank]));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  reduceThreads_ = params::reduceThreads() > 0 ? params::reduceThreads()
-                                               : std::max(1, cores / onMyHost);
+  reduceThreads_ =
+      params::reduceThreads() > 0 ? params::reduceThreads() : std::max(1, cores / onMyHost);
 }
 
 Communicator::~Communicator() = default;
@@ -99,8 +102,10 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
   Notifier* bell = nullptr;
   bool allNotify = !links.empty(), allSockets = !links.empty();
   for (Link* l : links) {
-    if (l->notifier() == nullptr) allNotify = false;
-    else bell = l->notifier();
+    if (l->notifier() == nullptr)
+      allNotify = false;
+    else
+      bell = l->notifier();
     if (l->pollFd() < 0) allSockets = false;
   }
   std::vector<pollfd> fds;
@@ -128,12 +133,12 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
           stuck = &p;
           break;
         }
-      throw CollectiveTimeout(makeMessage(
-          who(), " ", describeCall(call), " timed out after ", deadline.totalSeconds(), " s waiting for rank ",
-          stuck->peer, stuck->isSend ? " to receive" : " to send", " over ",
-          stuck->link->describe(),
-          ". Every rank must call the same collectives in the same order; raise "
-          "PYCOLLECTIVE_TIMEOUT (or timeout=) if ranks are legitimately slow."));
+      throw CollectiveTimeout(
+          makeMessage(who(), " ", describeCall(call), " timed out after ", deadline.totalSeconds(),
+                      " s waiting for rank ", stuck->peer,
+                      stuck->isSend ? " to receive" : " to send", " over ", stuck->link->describe(),
+                      ". Every rank must call the same collectives in the same order; raise "
+                      "PYCOLLECTIVE_TIMEOUT (or timeout=) if ranks are legitimately slow."));
     }
     // Spin briefly (small messages arrive within microseconds), then yield for a while (the
     // peer may need this core), then sleep: on the doorbell, in poll() for sockets, or with a
@@ -158,8 +163,10 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
       ::poll(fds.data(), fds.size(), 5);
     } else {
       auto pause = std::chrono::microseconds(std::min<long>(1000, static_cast<long>(idle * 1e4)));
-      if (bell != nullptr) bell->waitPast(seen, pause);
-      else std::this_thread::sleep_for(pause);
+      if (bell != nullptr)
+        bell->waitPast(seen, pause);
+      else
+        std::this_thread::sleep_for(pause);
     }
   }
 }

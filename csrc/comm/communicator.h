@@ -19,9 +19,9 @@ namespace pycollective {
 // The alpha-beta-gamma model of one kind of link, used by algo="auto":
 // time(message of b bytes) = alpha + b * beta; reducing b bytes costs b * gamma.
 struct LinkCost {
-  double alpha = 5e-6;     // seconds per message
-  double beta = 1.0 / 5e9; // seconds per byte moved
-  double gamma = 1.0 / 8e9;// seconds per byte reduced
+  double alpha = 5e-6;       // seconds per message
+  double beta = 1.0 / 5e9;   // seconds per byte moved
+  double gamma = 1.0 / 8e9;  // seconds per byte reduced
 };
 
 // A measured winner written by `pycollective tune`: for calls of `kind` on the whole group of up
@@ -36,7 +36,7 @@ struct TunedChoice {
 struct Pending {
   Link* link;
   RequestPtr request;
-  int peer;       // global rank
+  int peer;  // global rank
   bool isSend;
 };
 

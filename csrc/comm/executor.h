@@ -34,7 +34,7 @@ class Executor {
   std::deque<std::pair<std::function<void()>, WorkPtr>> queue_;
   bool stopping_ = false;
   bool running_ = false;  // an item (queued or inline) is executing
-  std::thread thread_;  // started on first submit
+  std::thread thread_;    // started on first submit
 };
 
 }  // namespace pycollective

@@ -30,17 +30,13 @@ constexpr int kNumReduceOps = 5;
 inline size_t elementSize(DType t) {
   switch (t) {
     case DType::kFloat16:
-    case DType::kBFloat16:
-      return 2;
+    case DType::kBFloat16: return 2;
     case DType::kFloat32:
-    case DType::kInt32:
-      return 4;
+    case DType::kInt32: return 4;
     case DType::kFloat64:
-    case DType::kInt64:
-      return 8;
+    case DType::kInt64: return 8;
     case DType::kInt8:
-    case DType::kUInt8:
-      return 1;
+    case DType::kUInt8: return 1;
   }
   return 0;
 }

@@ -51,8 +51,7 @@ void* DynamicLibrary::symbol(const char* symbolName, std::string* error) const {
 std::string DynamicLibrary::resolvedPath(const char* anySymbol) const {
   void* sym = symbol(anySymbol, nullptr);
   Dl_info info{};
-  if (sym != nullptr && dladdr(sym, &info) != 0 && info.dli_fname != nullptr)
-    return info.dli_fname;
+  if (sym != nullptr && dladdr(sym, &info) != 0 && info.dli_fname != nullptr) return info.dli_fname;
   return name_;
 }
 

@@ -97,15 +97,15 @@ std::string makeMessage(Args&&... args) {
 }  // namespace pycollective
 
 // Argument check: throws InvalidArgument with the message when cond is false.
-#define PC_CHECK(cond, ...)                                                    \
-  do {                                                                         \
+#define PC_CHECK(cond, ...)                                                                       \
+  do {                                                                                            \
     if (!(cond)) throw ::pycollective::InvalidArgument(::pycollective::makeMessage(__VA_ARGS__)); \
   } while (0)
 
 // Invariant check: a failure is a pycollective bug, reported with file:line.
-#define PC_ASSERT(cond, ...)                                                          \
-  do {                                                                                \
-    if (!(cond))                                                                      \
-      throw ::pycollective::InternalError(::pycollective::makeMessage(                \
+#define PC_ASSERT(cond, ...)                                                                \
+  do {                                                                                      \
+    if (!(cond))                                                                            \
+      throw ::pycollective::InternalError(::pycollective::makeMessage(                      \
           "internal error at ", __FILE__, ":", __LINE__, ": ", #cond, " ", ##__VA_ARGS__)); \
   } while (0)

@@ -14,10 +14,10 @@ void logLine(LogLevel level, const std::string& message);
 
 }  // namespace pycollective
 
-#define PC_LOG(level, ...)                                                          \
-  do {                                                                              \
-    if (::pycollective::logLevel() >= (level))                                      \
-      ::pycollective::logLine((level), ::pycollective::makeMessage(__VA_ARGS__));   \
+#define PC_LOG(level, ...)                                                        \
+  do {                                                                            \
+    if (::pycollective::logLevel() >= (level))                                    \
+      ::pycollective::logLine((level), ::pycollective::makeMessage(__VA_ARGS__)); \
   } while (0)
 #define PC_WARN(...) PC_LOG(::pycollective::LogLevel::kWarn, __VA_ARGS__)
 #define PC_INFO(...) PC_LOG(::pycollective::LogLevel::kInfo, __VA_ARGS__)

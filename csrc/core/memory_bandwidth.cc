@@ -32,8 +32,10 @@ double measureCopyBandwidth(size_t bytesPerThread, int threads, int reps) {
       pool.emplace_back([&, t] {
         ready.fetch_add(1);
         while (!go.load()) std::this_thread::yield();
-        if (streaming) streamCopy(dst[t].get(), src[t].get(), bytesPerThread);
-        else std::memcpy(dst[t].get(), src[t].get(), bytesPerThread);
+        if (streaming)
+          streamCopy(dst[t].get(), src[t].get(), bytesPerThread);
+        else
+          std::memcpy(dst[t].get(), src[t].get(), bytesPerThread);
       });
     while (ready.load() < threads) std::this_thread::yield();
     auto start = std::chrono::steady_clock::now();

@@ -42,9 +42,13 @@ size_t deviceSegmentBytes() {
   return static_cast<size_t>(v);
 }
 
-double timeoutSeconds() { return envDouble("PYCOLLECTIVE_TIMEOUT", 300.0); }
+double timeoutSeconds() {
+  return envDouble("PYCOLLECTIVE_TIMEOUT", 300.0);
+}
 
-int reduceThreads() { return static_cast<int>(envInt("PYCOLLECTIVE_REDUCE_THREADS", 0)); }
+int reduceThreads() {
+  return static_cast<int>(envInt("PYCOLLECTIVE_REDUCE_THREADS", 0));
+}
 
 }  // namespace params
 }  // namespace pycollective

@@ -14,9 +14,9 @@ namespace cuda {
 }  // namespace cuda
 }  // namespace pycollective
 
-#define PC_CUDA_CHECK(call)                                                         \
-  do {                                                                              \
-    const cudaError_t pc_cuda_error_ = (call);                                      \
-    if (pc_cuda_error_ != cudaSuccess)                                              \
+#define PC_CUDA_CHECK(call)                                                            \
+  do {                                                                                 \
+    const cudaError_t pc_cuda_error_ = (call);                                         \
+    if (pc_cuda_error_ != cudaSuccess)                                                 \
       ::pycollective::cuda::throwCudaError(pc_cuda_error_, #call, __FILE__, __LINE__); \
   } while (0)

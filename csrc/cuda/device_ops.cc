@@ -23,7 +23,9 @@ void throwCudaError(cudaError_t error, const char* call, const char* file, int l
 
 namespace {
 
-cudaStream_t asStream(Stream s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t asStream(Stream s) {
+  return static_cast<cudaStream_t>(s);
+}
 
 // Makes `device` current for a scope and restores the previous one (the current device is
 // per-thread state that callers such as CuPy and PyTorch rely on).
@@ -83,8 +85,7 @@ class CudaDeviceOps final : public DeviceOps {
       cudaGetLastError();
       return -1;
     }
-    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)
-      return attr.device;
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return attr.device;
     return -1;
   }
 
@@ -136,9 +137,7 @@ class CudaDeviceOps final : public DeviceOps {
 
   CopyFn copyFn() override { return &synchronousCopy; }
 
-  ReduceFn reduceFn(DType dtype, ReduceOp op) override {
-    return synchronousReduceFn(dtype, op);
-  }
+  ReduceFn reduceFn(DType dtype, ReduceOp op) override { return synchronousReduceFn(dtype, op); }
 
   void scale(void* data, size_t count, DType dtype, double factor) override {
     if (count == 0) return;
@@ -146,8 +145,8 @@ class CudaDeviceOps final : public DeviceOps {
     PC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
   }
 
-  void reduceAsync(void* dst, const void* a, const void* b, size_t count, DType dtype,
-                   ReduceOp op, Stream stream) override {
+  void reduceAsync(void* dst, const void* a, const void* b, size_t count, DType dtype, ReduceOp op,
+                   Stream stream) override {
     launchReduce(dst, a, b, count, dtype, op, asStream(stream));
   }
 

@@ -60,8 +60,7 @@ class DeviceOps {
   // ---- stream operations (asynchronous) ----
   virtual void reduceAsync(void* dst, const void* a, const void* b, size_t count, DType dtype,
                            ReduceOp op, Stream stream) = 0;
-  virtual void scaleAsync(void* data, size_t count, DType dtype, double factor,
-                          Stream stream) = 0;
+  virtual void scaleAsync(void* data, size_t count, DType dtype, double factor, Stream stream) = 0;
   virtual void copyAsync(void* dst, const void* src, size_t bytes, Stream stream) = 0;
   virtual void streamSynchronize(Stream stream) = 0;
 
@@ -83,7 +82,8 @@ DeviceOps* deviceOps();
 inline DeviceOps& requireDeviceOps(const char* what) {
   DeviceOps* ops = deviceOps();
   if (ops == nullptr)
-    throw CudaError(makeMessage(what, " needs CUDA, but this build of pycollective has none "
+    throw CudaError(makeMessage(what,
+                                " needs CUDA, but this build of pycollective has none "
                                 "(built with PYCOLLECTIVE_CUDA=OFF, or AUTO without nvcc). "
                                 "Rebuild with PYCOLLECTIVE_CUDA=ON and the CUDA toolkit on PATH."));
   return *ops;
@@ -94,7 +94,8 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(size_t bytes, int device)
-      : ptr_(requireDeviceOps("device memory").alloc(bytes, device)), bytes_(bytes),
+      : ptr_(requireDeviceOps("device memory").alloc(bytes, device)),
+        bytes_(bytes),
         device_(device) {}
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept

@@ -4,7 +4,9 @@
 namespace pycollective {
 namespace cuda {
 
-DeviceOps* deviceOps() { return nullptr; }
+DeviceOps* deviceOps() {
+  return nullptr;
+}
 
 }  // namespace cuda
 }  // namespace pycollective

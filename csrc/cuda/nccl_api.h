@@ -72,8 +72,7 @@ constexpr int kMinVersion = versionCode(2, 14, 0);
 struct Api {
   Result (*getVersion)(int* version);
   Result (*getUniqueId)(UniqueId* id);
-  Result (*commInitRankConfig)(Comm* comm, int nranks, UniqueId id, int rank,
-                               ConfigV21400* config);
+  Result (*commInitRankConfig)(Comm* comm, int nranks, UniqueId id, int rank, ConfigV21400* config);
   Result (*commFinalize)(Comm comm);
   Result (*commDestroy)(Comm comm);
   Result (*commAbort)(Comm comm);
@@ -91,8 +90,8 @@ struct Api {
                    Comm comm, Stream stream);
   Result (*allGather)(const void* send, void* recv, size_t sendCount, DataType type, Comm comm,
                       Stream stream);
-  Result (*reduceScatter)(const void* send, void* recv, size_t recvCount, DataType type,
-                          RedOp op, Comm comm, Stream stream);
+  Result (*reduceScatter)(const void* send, void* recv, size_t recvCount, DataType type, RedOp op,
+                          Comm comm, Stream stream);
   Result (*groupStart)();
   Result (*groupEnd)();
 };

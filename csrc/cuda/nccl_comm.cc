@@ -115,9 +115,13 @@ class CurrentDevice {
 
 // ---- construction ----
 
-NcclComm::NcclComm(const nccl::Library& lib, cuda::DeviceOps& ops, int rank, int size,
-                   int device, double timeoutSeconds)
-    : lib_(lib), ops_(ops), rank_(rank), size_(size), device_(device),
+NcclComm::NcclComm(const nccl::Library& lib, cuda::DeviceOps& ops, int rank, int size, int device,
+                   double timeoutSeconds)
+    : lib_(lib),
+      ops_(ops),
+      rank_(rank),
+      size_(size),
+      device_(device),
       timeoutSeconds_(timeoutSeconds) {}
 
 NcclComm::NcclComm(int nranks, const nccl::UniqueId& id, int rank, int device,
@@ -191,8 +195,8 @@ std::vector<std::unique_ptr<NcclComm>> NcclComm::initAll(const std::vector<int>&
   }
   r = api.groupEnd();
   if (failure.empty() && r != nccl::kSuccess && r != nccl::kInProgress)
-    failure = std::string("ncclGroupEnd failed: ") + resultName(r) + " (" +
-              api.getErrorString(r) + ")";
+    failure =
+        std::string("ncclGroupEnd failed: ") + resultName(r) + " (" + api.getErrorString(r) + ")";
   if (!failure.empty()) {
     for (auto& c : comms) c->abort(failure);
     throw NcclError(failure);
@@ -266,8 +270,8 @@ nccl::Result NcclComm::callNccl(Call&& call) {
 }
 
 std::string NcclComm::who() const {
-  return "[nccl rank " + std::to_string(rank_) + "/" + std::to_string(size_) + " on cuda:" +
-         std::to_string(device_) + "]";
+  return "[nccl rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
+         " on cuda:" + std::to_string(device_) + "]";
 }
 
 std::string NcclComm::describe(nccl::Result r) {
@@ -477,7 +481,9 @@ bool NcclComm::synchronize(double timeoutSeconds) {
   }
 }
 
-bool NcclComm::isCompleted() { return synchronize(1e-9); }
+bool NcclComm::isCompleted() {
+  return synchronize(1e-9);
+}
 
 std::string NcclComm::failure() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -525,7 +531,9 @@ void NcclComm::fail(Failure kind, const std::string& message) noexcept {
   cv_.notify_all();
 }
 
-void NcclComm::startWatchdog() { watchdog_ = std::thread([this] { watchdogLoop(); }); }
+void NcclComm::startWatchdog() {
+  watchdog_ = std::thread([this] { watchdogLoop(); });
+}
 
 void NcclComm::watchdogLoop() {
   std::unique_lock<std::mutex> lock(mu_);

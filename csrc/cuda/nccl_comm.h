@@ -59,8 +59,7 @@ class NcclComm {
                  cuda::Stream stream);
   void reduceScatter(const void* send, void* recv, size_t recvCount, DType dtype, ReduceOp op,
                      cuda::Stream stream);
-  void allgather(const void* send, void* recv, size_t sendCount, DType dtype,
-                 cuda::Stream stream);
+  void allgather(const void* send, void* recv, size_t sendCount, DType dtype, cuda::Stream stream);
   void broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
                  cuda::Stream stream);
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,

@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kSoname = "libnccl.so.2";
 
 bool isDirectory(const std::string& path) {
-  struct stat st {};
+  struct stat st{};
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
@@ -142,10 +142,13 @@ std::unique_ptr<Library> Library::open(const std::vector<Candidate>& candidates)
       "NCCL is not available; tried, in order:" + tried.str() +
       "\nInstall it with `pip install nvidia-nccl-cu12` (or -cu13, matching your CUDA; the "
       "pycollective[cuda12] / [cuda13] extras do this), or set PYCOLLECTIVE_NCCL_LIBRARY to the "
-      "path of libnccl.so.2 (NCCL >= " + nccl::versionString(kMinVersion) + ").");
+      "path of libnccl.so.2 (NCCL >= " +
+      nccl::versionString(kMinVersion) + ").");
 }
 
-std::string Library::versionString() const { return nccl::versionString(version_); }
+std::string Library::versionString() const {
+  return nccl::versionString(version_);
+}
 
 void setWheelDirs(std::vector<std::pair<std::string, std::string>> dirs) {
   std::lock_guard<std::mutex> lock(libraryMutex());

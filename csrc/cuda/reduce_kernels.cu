@@ -232,8 +232,9 @@ void launch(void* dstv, const void* av, const void* bv, size_t count, F f, cudaS
     if (head > count) head = count;
     const size_t packs = (count - head) / kPack;
     const size_t scalarWork = head > kPack ? head : kPack;
-    elementwiseKernel<T, F><<<gridFor(packs > scalarWork ? packs : scalarWork), kThreads, 0,
-                              stream>>>(dst, a, b, head, packs, count, f);
+    elementwiseKernel<T, F>
+        <<<gridFor(packs > scalarWork ? packs : scalarWork), kThreads, 0, stream>>>(
+            dst, a, b, head, packs, count, f);
   } else {
     scalarKernel<T, F><<<gridFor(count), kThreads, 0, stream>>>(dst, a, b, count, f);
   }
@@ -313,8 +314,7 @@ void launchScale(void* data, size_t count, DType dtype, double factor, cudaStrea
     case DType::kFloat16:
       return launch<__half>(data, data, data, count, ScaleOp<__half>{factor}, stream);
     case DType::kBFloat16:
-      return launch<__nv_bfloat16>(data, data, data, count, ScaleOp<__nv_bfloat16>{factor},
-                                   stream);
+      return launch<__nv_bfloat16>(data, data, data, count, ScaleOp<__nv_bfloat16>{factor}, stream);
     case DType::kFloat32:
       return launch<float>(data, data, data, count, ScaleOp<float>{factor}, stream);
     case DType::kFloat64:

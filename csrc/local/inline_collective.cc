@@ -59,7 +59,8 @@ double inlineCost(const std::vector<CollectiveArgs>& args) {
 void runInline(const std::vector<CollectiveArgs>& args) {
   PC_ASSERT(!args.empty(), "no replicas");
   const CollectiveArgs& a = args[0];
-  PC_CHECK(a.device < 0, "algorithm 'inline' runs on host buffers; device tensors need another "
+  PC_CHECK(a.device < 0,
+           "algorithm 'inline' runs on host buffers; device tensors need another "
            "algorithm (or algo=\"nccl\")");
   const int n = static_cast<int>(args.size());
   const size_t es = elementSize(a.dtype), bytes = a.count * es;
@@ -90,8 +91,7 @@ void runInline(const std::vector<CollectiveArgs>& args) {
     case CollectiveKind::kBroadcast:
       for (const CollectiveArgs& dst : args) copyIfApart(dst.out, args[a.root].in, bytes);
       return;
-    case CollectiveKind::kBarrier:
-      return;  // one thread: everyone is already here
+    case CollectiveKind::kBarrier: return;  // one thread: everyone is already here
     case CollectiveKind::kAllreduceUpdate:
     case CollectiveKind::kAlltoall:
     case CollectiveKind::kGather:

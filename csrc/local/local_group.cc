@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "algorithms/registry.h"
-#include "local/inline_collective.h"
 #include "core/error.h"
 #include "cuda/device_ops.h"
+#include "local/inline_collective.h"
 #include "transport/inproc.h"
 
 namespace pycollective {
@@ -57,8 +57,7 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
     for (const auto& a : args)
       if (std::find(devices.begin(), devices.end(), a.device) == devices.end())
         devices.push_back(a.device);
-    if (devices.size() > 1)
-      cuda::requireDeviceOps("replicas on devices").enablePeerAccess(devices);
+    if (devices.size() > 1) cuda::requireDeviceOps("replicas on devices").enablePeerAccess(devices);
   }
   // Replicas 1..n-1 run on their executor threads, replica 0 on the caller's thread.
   std::vector<WorkPtr> works;
@@ -100,7 +99,7 @@ std::string LocalGroup::explain(const CollectiveArgs& args) {
   if (inlineIsBest(all))
     return std::string(kInlineAlgorithm) + " (every replica's buffers on the calling thread; " +
            (tunedEntry(Group::world(*comms_[0]), args) ? "tuned table, PYCOLLECTIVE_TUNING)"
-                                                        : "model)");
+                                                       : "model)");
   return explainChoice(Group::world(*comms_[0]), args);
 }
 

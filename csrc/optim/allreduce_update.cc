@@ -62,12 +62,13 @@ void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int gr
                      UpdateRule rule, DType dtype, const UpdateHyper& hyper,
                      const std::vector<ReplicatedTensor>& tensors,
                      const std::vector<uint32_t>& shapeHashes, double timeoutSeconds) {
-  PC_CHECK(tensors.size() == shapeHashes.size(), comm.who(), " allreduce_update: ",
-           tensors.size(), " tensors but ", shapeHashes.size(), " shape hashes");
+  PC_CHECK(tensors.size() == shapeHashes.size(), comm.who(), " allreduce_update: ", tensors.size(),
+           " tensors but ", shapeHashes.size(), " shape hashes");
   checkReplicatedUpdate(rule, dtype, tensors);
   for (size_t i = 0; i < tensors.size(); ++i)
     PC_CHECK(tensors[i].grads.size() == 1, comm.who(), " allreduce_update: tensor ", i, " has ",
-             tensors[i].grads.size(), " gradients; pass this rank's one gradient (sum the "
+             tensors[i].grads.size(),
+             " gradients; pass this rank's one gradient (sum the "
              "local replicas' first)");
   Group group(comm, members);
   for (size_t i = 0; i < tensors.size(); ++i)

@@ -19,7 +19,8 @@ const char* updateRuleName(uint8_t rule) {
 }
 
 // Frame errors (transport/frame.h) name the header's update rule through this.
-[[maybe_unused]] const bool kUpdateRuleNamerRegistered = (registerUpdateRuleNamer(&updateRuleName), true);
+[[maybe_unused]] const bool kUpdateRuleNamerRegistered =
+    (registerUpdateRuleNamer(&updateRuleName), true);
 
 // A piece is one thread's share (a job of the pool); a block is what one pass keeps in cache:
 // the summed gradient and copy 0's new state of a block stay in L1/L2 between being computed
@@ -37,8 +38,8 @@ struct Piece {
 // copy, the multi-worker case, then stays in cache for the next step); the other copies get
 // the block with streaming stores.
 template <typename T>
-void runPiece(UpdateRule rule, const UpdateHyper& h, ReduceFn sum, UpdateBlockFn update,
-              int nSlots, const Piece& p) {
+void runPiece(UpdateRule rule, const UpdateHyper& h, ReduceFn sum, UpdateBlockFn update, int nSlots,
+              const Piece& p) {
   const ReplicatedTensor& t = *p.tensor;
   constexpr size_t kBlock = kBlockBytes / sizeof(T);
   thread_local std::vector<T> acc;  // the gradient sum of a block
@@ -102,15 +103,15 @@ void checkReplicatedUpdate(UpdateRule rule, DType dtype,
     const ReplicatedTensor& t = tensors[i];
     PC_CHECK(!t.grads.empty() && !t.copies.empty(), "replicated update: tensor ", i,
              " needs at least one gradient and one copy");
-    PC_CHECK(static_cast<int>(t.slots.size()) == nSlots, "replicated update: tensor ", i,
-             " has ", t.slots.size(), " slots, the rule keeps ", nSlots);
+    PC_CHECK(static_cast<int>(t.slots.size()) == nSlots, "replicated update: tensor ", i, " has ",
+             t.slots.size(), " slots, the rule keeps ", nSlots);
     for (const auto& copies : t.slots)
       PC_CHECK(copies.size() == t.copies.size(), "replicated update: tensor ", i, " has ",
                t.copies.size(), " copies but a slot with ", copies.size());
   }
   if (dtype != DType::kFloat32 && dtype != DType::kFloat64)
-    throw InvalidType(makeMessage("fused optimizer updates support float32 and float64, not ",
-                                  dtypeName(dtype)));
+    throw InvalidType(
+        makeMessage("fused optimizer updates support float32 and float64, not ", dtypeName(dtype)));
 }
 
 void applyReplicatedUpdate(UpdateRule rule, DType dtype, const UpdateHyper& hyper,

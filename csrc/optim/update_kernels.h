@@ -22,9 +22,15 @@ UpdateBlockFn lookupUpdateBlock(DType dtype);
 
 namespace detail {
 // Each instruction-set build's kernels: [0] float32, [1] float64.
-namespace generic { extern const UpdateBlockFn kUpdateBlock[2]; }
-namespace avx2 { extern const UpdateBlockFn kUpdateBlock[2]; }
-namespace avx512 { extern const UpdateBlockFn kUpdateBlock[2]; }
+namespace generic {
+extern const UpdateBlockFn kUpdateBlock[2];
+}
+namespace avx2 {
+extern const UpdateBlockFn kUpdateBlock[2];
+}
+namespace avx512 {
+extern const UpdateBlockFn kUpdateBlock[2];
+}
 }  // namespace detail
 
 }  // namespace pycollective

@@ -17,8 +17,8 @@ namespace PC_UPDATE_ISA_NS {
 namespace {
 
 template <typename T>
-void updateBlock(UpdateRule rule, const UpdateHyper& h, const void* gv, void* wv,
-                 void* const* sv, size_t n) {
+void updateBlock(UpdateRule rule, const UpdateHyper& h, const void* gv, void* wv, void* const* sv,
+                 size_t n) {
   const T* g = static_cast<const T*>(gv);
   T* w = static_cast<T*>(wv);
   T* s0 = static_cast<T*>(sv[0]);

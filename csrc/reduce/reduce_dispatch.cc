@@ -143,7 +143,9 @@ void scaleInPlace(void* data, size_t count, DType dtype, double factor) {
   fn(data, count, factor);
 }
 
-const char* simdLevel() { return levelName(selection().level); }
+const char* simdLevel() {
+  return levelName(selection().level);
+}
 
 void reduceParallel(ReduceFn fn, void* dst, const void* a, const void* b, size_t count,
                     size_t elemSize, int threads) {

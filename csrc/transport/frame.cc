@@ -32,8 +32,12 @@ std::string nameOf(const std::atomic<HeaderFieldNamer>& namer, const char* what,
   return f != nullptr ? std::string(f(index)) : std::string(what) + " " + std::to_string(index);
 }
 
-std::string algorithmName(uint8_t index) { return nameOf(algorithmNamer, "algorithm", index); }
-std::string updateRuleName(uint8_t rule) { return nameOf(updateRuleNamer, "rule", rule); }
+std::string algorithmName(uint8_t index) {
+  return nameOf(algorithmNamer, "algorithm", index);
+}
+std::string updateRuleName(uint8_t rule) {
+  return nameOf(updateRuleNamer, "rule", rule);
+}
 
 }  // namespace
 
@@ -48,11 +52,10 @@ void registerUpdateRuleNamer(HeaderFieldNamer namer) {
 std::string describeCall(const FrameHeader& h) {
   std::ostringstream os;
   os << collectiveName(static_cast<CollectiveKind>(h.kind)) << "#" << h.seq << " ("
-     << algorithmName(h.algo) << ", " << dtypeName(static_cast<DType>(h.dtype)) << ", "
-     << h.count << " elems";
+     << algorithmName(h.algo) << ", " << dtypeName(static_cast<DType>(h.dtype)) << ", " << h.count
+     << " elems";
   auto kind = static_cast<CollectiveKind>(h.kind);
-  if (reducesData(kind))
-    os << ", op " << opName(static_cast<ReduceOp>(h.op));
+  if (reducesData(kind)) os << ", op " << opName(static_cast<ReduceOp>(h.op));
   if (kind == CollectiveKind::kBroadcast || kind == CollectiveKind::kReduce ||
       kind == CollectiveKind::kGather || kind == CollectiveKind::kScatter)
     os << ", root " << h.root;

@@ -43,17 +43,17 @@ inline bool isPairwise(CollectiveKind kind) {
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x4c4f4350;  // "PCOL"
   uint32_t magic = kMagic;
-  uint32_t step = 0;        // message index within the call, same on both sides
-  uint64_t seq = 0;         // collective sequence number within the communicator
-  uint64_t count = 0;       // elements of the whole call (per rank)
-  uint64_t bytes = 0;       // payload bytes that follow this header
-  uint32_t shapeHash = 0;   // hash of the caller's shape: same count, other shape is an error
+  uint32_t step = 0;       // message index within the call, same on both sides
+  uint64_t seq = 0;        // collective sequence number within the communicator
+  uint64_t count = 0;      // elements of the whole call (per rank)
+  uint64_t bytes = 0;      // payload bytes that follow this header
+  uint32_t shapeHash = 0;  // hash of the caller's shape: same count, other shape is an error
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t algo = 0;         // index in the algorithm registry
-  int32_t root = 0;         // broadcast/reduce/gather/scatter: the root; send/recv: the sender
-  uint8_t updateRule = 0;   // allreduce_update: the optimizer rule (optim/replicated_update.h)
+  uint8_t algo = 0;        // index in the algorithm registry
+  int32_t root = 0;        // broadcast/reduce/gather/scatter: the root; send/recv: the sender
+  uint8_t updateRule = 0;  // allreduce_update: the optimizer rule (optim/replicated_update.h)
   uint8_t reserved[3] = {0, 0, 0};
 };
 static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");

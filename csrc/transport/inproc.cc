@@ -32,8 +32,12 @@ class InprocLink : public Link {
   InprocLink(int rank, int peer, std::shared_ptr<InprocChannel> out,
              std::shared_ptr<InprocChannel> in, std::shared_ptr<Notifier> mine,
              std::shared_ptr<Notifier> theirs)
-      : rank_(rank), peer_(peer), out_(std::move(out)), in_(std::move(in)),
-        mine_(std::move(mine)), theirs_(std::move(theirs)) {}
+      : rank_(rank),
+        peer_(peer),
+        out_(std::move(out)),
+        in_(std::move(in)),
+        mine_(std::move(mine)),
+        theirs_(std::move(theirs)) {}
 
   RequestPtr postSend(const void* data, size_t bytes, const FrameHeader& header) override {
     auto req = std::make_shared<Request>();

@@ -31,12 +31,12 @@ using RequestPtr = std::shared_ptr<Request>;
 struct RecvSpec {
   void* dst = nullptr;
   size_t bytes = 0;
-  ReduceFn reduce = nullptr;     // nullptr: plain copy
-  const void* accum = nullptr;   // with reduce: dst = accum OP incoming (nullptr means dst)
-  size_t elemSize = 1;           // element size for reduce
-  int threads = 1;               // threads a reduction may use (reduceParallel)
-  CopyFn copy = nullptr;         // nullptr: std::memcpy (device buffers: a device copy). Only
-                                 // links that share memory (sharesMemory()) get device buffers.
+  ReduceFn reduce = nullptr;    // nullptr: plain copy
+  const void* accum = nullptr;  // with reduce: dst = accum OP incoming (nullptr means dst)
+  size_t elemSize = 1;          // element size for reduce
+  int threads = 1;              // threads a reduction may use (reduceParallel)
+  CopyFn copy = nullptr;        // nullptr: std::memcpy (device buffers: a device copy). Only
+                                // links that share memory (sharesMemory()) get device buffers.
 };
 
 // Applies a whole incoming payload (spec.bytes at `src`) to a receive: copy, or reduce into
@@ -44,8 +44,8 @@ struct RecvSpec {
 inline void applyPayload(const RecvSpec& s, const void* src) {
   if (s.bytes == 0) return;
   if (s.reduce != nullptr) {
-    reduceParallel(s.reduce, s.dst, s.accum != nullptr ? s.accum : s.dst, src,
-                   s.bytes / s.elemSize, s.elemSize, s.threads);
+    reduceParallel(s.reduce, s.dst, s.accum != nullptr ? s.accum : s.dst, src, s.bytes / s.elemSize,
+                   s.elemSize, s.threads);
   } else if (s.copy != nullptr) {
     s.copy(s.dst, src, s.bytes);
   } else {

@@ -53,11 +53,11 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
               "shared-memory atomics must be lock-free to work across processes");
 
 enum SideState : uint32_t {
-  kAbsent = 0,    // not attached yet (zero-filled segment)
+  kAbsent = 0,  // not attached yet (zero-filled segment)
   kAttached = 1,
-  kClosed = 2,    // the link was destroyed normally: what it sent is still in the ring
-  kAborted = 3,   // reason[] says why
-  kRefused = 4,   // the opener rejected the segment during the handshake; reason[] says why
+  kClosed = 2,   // the link was destroyed normally: what it sent is still in the ring
+  kAborted = 3,  // reason[] says why
+  kRefused = 4,  // the opener rejected the segment during the handshake; reason[] says why
 };
 
 struct alignas(128) SideBlock {
@@ -88,14 +88,20 @@ struct SegmentControl {
 
 constexpr size_t kControlBytes = (sizeof(SegmentControl) + 4095) & ~size_t(4095);
 
-size_t segmentBytes(size_t ringBytes) { return kControlBytes + 2 * ringBytes; }
-size_t pad8(size_t n) { return (n + 7) & ~size_t(7); }
+size_t segmentBytes(size_t ringBytes) {
+  return kControlBytes + 2 * ringBytes;
+}
+size_t pad8(size_t n) {
+  return (n + 7) & ~size_t(7);
+}
 
 std::string sysError(const std::string& what, int err) {
   return what + ": " + std::strerror(err);
 }
 
-void sleepPoll() { std::this_thread::sleep_for(kHandshakePoll); }
+void sleepPoll() {
+  std::this_thread::sleep_for(kHandshakePoll);
+}
 
 // Fields 3 (state) and 22 (start time, clock ticks since boot) of /proc/<pid>/stat.
 bool readProcStat(pid_t pid, char* state, uint64_t* startTicks) {
@@ -150,7 +156,9 @@ void storeReason(char* dst, const std::string& reason) noexcept {
   dst[n] = '\0';
 }
 
-std::string loadReason(const char* src) { return std::string(src, ::strnlen(src, kReasonBytes)); }
+std::string loadReason(const char* src) {
+  return std::string(src, ::strnlen(src, kReasonBytes));
+}
 
 // Constant time, so that a forged digest learns nothing from how long the refusal took.
 bool sameDigest(const unsigned char* a, const unsigned char* b) {
@@ -168,8 +176,13 @@ void fillSide(SideBlock& side, int rank) {
 class ShmLink : public Link {
  public:
   ShmLink(const ShmLinkOptions& options, void* base, size_t mapBytes, int side)
-      : name_(options.name), rank_(options.rank), peer_(options.peer), base_(base),
-        mapBytes_(mapBytes), ctl_(static_cast<SegmentControl*>(base)), side_(side) {
+      : name_(options.name),
+        rank_(options.rank),
+        peer_(options.peer),
+        base_(base),
+        mapBytes_(mapBytes),
+        ctl_(static_cast<SegmentControl*>(base)),
+        side_(side) {
     ringBytes_ = static_cast<size_t>(ctl_->ringBytes);
     char* data = static_cast<char*>(base) + kControlBytes;
     sendRing_ = data + side_ * ringBytes_;
@@ -181,7 +194,8 @@ class ShmLink : public Link {
     watchPid_ = pidNamesPeer(peerPid_, peerStartTicks_);
     if (!watchPid_)
       PC_WARN("shm link ", name_, ": pid ", peerPid_, " of rank ", peer_,
-              " is not visible from rank ", rank_, " (another pid namespace?): if it dies "
+              " is not visible from rank ", rank_,
+              " (another pid namespace?): if it dies "
               "without aborting, only the collective timeout will notice");
     // Start from wherever the counters are (zero on a fresh segment).
     sendHead_ = sendHead().load(std::memory_order_relaxed);
@@ -213,9 +227,9 @@ class ShmLink : public Link {
   }
 
   RequestPtr postRecv(const RecvSpec& spec, const FrameHeader& expected) override {
-    PC_ASSERT(spec.reduce == nullptr ||
-                  ((spec.elemSize == 1 || spec.elemSize == 2 || spec.elemSize == 4 ||
-                    spec.elemSize == 8) && spec.bytes % spec.elemSize == 0),
+    PC_ASSERT(spec.reduce == nullptr || ((spec.elemSize == 1 || spec.elemSize == 2 ||
+                                          spec.elemSize == 4 || spec.elemSize == 8) &&
+                                         spec.bytes % spec.elemSize == 0),
               "reduce over shm needs whole elements of 1, 2, 4 or 8 bytes: ", spec.bytes,
               " bytes of ", spec.elemSize);
     auto req = std::make_shared<Request>();
@@ -325,8 +339,9 @@ class ShmLink : public Link {
       if (first < n) std::memcpy(dst + first, recvRing_, n - first);
       return;
     }
-    const char* accum = (s.accum != nullptr ? static_cast<const char*>(s.accum)
-                                            : static_cast<const char*>(s.dst)) + r.consumed;
+    const char* accum =
+        (s.accum != nullptr ? static_cast<const char*>(s.accum) : static_cast<const char*>(s.dst)) +
+        r.consumed;
     reduceParallel(s.reduce, dst, accum, recvRing_ + off, first / s.elemSize, s.elemSize,
                    s.threads);
     if (first < n)
@@ -423,15 +438,14 @@ class ShmLink : public Link {
     if (mine().state.load(std::memory_order_acquire) == kAborted)
       throw RemoteError("rank " + std::to_string(rank_) + " aborted: " + loadReason(mine().reason));
     if (theirs().state.load(std::memory_order_acquire) == kAborted)
-      throw RemoteError("rank " + std::to_string(peer_) + " aborted: " +
-                        loadReason(theirs().reason));
+      throw RemoteError("rank " + std::to_string(peer_) +
+                        " aborted: " + loadReason(theirs().reason));
   }
 
   [[noreturn]] void throwClosed() {
-    throw RemoteError(makeMessage("rank ", peer_, " closed its link (", describe(), ") while rank ",
-                                  rank_, " still ",
-                                  recvs_.empty() ? "had messages for it"
-                                                 : "waited for messages from it"));
+    throw RemoteError(makeMessage(
+        "rank ", peer_, " closed its link (", describe(), ") while rank ", rank_, " still ",
+        recvs_.empty() ? "had messages for it" : "waited for messages from it"));
   }
 
   // Nothing moved although work is pending: the peer may have closed its side or died.
@@ -454,8 +468,7 @@ class ShmLink : public Link {
     nextLivenessCheck_ = now + kLivenessInterval;
     if (watchPid_ && peerDied())
       throw RemoteError(makeMessage("rank ", peer_, " (pid ", peerPid_,
-                                    ") died while this rank waited for it over shm (", name_,
-                                    ")"));
+                                    ") died while this rank waited for it over shm (", name_, ")"));
   }
 
   bool peerDied() const {
@@ -520,7 +533,9 @@ struct HandshakeGuard {
   }
 };
 
-std::string who(const ShmLinkOptions& o) { return "rank " + std::to_string(o.rank); }
+std::string who(const ShmLinkOptions& o) {
+  return "rank " + std::to_string(o.rank);
+}
 
 std::unique_ptr<Link> createSegment(const ShmLinkOptions& o, const Deadline& deadline) {
   HandshakeGuard g;
@@ -544,10 +559,12 @@ std::unique_ptr<Link> createSegment(const ShmLinkOptions& o, const Deadline& dea
   if (rc == EOPNOTSUPP || rc == EINVAL)  // a file system without fallocate: size it at least
     rc = ::ftruncate(g.fd, static_cast<off_t>(g.bytes)) == 0 ? 0 : errno;
   if (rc != 0)
-    throw Error(sysError(makeMessage(who(o), " cannot allocate ", g.bytes,
-                                     " bytes of shared memory for ", o.name, " (two rings of ",
-                                     o.ringBytes, " bytes; is /dev/shm too small? In Docker "
-                                     "raise --shm-size)"), rc));
+    throw Error(
+        sysError(makeMessage(who(o), " cannot allocate ", g.bytes, " bytes of shared memory for ",
+                             o.name, " (two rings of ", o.ringBytes,
+                             " bytes; is /dev/shm too small? In Docker "
+                             "raise --shm-size)"),
+                 rc));
   g.addr = ::mmap(nullptr, g.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, g.fd, 0);
   if (g.addr == MAP_FAILED)
     throw Error(sysError(makeMessage(who(o), " cannot map shm segment ", o.name), errno));
@@ -572,14 +589,14 @@ std::unique_ptr<Link> createSegment(const ShmLinkOptions& o, const Deadline& dea
                                     loadReason(opener.reason)));
     if (deadline.expired()) {
       // Tell an opener that arrives just now, so it fails instead of talking to nobody.
-      std::string why = makeMessage(who(o), " gave up waiting for it after ",
-                                    o.connectTimeoutSeconds, " s");
+      std::string why =
+          makeMessage(who(o), " gave up waiting for it after ", o.connectTimeoutSeconds, " s");
       storeReason(ctl->sides[0].reason, why);
       ctl->sides[0].state.store(kAborted, std::memory_order_seq_cst);
-      throw CollectiveTimeout(makeMessage(
-          who(o), " timed out after ", o.connectTimeoutSeconds, " s waiting for rank ", o.peer,
-          " to attach to shm segment ", o.name,
-          ": is that rank running on this host, and did it reach this point?"));
+      throw CollectiveTimeout(
+          makeMessage(who(o), " timed out after ", o.connectTimeoutSeconds, " s waiting for rank ",
+                      o.peer, " to attach to shm segment ", o.name,
+                      ": is that rank running on this host, and did it reach this point?"));
     }
     sleepPoll();
   }
@@ -657,8 +674,9 @@ std::unique_ptr<Link> openSegment(const ShmLinkOptions& o, const Deadline& deadl
     return Error(makeMessage(who(o), " refused shm segment ", o.name, ": ", why));
   };
   if (!sameDigest(ctl->digest, reinterpret_cast<const unsigned char*>(o.authDigest.data())))
-    throw refuse("its authentication digest differs from this rank's (the ranks were started "
-                 "with different cluster tokens, or the segment belongs to another cluster)");
+    throw refuse(
+        "its authentication digest differs from this rank's (the ranks were started "
+        "with different cluster tokens, or the segment belongs to another cluster)");
   if (creator.rank != o.peer)
     throw refuse(makeMessage("it was created by rank ", creator.rank, ", expected rank ", o.peer));
 

@@ -8,10 +8,10 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <poll.h>
 
 #include <atomic>
 #include <cstring>
@@ -28,7 +28,10 @@ namespace {
 class TcpLink : public Link {
  public:
   explicit TcpLink(const TcpLinkOptions& o)
-      : fd_(o.fd), rank_(o.rank), peer_(o.peer), address_(o.peerAddress),
+      : fd_(o.fd),
+        rank_(o.rank),
+        peer_(o.peer),
+        address_(o.peerAddress),
         staging_(std::max<size_t>(o.stagingBytes, 64)) {
     PC_CHECK(fd_ >= 0, "tcp link to rank ", peer_, " needs a connected socket");
     int flags = fcntl(fd_, F_GETFL, 0);
@@ -118,8 +121,8 @@ class TcpLink : public Link {
 
   [[noreturn]] void peerGone(const std::string& what) {
     markBroken("rank " + std::to_string(peer_) + " closed its connection (" + what +
-               ") while rank " + std::to_string(rank_) + " was talking to it over " +
-               describe() + ": it exited, crashed or aborted");
+               ") while rank " + std::to_string(rank_) + " was talking to it over " + describe() +
+               ": it exited, crashed or aborted");
     failIfBroken();
     throw InternalError("unreachable");
   }

@@ -11,9 +11,9 @@
 namespace pycollective {
 
 struct TcpLinkOptions {
-  int fd = -1;               // a connected, authenticated stream socket; the link owns it
-  int rank = 0, peer = 0;    // global ranks, for messages
-  std::string peerAddress;   // "host:port", for messages
+  int fd = -1;                    // a connected, authenticated stream socket; the link owns it
+  int rank = 0, peer = 0;         // global ranks, for messages
+  std::string peerAddress;        // "host:port", for messages
   size_t stagingBytes = 1 << 20;  // receive buffer for reducing receives
 };
 

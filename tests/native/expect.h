@@ -9,15 +9,15 @@
 inline int gChecks = 0;
 inline int gFailures = 0;
 
-#define EXPECT(cond, ...)                                                                   \
-  do {                                                                                      \
-    ++gChecks;                                                                              \
-    if (!(cond)) {                                                                          \
-      if (++gFailures <= 40) {                                                              \
+#define EXPECT(cond, ...)                                                                       \
+  do {                                                                                          \
+    ++gChecks;                                                                                  \
+    if (!(cond)) {                                                                              \
+      if (++gFailures <= 40) {                                                                  \
         std::fprintf(stderr, "[pid %d] FAIL %s:%d: %s: ", static_cast<int>(getpid()), __FILE__, \
-                     __LINE__, #cond);                                                      \
-        std::fprintf(stderr, __VA_ARGS__);                                                  \
-        std::fputc('\n', stderr);                                                           \
-      }                                                                                     \
-    }                                                                                       \
+                     __LINE__, #cond);                                                          \
+        std::fprintf(stderr, __VA_ARGS__);                                                      \
+        std::fputc('\n', stderr);                                                               \
+      }                                                                                         \
+    }                                                                                           \
   } while (0)

@@ -24,9 +24,9 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/chunking.h"
-#include "local/local_group.h"
 #include "core/error.h"
 #include "cuda/device_ops.h"
+#include "local/local_group.h"
 #include "reduce/reduce.h"
 
 using namespace pycollective;
@@ -37,10 +37,10 @@ namespace {
 
 constexpr size_t kArenaBytes = size_t(1) << 30;
 constexpr size_t kTestRegion = kArenaBytes / 2;  // the test's own buffers live above this
-char* gDevice = nullptr;  // PROT_NONE view: what algorithms see
-char* gMirror = nullptr;  // read-write view of the same pages
-std::atomic<size_t> gNext{0};     // DeviceOps::alloc (communicators' scratch), below kTestRegion
-size_t gCaseNext = kTestRegion;   // the current case's buffers, reset per case
+char* gDevice = nullptr;                         // PROT_NONE view: what algorithms see
+char* gMirror = nullptr;                         // read-write view of the same pages
+std::atomic<size_t> gNext{0};    // DeviceOps::alloc (communicators' scratch), below kTestRegion
+size_t gCaseNext = kTestRegion;  // the current case's buffers, reset per case
 std::atomic<long> gCopies{0}, gReduces{0}, gScales{0}, gBegins{0}, gEnds{0};
 
 bool onDevice(const void* p) {
@@ -48,8 +48,12 @@ bool onDevice(const void* p) {
   return c >= gDevice && c < gDevice + kArenaBytes;
 }
 
-void* tr(void* p) { return onDevice(p) ? gMirror + (static_cast<char*>(p) - gDevice) : p; }
-const void* tr(const void* p) { return tr(const_cast<void*>(p)); }
+void* tr(void* p) {
+  return onDevice(p) ? gMirror + (static_cast<char*>(p) - gDevice) : p;
+}
+const void* tr(const void* p) {
+  return tr(const_cast<void*>(p));
+}
 
 void fakeCopy(void* dst, const void* src, size_t bytes) {
   ++gCopies;
@@ -268,8 +272,8 @@ int main() {
     return 2;
   }
   gDevice = static_cast<char*>(mmap(nullptr, kArenaBytes, PROT_NONE, MAP_SHARED, fd, 0));
-  gMirror = static_cast<char*>(
-      mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  gMirror =
+      static_cast<char*>(mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   if (gDevice == MAP_FAILED || gMirror == MAP_FAILED) {
     std::perror("mmap");
     return 2;
@@ -277,8 +281,8 @@ int main() {
   setenv("PYCOLLECTIVE_SEGMENT_BYTES", "40", 1);  // many segments per chunk
   setenv("PYCOLLECTIVE_DEVICE_SEGMENT_BYTES", "40", 1);
 
-  const std::vector<std::string> algos = {"ring", "halving_doubling", "hierarchical",
-                                          "reduce_to_one", "direct", "auto"};
+  const std::vector<std::string> algos = {"ring",          "halving_doubling", "hierarchical",
+                                          "reduce_to_one", "direct",           "auto"};
   const std::vector<CollectiveKind> kinds = {
       CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllgather,
       CollectiveKind::kBroadcast, CollectiveKind::kReduce};
@@ -303,8 +307,8 @@ int main() {
             if (!reduces && op != ReduceOp::kSum) continue;
             if (op == ReduceOp::kAvg && !isFloating(dtype)) continue;
             for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(131), size_t(1009)}) {
-              const std::string label = algo + " " + collectiveName(kind) + " n=" +
-                                        std::to_string(n) + " " + dtypeName(dtype) + " " +
+              const std::string label = algo + " " + collectiveName(kind) +
+                                        " n=" + std::to_string(n) + " " + dtypeName(dtype) + " " +
                                         opName(op) + " count=" + std::to_string(count);
               runCase(g, n, algo, kind, dtype, op, count, rng, label);
             }
@@ -330,10 +334,10 @@ int main() {
     } catch (const InvalidType&) {
     }
   }
-  std::printf("device path: %d checks, %d failures (device ops: %ld copies, %ld reductions, "
-              "%ld scales, %ld calls)\n",
-              gChecks, gFailures, gCopies.load(), gReduces.load(), gScales.load(),
-              gBegins.load());
+  std::printf(
+      "device path: %d checks, %d failures (device ops: %ld copies, %ld reductions, "
+      "%ld scales, %ld calls)\n",
+      gChecks, gFailures, gCopies.load(), gReduces.load(), gScales.load(), gBegins.load());
   if (gBegins != gEnds) fail("beginCall without endCall: " + std::to_string(gBegins - gEnds));
   return gFailures == 0 && gReduces > 0 && gCopies > 0 && gScales > 0 ? 0 : 1;
 }

@@ -28,9 +28,9 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "expect.h"
 #include "reduce/half.h"
 #include "reduce/reduce.h"
-#include "expect.h"
 
 using namespace pycollective;
 
@@ -51,7 +51,7 @@ struct RefFormat {
   int exponentBias;
   uint16_t maxFinite;  // largest finite code
   uint16_t infCode;
-  double overflowAt;   // |x| >= this rounds to infinity (max finite + half an ulp)
+  double overflowAt;           // |x| >= this rounds to infinity (max finite + half an ulp)
   std::vector<double> values;  // values[code] for code in [0, maxFinite]
 };
 
@@ -94,8 +94,8 @@ uint16_t refEncode(const RefFormat& f, double x) {
   if (std::isnan(x)) return static_cast<uint16_t>(sign | f.infCode | 1);
   const double a = std::fabs(x);
   if (a >= f.overflowAt) return static_cast<uint16_t>(sign | f.infCode);
-  const size_t lo = static_cast<size_t>(
-      std::upper_bound(f.values.begin(), f.values.end(), a) - f.values.begin() - 1);
+  const size_t lo = static_cast<size_t>(std::upper_bound(f.values.begin(), f.values.end(), a) -
+                                        f.values.begin() - 1);
   if (f.values[lo] == a || lo == f.maxFinite) return static_cast<uint16_t>(sign | lo);
   const double below = a - f.values[lo];  // exact (Sterbenz)
   const double above = f.values[lo + 1] - a;
@@ -104,7 +104,9 @@ uint16_t refEncode(const RefFormat& f, double x) {
   return static_cast<uint16_t>(sign | code);
 }
 
-bool isNanCode(const RefFormat& f, uint16_t h) { return (h & 0x7FFF) > f.infCode; }
+bool isNanCode(const RefFormat& f, uint16_t h) {
+  return (h & 0x7FFF) > f.infCode;
+}
 
 // Same code, or both NaN (which NaN, and its sign, is not specified for NaN op NaN).
 bool sameCode(const RefFormat& f, uint16_t x, uint16_t y) {
@@ -179,8 +181,8 @@ void refElement(DType dt, ReduceOp op, const void* a, const void* b, void* out, 
     case DType::kFloat16:
     case DType::kBFloat16: {
       const RefFormat& f = dt == DType::kFloat16 ? fp16Format() : bf16Format();
-      const double r = refFloatOp(op, refDecode(f, load<uint16_t>(a, i)),
-                                  refDecode(f, load<uint16_t>(b, i)));
+      const double r =
+          refFloatOp(op, refDecode(f, load<uint16_t>(a, i)), refDecode(f, load<uint16_t>(b, i)));
       store<uint16_t>(out, i, refEncode(f, r));
       return;
     }
@@ -192,15 +194,9 @@ void refElement(DType dt, ReduceOp op, const void* a, const void* b, void* out, 
       store<double>(out, i, refFloatOp(op, load<double>(a, i), load<double>(b, i)));
       return;
     case DType::kInt8: store(out, i, refInt(op, load<int8_t>(a, i), load<int8_t>(b, i))); return;
-    case DType::kUInt8:
-      store(out, i, refInt(op, load<uint8_t>(a, i), load<uint8_t>(b, i)));
-      return;
-    case DType::kInt32:
-      store(out, i, refInt(op, load<int32_t>(a, i), load<int32_t>(b, i)));
-      return;
-    case DType::kInt64:
-      store(out, i, refInt(op, load<int64_t>(a, i), load<int64_t>(b, i)));
-      return;
+    case DType::kUInt8: store(out, i, refInt(op, load<uint8_t>(a, i), load<uint8_t>(b, i))); return;
+    case DType::kInt32: store(out, i, refInt(op, load<int32_t>(a, i), load<int32_t>(b, i))); return;
+    case DType::kInt64: store(out, i, refInt(op, load<int64_t>(a, i), load<int64_t>(b, i))); return;
   }
 }
 
@@ -247,9 +243,20 @@ std::string showElement(DType dt, const void* p, size_t i) {
 template <typename T>
 T pickFloat(std::mt19937_64& rng) {
   using Lim = std::numeric_limits<T>;
-  const T specials[] = {T(0),          -T(0),         Lim::infinity(), -Lim::infinity(),
-                        Lim::quiet_NaN(), -Lim::quiet_NaN(), Lim::denorm_min(), -Lim::denorm_min(),
-                        Lim::max(),    -Lim::max(),   Lim::min(),      T(1), T(-1), T(0.5)};
+  const T specials[] = {T(0),
+                        -T(0),
+                        Lim::infinity(),
+                        -Lim::infinity(),
+                        Lim::quiet_NaN(),
+                        -Lim::quiet_NaN(),
+                        Lim::denorm_min(),
+                        -Lim::denorm_min(),
+                        Lim::max(),
+                        -Lim::max(),
+                        Lim::min(),
+                        T(1),
+                        T(-1),
+                        T(0.5)};
   const uint64_t r = rng();
   switch (r % 10) {
     case 0: return specials[(r >> 8) % (sizeof specials / sizeof specials[0])];
@@ -431,10 +438,9 @@ int reportMismatches(DType dt, ReduceOp op, const char* how, size_t count, const
   for (size_t i = 0; i < count; ++i) {
     if (!sameElement(dt, got, want, i)) {
       if (bad++ < 3) {
-        EXPECT(false, "%s %s %s count=%zu [%zu]: %s OP %s = %s, want %s", dtypeName(dt),
-               opName(op), how, count, i, showElement(dt, a, i).c_str(),
-               showElement(dt, b, i).c_str(), showElement(dt, got, i).c_str(),
-               showElement(dt, want, i).c_str());
+        EXPECT(false, "%s %s %s count=%zu [%zu]: %s OP %s = %s, want %s", dtypeName(dt), opName(op),
+               how, count, i, showElement(dt, a, i).c_str(), showElement(dt, b, i).c_str(),
+               showElement(dt, got, i).c_str(), showElement(dt, want, i).c_str());
       }
     }
   }
@@ -746,8 +752,7 @@ int runBench() {
   std::memcpy(c.data(), a.data(), bytes);
   std::printf("simd level %s, %zu MiB per buffer, best of %d\n", simdLevel(), bytes >> 20, reps);
   const ReduceFn sum = lookupReduce(DType::kFloat32, ReduceOp::kSum);
-  report("memcpy", bytes, 2,
-         bestSeconds(reps, [&] { std::memcpy(c.data(), b.data(), bytes); }));
+  report("memcpy", bytes, 2, bestSeconds(reps, [&] { std::memcpy(c.data(), b.data(), bytes); }));
   report("float32 sum, dst==a", bytes, 3,
          bestSeconds(reps, [&] { sum(a.data(), a.data(), b.data(), bytes / 4); }));
   report("float32 sum, dst!=a", bytes, 3,

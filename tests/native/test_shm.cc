@@ -101,12 +101,16 @@ void waitAll(Link& link, const std::vector<RequestPtr>& requests, double seconds
     if (deadline.expired())
       throw CollectiveTimeout("test wait timed out after " + std::to_string(seconds) + " s on " +
                               link.describe());
-    if (++idle < 64) CPU_RELAX();
-    else std::this_thread::yield();
+    if (++idle < 64)
+      CPU_RELAX();
+    else
+      std::this_thread::yield();
   }
 }
 
-void waitOne(Link& link, const RequestPtr& r, double seconds = 60) { waitAll(link, {r}, seconds); }
+void waitOne(Link& link, const RequestPtr& r, double seconds = 60) {
+  waitAll(link, {r}, seconds);
+}
 
 // Runs body in a child process; its return value is the exit status.
 pid_t spawn(const std::function<int()>& body) {
@@ -160,7 +164,9 @@ std::vector<int> reap(const std::vector<pid_t>& pids, double seconds = 120) {
   return status;
 }
 
-bool exitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+bool exitedOk(int status) {
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
 // Runs the two sides of a case in two processes, then checks both passed and that the segment
 // left no /dev/shm entry.
@@ -200,8 +206,12 @@ size_t firstPatternMismatch(const std::vector<uint8_t>& v, size_t k) {
   return SIZE_MAX;
 }
 
-float sendValue(size_t k, size_t i) { return static_cast<float>(i % 1000) * 0.5f + k; }
-float accumValue(size_t i) { return static_cast<float>(i % 7) - 3.0f; }
+float sendValue(size_t k, size_t i) {
+  return static_cast<float>(i % 1000) * 0.5f + k;
+}
+float accumValue(size_t i) {
+  return static_cast<float>(i % 7) - 3.0f;
+}
 
 const size_t kCopySizes[] = {0, 1, 7, 4096, size_t(1) << 20, (size_t(64) << 20) + 8};
 const size_t kReduceElems[] = {0, 1, 7, 1024, size_t(1) << 18, (size_t(16) << 20) + 2};
@@ -310,8 +320,14 @@ int messagesSide(const std::string& name, int side, size_t ringBytes) {
   EXPECT(d == "shm " + name + " -> rank " + std::to_string(1 - side), "describe: %s", d.c_str());
   EXPECT(link->notifier() == nullptr && !link->sharesMemory(), "notifier/sharesMemory");
   // 0 -> 1, then 1 -> 0, then both at once.
-  if (side == 0) sendMessages(*link, 0); else recvMessages(*link, 0);
-  if (side == 1) sendMessages(*link, 100); else recvMessages(*link, 100);
+  if (side == 0)
+    sendMessages(*link, 0);
+  else
+    recvMessages(*link, 0);
+  if (side == 1)
+    sendMessages(*link, 100);
+  else
+    recvMessages(*link, 100);
   exchangeBoth(*link, side);
   return gFailures ? 1 : 0;
 }
@@ -610,8 +626,7 @@ void testTimeouts() {
       },
       [](const std::string&) { return 0; });
   runPair(
-      "creator never comes",
-      [](const std::string&) { return 0; },
+      "creator never comes", [](const std::string&) { return 0; },
       [](const std::string& name) {
         ShmLinkOptions o = options(name, 1);
         o.connectTimeoutSeconds = 0.3;
@@ -729,9 +744,10 @@ void measure(int reps, int pingPongs) {
       waitOne(*link, link->postRecv(sspec, header(i, 2, 4096)));
     }
     double rtt = secondsSince(p0) / pingPongs;
-    std::printf("  shm 64 MiB one-way: %.2f GB/s (%d messages, 4 MiB ring; memcpy of 64 MiB in "
-                "one process: %.2f GB/s)\n",
-                double(big) * reps / s / 1e9, reps, memcpyGBps(big, 5));
+    std::printf(
+        "  shm 64 MiB one-way: %.2f GB/s (%d messages, 4 MiB ring; memcpy of 64 MiB in "
+        "one process: %.2f GB/s)\n",
+        double(big) * reps / s / 1e9, reps, memcpyGBps(big, 5));
     std::printf("  shm 4 KiB ping-pong: %.2f us round trip (%d round trips, both sides polling)\n",
                 rtt * 1e6, pingPongs);
     return 0;
