@@ -9,16 +9,15 @@ from typing import Any
 
 import numpy as np
 
+from pycollective._ext import _C
 from pycollective.reduce_op import ReduceOp
 from pycollective.tensors import DTYPE_NAMES, Buffer, check_writable, contiguous_input
 
+# The collectives that run through one buffer per rank, with the extension's codes.
 KINDS = {
-    "allreduce": 0,
-    "reduce_scatter": 1,
-    "allgather": 2,
-    "broadcast": 3,
-    "reduce": 4,
-    "barrier": 5,
+    name: code
+    for name, code in _C.enum_codes()["collective_kind"].items()
+    if name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "barrier")
 }
 REDUCING = {"allreduce", "reduce_scatter", "reduce"}
 

@@ -12,9 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from pycollective._ext import _C
 from pycollective.tensors import Buffer, adapt, check_writable, contiguous_input
 
-KINDS = {"alltoall": 7, "gather": 8, "scatter": 9, "sendrecv": 10}
+# The pairwise collectives, with the extension's codes (the native name of "sendrecv" is
+# "send/recv").
+_NATIVE = _C.enum_codes()["collective_kind"]
+KINDS = {name: _NATIVE[name] for name in ("alltoall", "gather", "scatter")}
+KINDS["sendrecv"] = _NATIVE["send/recv"]
 
 
 @dataclass(slots=True)

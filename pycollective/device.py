@@ -17,22 +17,23 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from pycollective._calls import check_inplace_call, result_shape
 from pycollective.tensors import DTYPE_NAMES, SUPPORTED
 
-# __cuda_array_interface__ typestr -> native dtype code (csrc/core/dtype.h)
-_TYPESTR_CODES = {
-    "<f2": 0,
-    "<f4": 2,
-    "<f8": 3,
-    "|i1": 4,
-    "<i1": 4,
-    "|u1": 5,
-    "<u1": 5,
-    "<i4": 6,
-    "<i8": 7,
+# __cuda_array_interface__ typestr -> native dtype code, and each code's item size (bfloat16,
+# code BFLOAT16, has no typestr: it arrives through torch or DLPack).
+_TYPESTR_CODES: dict[str, int] = {}
+for _code, _name in DTYPE_NAMES.items():
+    if _name != "bfloat16":
+        _TYPESTR_CODES[np.dtype(_name).str] = _code
+        if np.dtype(_name).itemsize == 1:  # '|i1'; some producers write '<i1'
+            _TYPESTR_CODES["<" + np.dtype(_name).str[1:]] = _code
+_ITEMSIZE = {
+    code: (2 if name == "bfloat16" else np.dtype(name).itemsize)
+    for code, name in DTYPE_NAMES.items()
 }
-_ITEMSIZE = {0: 2, 1: 2, 2: 4, 3: 8, 4: 1, 5: 1, 6: 4, 7: 8}
 _DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 

@@ -23,14 +23,12 @@ import numpy as np
 
 from pycollective._ext import _C
 
-#: rule name -> (native code, slot names in native order)
+_SLOTS = {"sgd": (), "momentum": ("momentum",), "nesterov": ("momentum",), "adam": ("m", "v")}
+#: rule name -> (native code, slot names in native order); the codes come from the extension
 RULES: dict[str, tuple[int, tuple[str, ...]]] = {
-    "sgd": (0, ()),
-    "momentum": (1, ("momentum",)),
-    "nesterov": (2, ("momentum",)),
-    "adam": (3, ("m", "v")),
+    name: (code, _SLOTS[name]) for name, code in _C.enum_codes()["update_rule"].items()
 }
-_DTYPE_CODES = {np.dtype(np.float32): 2, np.dtype(np.float64): 3}
+_DTYPE_CODES = {np.dtype(name): _C.enum_codes()["dtype"][name] for name in ("float32", "float64")}
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import enum
 
+from pycollective._ext import _C
+
+_NATIVE = _C.enum_codes()["reduce_op"]
+
 
 class ReduceOp(enum.IntEnum):
     """Element-wise reduction. ``AVG`` is a sum followed by one division by the group size
-    (floating dtypes only)."""
+    (floating dtypes only). The codes are the extension's (csrc/core/dtype.h)."""
 
-    SUM = 0
-    PROD = 1
-    MIN = 2
-    MAX = 3
-    AVG = 4
+    SUM = _NATIVE["sum"]
+    PROD = _NATIVE["prod"]
+    MIN = _NATIVE["min"]
+    MAX = _NATIVE["max"]
+    AVG = _NATIVE["avg"]
+
+
+if {op.name.lower() for op in ReduceOp} != set(_NATIVE):  # pragma: no cover - a build mismatch
+    raise ImportError(
+        f"pycollective._C reduces with {sorted(_NATIVE)}, but ReduceOp has "
+        f"{sorted(op.name.lower() for op in ReduceOp)}: reinstall pycollective"
+    )
 
 
 _ALIASES = {

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from pycollective._ext import _C
+
 try:  # bfloat16 numpy arrays
     import ml_dtypes
 
@@ -23,29 +25,15 @@ except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
     ml_dtypes = None
     _BF16 = None
 
-# numpy dtype -> native dtype code (csrc/core/dtype.h; never renumber)
+# Native dtype code -> name, as the extension numbers them (csrc/core/dtype.h).
+DTYPE_NAMES: dict[int, str] = {code: name for name, code in _C.enum_codes()["dtype"].items()}
+BFLOAT16 = _C.enum_codes()["dtype"]["bfloat16"]
+# numpy dtype -> native dtype code; bfloat16 arrays need ml_dtypes.
 _CODES: dict[np.dtype, int] = {
-    np.dtype(np.float16): 0,
-    np.dtype(np.float32): 2,
-    np.dtype(np.float64): 3,
-    np.dtype(np.int8): 4,
-    np.dtype(np.uint8): 5,
-    np.dtype(np.int32): 6,
-    np.dtype(np.int64): 7,
+    np.dtype(name): code for code, name in DTYPE_NAMES.items() if name != "bfloat16"
 }
 if _BF16 is not None:
-    _CODES[_BF16] = 1
-BFLOAT16 = 1
-DTYPE_NAMES = {
-    0: "float16",
-    1: "bfloat16",
-    2: "float32",
-    3: "float64",
-    4: "int8",
-    5: "uint8",
-    6: "int32",
-    7: "int64",
-}
+    _CODES[_BF16] = BFLOAT16
 SUPPORTED = "float16, bfloat16, float32, float64, int8, uint8, int32, int64"
 
 

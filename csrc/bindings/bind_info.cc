@@ -9,7 +9,9 @@
 #include "core/error.h"
 #include "core/memory_bandwidth.h"
 #include "cuda/device_ops.h"
+#include "optim/replicated_update.h"
 #include "reduce/reduce.h"
+#include "transport/frame.h"
 
 namespace py = pybind11;
 
@@ -66,6 +68,23 @@ void bindInfo(py::module_& m) {
     return info;
   });
   m.def("algorithms", &algorithmNames);
+  // The native enums' codes by name. Python builds its tables from these (pycollective/
+  // tensors.py, reduce_op.py, _calls.py, _exchange.py, fused_update.py) instead of keeping
+  // copies of the numbers.
+  m.def("enum_codes", [] {
+    py::dict dtypes, ops, kinds, rules;
+    for (int i = 0; i < kNumDTypes; ++i) dtypes[dtypeName(static_cast<DType>(i))] = i;
+    for (int i = 0; i < kNumReduceOps; ++i) ops[opName(static_cast<ReduceOp>(i))] = i;
+    for (int i = 0; i < kNumCollectiveKinds; ++i)
+      kinds[collectiveName(static_cast<CollectiveKind>(i))] = i;
+    for (int i = 0; i < kNumUpdateRules; ++i) rules[updateRuleName(static_cast<uint8_t>(i))] = i;
+    py::dict all;
+    all["dtype"] = dtypes;
+    all["reduce_op"] = ops;
+    all["collective_kind"] = kinds;
+    all["update_rule"] = rules;
+    return all;
+  });
   m.def(
       "memory_bandwidth",
       [](size_t bytesPerThread, int threads, int reps) {

@@ -11,12 +11,12 @@
 
 namespace pycollective {
 
-namespace {
-
 const char* updateRuleName(uint8_t rule) {
-  static const char* const kNames[] = {"sgd", "momentum", "nesterov", "adam"};
-  return rule < 4 ? kNames[rule] : "an unknown rule";
+  static const char* const kNames[kNumUpdateRules] = {"sgd", "momentum", "nesterov", "adam"};
+  return rule < kNumUpdateRules ? kNames[rule] : "an unknown rule";
 }
+
+namespace {
 
 // Frame errors (transport/frame.h) name the header's update rule through this.
 [[maybe_unused]] const bool kUpdateRuleNamerRegistered =

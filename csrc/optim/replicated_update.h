@@ -27,6 +27,9 @@ enum class UpdateRule : int {
   kAdam = 3,      // m += (g - m)(1 - beta1); v += (g*g - v)(1 - beta2);
                   // w -= lr * m / (sqrt(v) + epsilon)   (lr: the bias-corrected step size)
 };
+constexpr int kNumUpdateRules = 4;
+// "sgd", "momentum", "nesterov", "adam" (what Python passes by name).
+const char* updateRuleName(uint8_t rule);
 
 struct UpdateHyper {
   double lr = 0;

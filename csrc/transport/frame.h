@@ -26,6 +26,7 @@ enum class CollectiveKind : uint8_t {
   kScatter = 9,    // one buffer from the root to each rank
   kSendRecv = 10,  // point to point in a group of two: `root` (group rank) sends to the other
 };
+constexpr int kNumCollectiveKinds = 11;  // keep after the last kind
 const char* collectiveName(CollectiveKind kind);
 // Whether the collective combines the ranks' data with a reduction op.
 inline bool reducesData(CollectiveKind kind) {

@@ -1,0 +1,221 @@
+"""
+pycollective native core
+"""
+from __future__ import annotations
+import collections.abc
+import typing
+__all__: list[str] = ['BridgeEnd', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'scale', 'shm_link', 'tcp_link']
+class LocalGroup:
+    def __init__(self, size: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        ...
+    def explain(self, kind: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex) -> str:
+        ...
+    def run(self, kind: typing.SupportsInt | typing.SupportsIndex, ins: list, outs: list, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    def run_device(self, kind: typing.SupportsInt | typing.SupportsIndex, ins: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], outs: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, devices: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], streams: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        """
+        Like run, on device pointers (0 for none): replica r's buffers live on devices[r] and are ordered on streams[r]. Returns when every replica's result is complete.
+        """
+    def set_costs(self, cost: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    def set_tuned(self, table: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, str]]) -> None:
+        ...
+    @property
+    def size(self) -> int:
+        ...
+class Link:
+    def __repr__(self) -> str:
+        ...
+class BridgeEnd:
+    """
+    The pump side of a bridged (grpc) link.
+    """
+    def deliver(self, header: str, payload: str) -> None:
+        ...
+    def fail(self, reason: str) -> None:
+        ...
+    def take_outgoing(self, timeout: typing.SupportsFloat | typing.SupportsIndex) -> typing.Any:
+        """
+        Next outgoing (header, payload), or None after `timeout` s or once the end failed.
+        """
+    @property
+    def failed(self) -> bool:
+        ...
+class Work:
+    def is_completed(self) -> bool:
+        ...
+    def wait(self, timeout: typing.SupportsFloat | typing.SupportsIndex = -1.0) -> bool:
+        """
+        Waits (timeout < 0: until done); False if still running; re-raises the failure.
+        """
+    @property
+    def seconds(self) -> float:
+        ...
+class Communicator:
+    def __init__(self, rank: typing.SupportsInt | typing.SupportsIndex, size: typing.SupportsInt | typing.SupportsIndex, links: collections.abc.Sequence[Link], host_of: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    def abort(self, reason: str) -> None:
+        """
+        Fails every pending and future collective; peers stop waiting.
+        """
+    def exchange(self, kind: typing.SupportsInt | typing.SupportsIndex, sends: collections.abc.Sequence[typing.Any], recvs: collections.abc.Sequence[typing.Any], count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, shape_hash: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex, asynchronous: bool) -> typing.Any:
+        """
+        A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous array or None) goes to group rank p, recvs[p] receives from it. `count` is the element count every rank's header carries (the same on all ranks). Returns Work if asynchronous, else None once done.
+        """
+    def explain(self, kind: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex) -> str:
+        ...
+    def run(self, kind: typing.SupportsInt | typing.SupportsIndex, inp: typing.Any, out: typing.Any, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Runs a collective now on this thread (after any queued async work); GIL released.
+        """
+    def set_costs(self, local: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], remote: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        """
+        (alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links
+        """
+    def set_tuned(self, table: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, str]]) -> None:
+        """
+        [(collective kind, max bytes, algorithm)] sorted by max bytes
+        """
+    def submit(self, kind: typing.SupportsInt | typing.SupportsIndex, inp: typing.Any, out: typing.Any, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> Work:
+        """
+        Queues a collective on the group's executor (issue order is run order); returns Work.
+        """
+    @property
+    def abort_reason(self) -> str:
+        ...
+    @property
+    def aborted(self) -> bool:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def size(self) -> int:
+        ...
+class NcclComm:
+    @staticmethod
+    def init_all(devices: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex) -> list:
+        ...
+    def __init__(self, nranks: typing.SupportsInt | typing.SupportsIndex, unique_id: bytes, rank: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def abort(self, reason: str) -> None:
+        ...
+    def allgather(self, send: typing.SupportsInt | typing.SupportsIndex, recv: typing.SupportsInt | typing.SupportsIndex, send_count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def allreduce(self, send: typing.SupportsInt | typing.SupportsIndex, recv: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def async_error(self) -> str:
+        ...
+    def broadcast(self, send: typing.SupportsInt | typing.SupportsIndex, recv: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def is_completed(self) -> bool:
+        ...
+    def reduce(self, send: typing.SupportsInt | typing.SupportsIndex, recv: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def reduce_scatter(self, send: typing.SupportsInt | typing.SupportsIndex, recv: typing.SupportsInt | typing.SupportsIndex, recv_count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def synchronize(self, timeout: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        ...
+    @property
+    def aborted(self) -> bool:
+        ...
+    @property
+    def device(self) -> int:
+        ...
+    @property
+    def failure(self) -> str:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def size(self) -> int:
+        ...
+    @property
+    def timeout(self) -> float:
+        ...
+    @timeout.setter
+    def timeout(self, arg1: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+def algorithms() -> list[str]:
+    ...
+def allreduce_update(comm: Communicator, rule: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, hyper: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], tensors: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, list, list, collections.abc.Sequence[list]]], shape_hashes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Optimizer steps across a process group, each fused into the all-reduce of its gradient (optim/allreduce_update.h), one collective per tensor in order; tensors = [(count, [this rank's gradient], copies, [slot copies, ...])]. Runs after any queued async work; GIL released.
+    """
+def apply_replicated_update(rule: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, hyper: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], tensors: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, list, list, collections.abc.Sequence[list]]]) -> None:
+    """
+    Fused reduce-and-update of replicated optimizer state. hyper = (lr, momentum, beta_1, beta_2, epsilon, grad_scale); tensors = [(count, grads, copies, [slot copies, ...])]. GIL released.
+    """
+def bridge_link(rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, via: str) -> tuple[Link, BridgeEnd]:
+    """
+    A link whose frames a pump carries: returns (link, end).
+    """
+def build_info() -> dict:
+    ...
+def cuda_copy(dst: typing.SupportsInt | typing.SupportsIndex, src: typing.SupportsInt | typing.SupportsIndex, bytes: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    ...
+def cuda_describe() -> str:
+    ...
+def cuda_device_count() -> int:
+    ...
+def cuda_free(ptr: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex) -> None:
+    ...
+def cuda_malloc(bytes: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex) -> int:
+    ...
+def cuda_pointer_device(ptr: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    CUDA device holding the memory at ptr, or -1 for host memory.
+    """
+def cuda_reduce(dst: typing.SupportsInt | typing.SupportsIndex, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    """
+    Enqueues dst = a OP b on the stream (avg enqueues the sum); returns at once.
+    """
+def cuda_scale(data: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, factor: typing.SupportsFloat | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    ...
+def cuda_synchronize(stream: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    ...
+def enum_codes() -> dict:
+    ...
+def memory_bandwidth(bytes_per_thread: typing.SupportsInt | typing.SupportsIndex, threads: typing.SupportsInt | typing.SupportsIndex, reps: typing.SupportsInt | typing.SupportsIndex = 3) -> float:
+    """
+    Bytes read+written per second when `threads` threads each copy a private buffer.
+    """
+def nccl_available() -> bool:
+    ...
+def nccl_group_end() -> None:
+    ...
+def nccl_group_start() -> None:
+    ...
+def nccl_library() -> dict:
+    """
+    Loads the process's NCCL (first call) and describes it; raises NcclUnavailable.
+    """
+def nccl_probe(wheel_dirs: collections.abc.Sequence[tuple[str, str]]) -> dict:
+    """
+    Tries the search order once without keeping the library; raises NcclUnavailable.
+    """
+def nccl_search_order(wheel_dirs: collections.abc.Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """
+    The (path, origin) candidates, in the order they are tried.
+    """
+def nccl_set_wheel_dirs(dirs: collections.abc.Sequence[tuple[str, str]]) -> None:
+    """
+    (folder, origin) pairs of installed nvidia-nccl-cu* wheels.
+    """
+def nccl_unique_id() -> bytes:
+    ...
+def reduce_into(dst: typing.SupportsInt | typing.SupportsIndex, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex) -> None:
+    ...
+def scale(data: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, factor: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    ...
+def shm_link(name: str, create: bool, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, digest: bytes, ring_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> Link:
+    """
+    Creates (lower rank) or opens a shared-memory segment; blocks until both sides attached.
+    """
+def tcp_link(fd: typing.SupportsInt | typing.SupportsIndex, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, address: str) -> Link:
+    """
+    Takes over a connected, authenticated socket (the link closes it).
+    """
