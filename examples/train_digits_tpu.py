@@ -22,17 +22,7 @@ import argparse
 import time
 
 import numpy as np
-
-
-def load_data(seed: int = 0, test_fraction: float = 0.2):
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    y = y.astype(np.int32)
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_test = int(len(x) * test_fraction)
-    return (x[order[n_test:]], y[order[n_test:]]), (x[order[:n_test]], y[order[:n_test]])
+from train_digits import load_data  # the same split as the other examples
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -79,6 +69,8 @@ def main(argv: list[str] | None = None) -> float:
         flush=True,
     )
     (x_train, y_train), (x_test, y_test) = load_data()
+    # int32 labels: JAX keeps 64-bit integers off by default.
+    y_train, y_test = y_train.astype(np.int32), y_test.astype(np.int32)
     rng = np.random.default_rng(1)
     with strategy.scope():
         params = {

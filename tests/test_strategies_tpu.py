@@ -789,10 +789,11 @@ def test_what_tpu_strategy_cannot_honour_is_refused_by_name():
 
 @in_process
 @pytest.mark.timeout(120)
-def test_example_trains_digits(capsys):
+def test_example_trains_digits(capsys, monkeypatch):
     import runpy
 
     examples = os.path.join(os.path.dirname(HERE), "examples")
+    monkeypatch.syspath_prepend(examples)  # it imports train_digits, as `python examples/...` can
     main = runpy.run_path(os.path.join(examples, "train_digits_tpu.py"))["main"]
     accuracy = main(
         ["--cpu-devices", "0", "--replicas", "4", "--epochs", "2", "--steps-per-execution", "3"]
