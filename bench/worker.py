@@ -63,8 +63,10 @@ class GlooBackend:
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
-        self.rank = int(os.environ["PYCOLLECTIVE_RANK"])
-        self.size = int(os.environ["PYCOLLECTIVE_WORLD_SIZE"])
+        from pycollective import config  # the launcher's rank variables, from the one table
+
+        self.rank = int(config.get("PYCOLLECTIVE_RANK"))
+        self.size = int(config.get("PYCOLLECTIVE_WORLD_SIZE"))
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{job['peer_port']}",
@@ -150,8 +152,10 @@ class TensorFlowBackend:
     worker): the all-reduce a tf.distribute user gets, called through a tf.function."""
 
     def __init__(self, job: dict) -> None:
-        self.rank = int(os.environ["PYCOLLECTIVE_RANK"])
-        self.size = int(os.environ["PYCOLLECTIVE_WORLD_SIZE"])
+        from pycollective import config  # the launcher's rank variables, from the one table
+
+        self.rank = int(config.get("PYCOLLECTIVE_RANK"))
+        self.size = int(config.get("PYCOLLECTIVE_WORLD_SIZE"))
         os.environ["TF_CONFIG"] = json.dumps(
             {
                 "cluster": {"worker": [f"127.0.0.1:{p}" for p in job["tf_ports"][: self.size]]},

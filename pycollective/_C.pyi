@@ -4,7 +4,7 @@ pycollective native core
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['BridgeEnd', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'scale', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'shm_link', 'tcp_link']
 class LocalGroup:
     def __init__(self, size: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
@@ -179,6 +179,8 @@ def cuda_synchronize(stream: typing.SupportsInt | typing.SupportsIndex = 0) -> N
     ...
 def enum_codes() -> dict:
     ...
+def knob_table() -> list:
+    ...
 def memory_bandwidth(bytes_per_thread: typing.SupportsInt | typing.SupportsIndex, threads: typing.SupportsInt | typing.SupportsIndex, reps: typing.SupportsInt | typing.SupportsIndex = 3) -> float:
     """
     Bytes read+written per second when `threads` threads each copy a private buffer.
@@ -209,6 +211,10 @@ def nccl_unique_id() -> bytes:
     ...
 def reduce_into(dst: typing.SupportsInt | typing.SupportsIndex, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex) -> None:
     ...
+def reload_knobs() -> None:
+    """
+    Reads the PYCOLLECTIVE_* variables again (native side); config.reload() calls it.
+    """
 def scale(data: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, factor: typing.SupportsFloat | typing.SupportsIndex) -> None:
     ...
 def shm_link(name: str, create: bool, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, digest: bytes, ring_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> Link:

@@ -1,4 +1,9 @@
-"""Every PYCOLLECTIVE_* environment variable, in one table (mirrors csrc/core/params.cc).
+"""Every PYCOLLECTIVE_* environment variable, and the one way Python code reads them.
+
+The table is the extension's (csrc/core/knobs.h, through ``_C.knob_table()``): declared once,
+for both sides. The environment is read once, at import, into a snapshot; :func:`reload` reads
+it again (``pc.init()`` and new in-process groups do, on both sides, so that a variable set
+before a group is created applies to it). Nothing on a collective's path reads the environment.
 
 Arguments beat the environment; the environment beats the default.
 """
@@ -6,74 +11,111 @@ Arguments beat the environment; the environment beats the default.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from pycollective._ext import _C
 
 
 @dataclass(frozen=True)
 class Knob:
+    """One variable: its name, type ("int", "float" or "str"), default (as text; "" for none)
+    and meaning."""
+
     name: str
+    type: str
     default: str
     doc: str
 
 
-KNOBS = [
-    Knob(
-        "PYCOLLECTIVE_TIMEOUT", "300", "Seconds a collective may take before it fails (timeout=)."
-    ),
-    Knob("PYCOLLECTIVE_SEGMENT_BYTES", "262144", "Pipeline segment of ring/chain algorithms."),
-    Knob("PYCOLLECTIVE_DEBUG", "WARN", "WARN, INFO (algorithm choices, links) or TRACE."),
-    Knob("PYCOLLECTIVE_SIMD", "", "Force the CPU kernel set: generic, avx2 or avx512."),
-    Knob("PYCOLLECTIVE_REDUCE_THREADS", "0", "Threads one large reduction may use (0 = auto)."),
-    Knob("PYCOLLECTIVE_CPU_REPLICAS", "", "CPU replicas of MirroredStrategy (default: cores)."),
-    Knob(
-        "PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE", "", "Replicas per group of in-process hierarchical."
-    ),
-    Knob("PYCOLLECTIVE_TRANSPORT", "", "Force the transport between processes: shm, tcp or grpc."),
-    Knob("PYCOLLECTIVE_IFNAME", "", "Network interface (or address) TCP links bind to."),
-    Knob("PYCOLLECTIVE_TOKEN", "", "Cluster token every control and data connection must carry."),
-    Knob("PYCOLLECTIVE_HOST_ID", "", "Overrides the host identity (tests fake several hosts)."),
-    Knob("PYCOLLECTIVE_TUNING", "", "Cost-model table written by `pycollective tune`."),
-    Knob(
-        "PYCOLLECTIVE_DEVICE_SEGMENT_BYTES",
-        "16777216",
-        "Pipeline segment of ring/chain algorithms on device buffers (each step is a kernel).",
-    ),
-    Knob(
-        "PYCOLLECTIVE_NCCL_LIBRARY",
-        "",
-        "libnccl.so.2 (a file, or a folder holding it) to load instead of searching the "
-        "nvidia-nccl-cu* wheels and the system loader.",
-    ),
-    Knob(
-        "PYCOLLECTIVE_PACKAGE_DIR",
-        "",
-        "Set by pycollective for the processes it starts (ranks, workers, ps tasks): the "
-        "package they import, even where the current directory holds the source folder.",
-    ),
-]
+KNOBS: list[Knob] = [Knob(*row) for row in _C.knob_table()]
+_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+# Values are secrets: shown as set, never printed.
+SECRET = {"PYCOLLECTIVE_TOKEN"}
+
+_snapshot: dict[str, str] = {}
 
 
-def env_float(name: str, default: float) -> float:
-    """Reads a float knob; a malformed value is an error that names the variable."""
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
+def reload(environ: Mapping[str, str] | None = None) -> None:
+    """Reads every variable of the table again, on both sides (Python and native)."""
+    env = os.environ if environ is None else environ
+    _snapshot.clear()
+    _snapshot.update({k.name: env.get(k.name, "") for k in KNOBS})
+    _C.reload_knobs()
+
+
+def knob(name: str) -> Knob:
+    """The table's entry; a name the table lacks is a programming error, said so."""
     try:
-        return float(raw)
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(
+            f"{name} is not in the table of PYCOLLECTIVE_* variables (csrc/core/knobs.h); "
+            "declare it there first"
+        ) from None
+
+
+def raw(name: str) -> str:
+    """The variable as set at the last (re)load, or "" when unset."""
+    knob(name)
+    return _snapshot.get(name, "")
+
+
+def get(name: str, default: int | float | str | None = None) -> int | float | str | None:
+    """The variable's value, parsed by its type: as set, else ``default`` when given, else the
+    table's default (None when the table has none). A malformed value is a ValueError that
+    names the variable."""
+    entry = knob(name)
+    text = raw(name)
+    if text == "":
+        if default is not None:
+            return default
+        text = entry.default
+        if text == "":
+            return None if entry.type != "str" else ""
+    if entry.type == "str":
+        return text
+    try:
+        return int(text) if entry.type == "int" else float(text)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
+        kind = "an integer" if entry.type == "int" else "a number"
+        raise ValueError(f"{name}={text!r} is not {kind}") from None
 
 
 def env_int(name: str, default: int) -> int:
-    """Reads an integer knob; a malformed value is an error that names the variable."""
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    """An integer variable, or ``default`` when unset."""
+    return int(get(name, default))  # type: ignore[arg-type]
+
+
+def env_float(name: str, default: float) -> float:
+    """A numeric variable, or ``default`` when unset."""
+    return float(get(name, default))  # type: ignore[arg-type]
 
 
 def default_timeout() -> float:
     return env_float("PYCOLLECTIVE_TIMEOUT", 300.0)
+
+
+def unknown_variables() -> list[str]:
+    """PYCOLLECTIVE_* variables set in the environment that the table lacks (typos)."""
+    return sorted(n for n in os.environ if n.startswith("PYCOLLECTIVE_") and n not in _BY_NAME)
+
+
+def markdown_table() -> str:
+    """The table as Markdown: docs/configuration.md holds exactly this (a test checks it)."""
+    rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
+    for k in KNOBS:
+        rows.append(f"| `{k.name}` | {k.type} | {k.default or '-'} | {k.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+def describe() -> str:
+    """The table as text: for ``pycollective doctor --help-env`` and docs/configuration.md."""
+    lines = []
+    for k in KNOBS:
+        default = f" (default {k.default})" if k.default else ""
+        lines.append(f"{k.name}  [{k.type}]{default}\n    {k.doc}")
+    return "\n".join(lines)
+
+
+reload()

@@ -19,10 +19,11 @@ import shutil
 import sys
 from collections.abc import Callable
 
+from pycollective import config
+
 HELP = "print the build, libraries, transports and settings found (for bug reports)"
 
 # Values of these variables are secrets: shown as set, never printed.
-_SECRET_VARIABLES = {"PYCOLLECTIVE_TOKEN"}
 _OPTIONAL_PACKAGES = (
     "numpy",
     "grpcio",
@@ -112,10 +113,10 @@ def _transports() -> dict:
         shm_line = f"available ({shm}, {usage.free / 2**30:.1f} GiB free)"
     else:
         shm_line = f"unavailable ({shm} not writable): ranks on one host will use tcp"
-    forced = os.environ.get("PYCOLLECTIVE_TRANSPORT", "")
+    forced = config.get("PYCOLLECTIVE_TRANSPORT")
     return {
         "shm": shm_line,
-        "tcp": f"binds {_guard(lambda: transports.bind_address(os.environ.get('PYCOLLECTIVE_IFNAME')))}",
+        "tcp": f"binds {_guard(lambda: transports.bind_address(None))}",
         "grpc": f"grpcio {_package('grpcio')}",
         "forced": forced or "no (shm within a host, tcp across hosts)",
     }
@@ -124,7 +125,7 @@ def _transports() -> dict:
 def _tuning() -> str:
     from pycollective import tuning
 
-    named = os.environ.get("PYCOLLECTIVE_TUNING", "")
+    named = config.get("PYCOLLECTIVE_TUNING")
     if not named:
         return "none: algo='auto' uses the built-in cost model (run `pycollective tune`)"
     table = tuning.load(named)
@@ -137,11 +138,16 @@ def _tuning() -> str:
 
 
 def _environment() -> dict:
-    return {
-        name: ("<set>" if name in _SECRET_VARIABLES else value)
-        for name, value in sorted(os.environ.items())
-        if name.startswith("PYCOLLECTIVE_")
+    """Every PYCOLLECTIVE_* variable set, from the table; and any set that the table lacks,
+    which is most likely a typo that pycollective ignores."""
+    found = {
+        k.name: ("<set>" if k.name in config.SECRET else config.raw(k.name))
+        for k in config.KNOBS
+        if config.raw(k.name)
     }
+    for name in config.unknown_variables():
+        found[name] = "not a pycollective variable: ignored (a typo?)"
+    return dict(sorted(found.items()))
 
 
 def collect() -> dict:
@@ -170,9 +176,17 @@ def _print(report: dict, indent: int = 0) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.add_argument(
+        "--help-env",
+        action="store_true",
+        help="list every PYCOLLECTIVE_* variable: type, default, meaning",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.help_env:
+        print(config.describe())
+        return 0
     report = collect()
     if args.json:
         print(json.dumps(report, indent=1, default=str))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pycollective import tuning
+from pycollective import config, tuning
 from pycollective._calls import KINDS, Prepared, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_int
@@ -37,6 +37,7 @@ class LocalCommunicator:
     ) -> None:
         if not isinstance(num_replicas, int) or num_replicas < 1:
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+        config.reload()  # a group's start-up: the variables as they are now, on both sides
         if group_size is None:
             group_size = env_int("PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE", 0)
         self._timeout = default_timeout() if timeout is None else float(timeout)

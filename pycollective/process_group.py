@@ -13,14 +13,13 @@ makes sub-groups of it.
 from __future__ import annotations
 
 import atexit
-import os
 import secrets
 import threading
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pycollective import _exchange, tuning
+from pycollective import _exchange, config, tuning
 from pycollective._calls import KINDS, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
@@ -520,7 +519,7 @@ class _World:
         self._notice = threading.Event()
         self._reported = False
         listener = TcpListener.open(ifname, spec.master_addr)
-        forced = transport or os.environ.get("PYCOLLECTIVE_TRANSPORT") or None
+        forced = transport or config.get("PYCOLLECTIVE_TRANSPORT") or None
         token = spec.token or secrets.token_hex(16)
         endpoints = {"tcp": listener.endpoint}
         self.grpc_plane = None
@@ -673,6 +672,7 @@ def init(
                 "pycollective.init() was already called in this process; call "
                 "pycollective.shutdown() first"
             )
+        config.reload()  # a group's start-up: the variables as they are now, on both sides
         spec = ClusterSpec.from_env(
             rank=rank,
             world_size=world_size,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import socket
 import struct
@@ -19,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pycollective import config
 from pycollective._ext import _C
 from pycollective.errors import CollectiveError
 
@@ -60,7 +60,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def bind_address(ifname: str | None) -> str:
     """The address TCP links listen on: PYCOLLECTIVE_IFNAME may name an interface or an address."""
-    name = ifname or os.environ.get("PYCOLLECTIVE_IFNAME", "")
+    name = ifname or config.get("PYCOLLECTIVE_IFNAME")
     if not name:
         return "0.0.0.0"
     try:

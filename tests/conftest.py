@@ -40,5 +40,10 @@ def _neutral_working_directory(tmp_path_factory):
 def small_segments(monkeypatch):
     """Forces many pipeline segments per chunk, so segment arithmetic is exercised on small
     arrays (gloo's maxSegmentSize test hook)."""
+    from pycollective import config
+
     monkeypatch.setenv("PYCOLLECTIVE_SEGMENT_BYTES", "24")
+    config.reload()  # variables are read once; groups created from here on see it
     yield 24
+    monkeypatch.undo()
+    config.reload()

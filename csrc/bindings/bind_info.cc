@@ -7,6 +7,7 @@
 #include "bindings/bindings.h"
 #include "config.h"
 #include "core/error.h"
+#include "core/knobs.h"
 #include "core/memory_bandwidth.h"
 #include "cuda/device_ops.h"
 #include "optim/replicated_update.h"
@@ -68,6 +69,17 @@ void bindInfo(py::module_& m) {
     return info;
   });
   m.def("algorithms", &algorithmNames);
+  // The one table of PYCOLLECTIVE_* variables (core/knobs.h): pycollective/config.py reads it.
+  m.def("knob_table", [] {
+    py::list rows;
+    for (int i = 0; i < knobs::kNumKnobs; ++i) {
+      const knobs::KnobInfo& k = knobs::info(static_cast<knobs::Knob>(i));
+      rows.append(py::make_tuple(k.name, k.type, k.defaultValue, k.meaning));
+    }
+    return rows;
+  });
+  m.def("reload_knobs", &knobs::reload,
+        "Reads the PYCOLLECTIVE_* variables again (native side); config.reload() calls it.");
   // The native enums' codes by name. Python builds its tables from these (pycollective/
   // tensors.py, reduce_op.py, _calls.py, _exchange.py, fused_update.py) instead of keeping
   // copies of the numbers.

@@ -8,7 +8,7 @@
 
 #include "bindings/bindings.h"
 #include "core/error.h"
-#include "core/params.h"
+#include "core/knobs.h"
 #include "cuda/nccl_comm.h"
 #include "cuda/nccl_loader.h"
 
@@ -63,8 +63,7 @@ void bindNccl(py::module_& m) {
       "nccl_search_order",
       [](const WheelDirs& dirs) {
         std::vector<std::pair<std::string, std::string>> out;
-        for (const auto& c :
-             nccl::Library::searchOrder(params::envString("PYCOLLECTIVE_NCCL_LIBRARY", ""), dirs))
+        for (const auto& c : nccl::Library::searchOrder(knobs::text(knobs::kNcclLibrary), dirs))
           out.emplace_back(c.path, c.origin);
         return out;
       },
@@ -73,8 +72,8 @@ void bindNccl(py::module_& m) {
       "nccl_probe",
       [](const WheelDirs& dirs) {
         // A private load, never the process's library: tests probe fake paths with it.
-        auto lib = nccl::Library::open(
-            nccl::Library::searchOrder(params::envString("PYCOLLECTIVE_NCCL_LIBRARY", ""), dirs));
+        auto lib =
+            nccl::Library::open(nccl::Library::searchOrder(knobs::text(knobs::kNcclLibrary), dirs));
         return describeLibrary(*lib);
       },
       py::arg("wheel_dirs"),

@@ -1,5 +1,7 @@
 #include "core/logging.h"
 
+#include "core/knobs.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,8 +13,8 @@ namespace pycollective {
 
 namespace {
 LogLevel parseLevel() {
-  const char* env = std::getenv("PYCOLLECTIVE_DEBUG");
-  if (env == nullptr || *env == '\0') return LogLevel::kWarn;
+  const std::string setting = knobs::text(knobs::kDebug);
+  const char* env = setting.c_str();
   if (strcasecmp(env, "TRACE") == 0) return LogLevel::kTrace;
   if (strcasecmp(env, "INFO") == 0) return LogLevel::kInfo;
   if (strcasecmp(env, "NONE") == 0) return LogLevel::kNone;

@@ -1,8 +1,7 @@
 #pragma once
-// The one table of PYCOLLECTIVE_* knobs read by native code. Python mirrors it in
-// pycollective/config.py. Arguments beat the environment, the environment beats the default.
+// Typed, checked accessors for the knobs native code uses (the table: core/knobs.h). Arguments
+// beat the environment, the environment beats the default.
 #include <cstddef>
-#include <string>
 
 namespace pycollective {
 namespace params {
@@ -16,11 +15,6 @@ size_t deviceSegmentBytes();
 double timeoutSeconds();
 // Threads a single large reduction may use (PYCOLLECTIVE_REDUCE_THREADS, 0 = automatic).
 int reduceThreads();
-
-// Reads an integer / floating / string environment variable, or returns the fallback.
-long long envInt(const char* name, long long fallback);
-double envDouble(const char* name, double fallback);
-std::string envString(const char* name, const std::string& fallback);
 
 }  // namespace params
 }  // namespace pycollective

@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <system_error>
+
+#include "core/knobs.h"
 
 namespace pycollective {
 
@@ -53,8 +56,9 @@ constexpr int kMaxReductionThreads = 1024;
 
 int reductionThreads() {
   const int fallback = availableCpus();
-  const char* env = std::getenv("PYCOLLECTIVE_REDUCE_THREADS");
-  if (env == nullptr || *env == '\0') return fallback;
+  const std::string setting = knobs::text(knobs::kReduceThreads);
+  if (setting == "0") return fallback;  // the default: automatic
+  const char* env = setting.c_str();
   char* end = nullptr;
   errno = 0;
   const long value = std::strtol(env, &end, 10);

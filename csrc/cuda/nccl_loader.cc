@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "core/params.h"
+#include "core/knobs.h"
 
 namespace pycollective {
 namespace nccl {
@@ -159,8 +159,7 @@ const Library& library() {
   std::lock_guard<std::mutex> lock(libraryMutex());
   ProcessState& s = state();
   if (!s.library)
-    s.library = Library::open(
-        Library::searchOrder(params::envString("PYCOLLECTIVE_NCCL_LIBRARY", ""), s.wheelDirs));
+    s.library = Library::open(Library::searchOrder(knobs::text(knobs::kNcclLibrary), s.wheelDirs));
   return *s.library;
 }
 

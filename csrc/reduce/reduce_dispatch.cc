@@ -4,8 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #include "core/error.h"
+#include "core/knobs.h"
 #include "core/thread_pool.h"
 #include "reduce/reduce.h"
 #include "reduce/reduce_cpu_impl.h"
@@ -63,8 +65,9 @@ Selection selectKernels() {
   Selection s;
   const SimdLevel best = detectLevel();
   s.level = best;
-  const char* env = std::getenv("PYCOLLECTIVE_SIMD");
-  if (env != nullptr && *env != '\0') {
+  const std::string setting = knobs::text(knobs::kSimd);
+  const char* env = setting.c_str();
+  if (*env != '\0') {
     SimdLevel requested = best;
     bool known = true;
     if (std::strcmp(env, "generic") == 0) {

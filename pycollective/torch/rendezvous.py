@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 
 import pycollective as pc
+from pycollective import config
 
 _lock = threading.Lock()
 _world: _World | None = None
@@ -50,7 +51,7 @@ def _form(store, rank: int, size: int, timeout: float) -> pc.ProcessGroup:
     global _generation
     _generation += 1
     key = f"pycollective/{_generation}"
-    own_token = os.environ.get("PYCOLLECTIVE_TOKEN") or None
+    own_token = config.get("PYCOLLECTIVE_TOKEN") or None
     if rank == 0:
         token = own_token or secrets.token_hex(16)
 

@@ -9,9 +9,9 @@ every host's devices and one mesh spans them all.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
+from pycollective import config as _config
 from pycollective.rendezvous.cluster import ClusterSpec as _ProcessSpec
 from pycollective.rendezvous.cluster import format_address
 
@@ -85,7 +85,7 @@ class TPUClusterResolver(ClusterResolver):
         # The cluster token authenticates pycollective's own connections; JAX's coordination
         # service does not use it, so a launcher without one (torchrun) is fine here.
         self._process = _ProcessSpec.from_env(
-            token=os.environ.get("PYCOLLECTIVE_TOKEN") or "not-used-by-jax"
+            token=_config.get("PYCOLLECTIVE_TOKEN") or "not-used-by-jax"
         )
         self._coordinator = coordinator_address
         if self._process.world_size > 1:

@@ -1,0 +1,84 @@
+#pragma once
+// The one table of PYCOLLECTIVE_* environment variables, for both sides: native code reads them
+// through knobs::text()/integer()/number(), Python through _C.knob_table() and
+// pycollective/config.py. Each is read once, when the process starts using pycollective (and
+// again only on knobs::reload(), which Python calls when a group is created), never on a hot
+// path. Arguments beat the environment; the environment beats the default.
+#include <string>
+
+namespace pycollective {
+namespace knobs {
+
+// X(id, NAME, type, default, meaning). Types: int, float, str. Keep the list sorted by use.
+#define PYCOLLECTIVE_KNOB_TABLE(X)                                                                \
+  X(kTimeout, "PYCOLLECTIVE_TIMEOUT", "float", "300",                                             \
+    "Seconds a collective may take before it fails (timeout= overrides).")                        \
+  X(kSegmentBytes, "PYCOLLECTIVE_SEGMENT_BYTES", "int", "262144",                                 \
+    "Pipeline segment of the ring and chain algorithms, bytes.")                                  \
+  X(kDeviceSegmentBytes, "PYCOLLECTIVE_DEVICE_SEGMENT_BYTES", "int", "16777216",                  \
+    "Pipeline segment on device buffers (each step is a kernel), bytes.")                         \
+  X(kReduceThreads, "PYCOLLECTIVE_REDUCE_THREADS", "int", "0",                                    \
+    "Threads one large reduction may use (0: automatic).")                                        \
+  X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
+    "Log level: NONE, WARN, INFO (algorithm choices, links) or TRACE.")                           \
+  X(kSimd, "PYCOLLECTIVE_SIMD", "str", "",                                                        \
+    "Force the CPU kernel set: generic, avx2 or avx512 (default: the best the CPU has).")         \
+  X(kTransport, "PYCOLLECTIVE_TRANSPORT", "str", "",                                              \
+    "Force the transport between processes: shm, tcp or grpc.")                                   \
+  X(kIfname, "PYCOLLECTIVE_IFNAME", "str", "",                                                    \
+    "Network interface (or address) TCP links bind to.")                                          \
+  X(kToken, "PYCOLLECTIVE_TOKEN", "str", "",                                                      \
+    "Cluster token every control and data connection must carry (a secret).")                     \
+  X(kHostId, "PYCOLLECTIVE_HOST_ID", "str", "",                                                   \
+    "Overrides this host's identity (tests fake several hosts on one machine).")                  \
+  X(kTuning, "PYCOLLECTIVE_TUNING", "str", "",                                                    \
+    "Table written by `pycollective tune` that algo='auto' follows.")                             \
+  X(kHeartbeatTimeout, "PYCOLLECTIVE_HEARTBEAT_TIMEOUT", "float", "10",                           \
+    "Seconds without a heartbeat after which a rank counts as frozen.")                           \
+  X(kConnectTimeout, "PYCOLLECTIVE_CONNECT_TIMEOUT", "float", "60",                               \
+    "Seconds a rank waits for the group to form.")                                                \
+  X(kShmRingBytes, "PYCOLLECTIVE_SHM_RING_BYTES", "int", "4194304",                               \
+    "Size of each shared-memory link's ring, bytes.")                                             \
+  X(kCpuReplicas, "PYCOLLECTIVE_CPU_REPLICAS", "int", "0",                                        \
+    "CPU replicas of MirroredStrategy (0: one per core).")                                        \
+  X(kHierarchicalGroupSize, "PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE", "int", "0",                   \
+    "Replicas per group of in-process hierarchical all-reduce (0: automatic).")                   \
+  X(kNcclLibrary, "PYCOLLECTIVE_NCCL_LIBRARY", "str", "",                                         \
+    "libnccl.so.2 (a file, or a folder holding it) to load instead of searching.")                \
+  X(kRank, "PYCOLLECTIVE_RANK", "int", "", "This process's rank (set by `pycollective run`).")    \
+  X(kWorldSize, "PYCOLLECTIVE_WORLD_SIZE", "int", "", "Number of ranks (set by the launcher).")   \
+  X(kLocalRank, "PYCOLLECTIVE_LOCAL_RANK", "int", "", "Rank among this host's ranks.")            \
+  X(kLocalSize, "PYCOLLECTIVE_LOCAL_SIZE", "int", "", "Ranks on this host.")                      \
+  X(kMasterAddr, "PYCOLLECTIVE_MASTER_ADDR", "str", "", "Host of rank 0's coordination service.") \
+  X(kMasterPort, "PYCOLLECTIVE_MASTER_PORT", "int", "", "Port of rank 0's coordination service.") \
+  X(kPackageDir, "PYCOLLECTIVE_PACKAGE_DIR", "str", "",                                           \
+    "Set by pycollective for the processes it starts: the package they import.")                  \
+  X(kCuda, "PYCOLLECTIVE_CUDA", "str", "AUTO",                                                    \
+    "Build time: compile the CUDA kernels (AUTO, ON or OFF).")                                    \
+  X(kWerror, "PYCOLLECTIVE_WERROR", "str", "OFF", "Build time: warnings are errors (ON, OFF).")
+
+enum Knob : int {
+#define PYCOLLECTIVE_KNOB_ID(id, name, type, def, doc) id,
+  PYCOLLECTIVE_KNOB_TABLE(PYCOLLECTIVE_KNOB_ID)
+#undef PYCOLLECTIVE_KNOB_ID
+      kNumKnobs
+};
+
+struct KnobInfo {
+  const char* name;
+  const char* type;
+  const char* defaultValue;
+  const char* meaning;
+};
+const KnobInfo& info(Knob k);
+
+// The variable's value as set when the table was last read, or its default when unset/empty.
+std::string text(Knob k);
+// Parsed; a malformed value is an error naming the variable.
+long long integer(Knob k);
+double number(Knob k);
+// Reads the environment again (a new group, or a test that changed a variable).
+void reload();
+
+}  // namespace knobs
+}  // namespace pycollective
