@@ -130,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
     from . import inproc, procs
     from .cli import IN_PROCESS_ONLY, Progress, sizes
 
-    out_path = args.output or config.get("PYCOLLECTIVE_TUNING") or "pycollective-tuning.json"
+    out_path = args.output or config.text("PYCOLLECTIVE_TUNING") or "pycollective-tuning.json"
     world = args.world or max(2, min(4, os.cpu_count() or 2))
     sweep = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     collectives = [c for c in args.collectives.split(",") if c]

@@ -82,6 +82,11 @@ def get(name: str, default: int | float | str | None = None) -> int | float | st
         raise ValueError(f"{name}={text!r} is not {kind}") from None
 
 
+def text(name: str) -> str:
+    """A string variable's value ("" when unset and the table has no default)."""
+    return str(get(name) or "")
+
+
 def env_int(name: str, default: int) -> int:
     """An integer variable, or ``default`` when unset."""
     return int(get(name, default))  # type: ignore[arg-type]

@@ -113,7 +113,7 @@ def _transports() -> dict:
         shm_line = f"available ({shm}, {usage.free / 2**30:.1f} GiB free)"
     else:
         shm_line = f"unavailable ({shm} not writable): ranks on one host will use tcp"
-    forced = config.get("PYCOLLECTIVE_TRANSPORT")
+    forced = config.text("PYCOLLECTIVE_TRANSPORT")
     return {
         "shm": shm_line,
         "tcp": f"binds {_guard(lambda: transports.bind_address(None))}",
@@ -125,7 +125,7 @@ def _transports() -> dict:
 def _tuning() -> str:
     from pycollective import tuning
 
-    named = config.get("PYCOLLECTIVE_TUNING")
+    named = config.text("PYCOLLECTIVE_TUNING")
     if not named:
         return "none: algo='auto' uses the built-in cost model (run `pycollective tune`)"
     table = tuning.load(named)

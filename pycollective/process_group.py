@@ -519,7 +519,7 @@ class _World:
         self._notice = threading.Event()
         self._reported = False
         listener = TcpListener.open(ifname, spec.master_addr)
-        forced = transport or config.get("PYCOLLECTIVE_TRANSPORT") or None
+        forced = transport or config.text("PYCOLLECTIVE_TRANSPORT") or None
         token = spec.token or secrets.token_hex(16)
         endpoints = {"tcp": listener.endpoint}
         self.grpc_plane = None

@@ -60,7 +60,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def bind_address(ifname: str | None) -> str:
     """The address TCP links listen on: PYCOLLECTIVE_IFNAME may name an interface or an address."""
-    name = ifname or config.get("PYCOLLECTIVE_IFNAME")
+    name = ifname or config.text("PYCOLLECTIVE_IFNAME")
     if not name:
         return "0.0.0.0"
     try:

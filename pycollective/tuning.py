@@ -51,7 +51,7 @@ def load(path: str | None = None) -> Tuning | None:
     """The tuning named by `path` or PYCOLLECTIVE_TUNING; None when neither names a file.
     A file that is named but unreadable is an error: a silently ignored tuning would leave the
     user believing it applied."""
-    path = path or config.get("PYCOLLECTIVE_TUNING")
+    path = path or config.text("PYCOLLECTIVE_TUNING")
     if not path:
         return None
     try:

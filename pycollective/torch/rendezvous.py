@@ -51,7 +51,7 @@ def _form(store, rank: int, size: int, timeout: float) -> pc.ProcessGroup:
     global _generation
     _generation += 1
     key = f"pycollective/{_generation}"
-    own_token = config.get("PYCOLLECTIVE_TOKEN") or None
+    own_token = config.text("PYCOLLECTIVE_TOKEN") or None
     if rank == 0:
         token = own_token or secrets.token_hex(16)
 

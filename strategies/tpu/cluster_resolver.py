@@ -85,7 +85,7 @@ class TPUClusterResolver(ClusterResolver):
         # The cluster token authenticates pycollective's own connections; JAX's coordination
         # service does not use it, so a launcher without one (torchrun) is fine here.
         self._process = _ProcessSpec.from_env(
-            token=_config.get("PYCOLLECTIVE_TOKEN") or "not-used-by-jax"
+            token=_config.text("PYCOLLECTIVE_TOKEN") or "not-used-by-jax"
         )
         self._coordinator = coordinator_address
         if self._process.world_size > 1:
