@@ -4,7 +4,7 @@ pycollective native core
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['BridgeEnd', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class LocalGroup:
     def __init__(self, size: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
@@ -217,6 +217,10 @@ def reload_knobs() -> None:
     """
 def scale(data: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, factor: typing.SupportsFloat | typing.SupportsIndex) -> None:
     ...
+def set_log_rank(rank: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    This process's rank, for the prefix of native log lines (pycollective/log.py).
+    """
 def shm_link(name: str, create: bool, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, digest: bytes, ring_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> Link:
     """
     Creates (lower rank) or opens a shared-memory segment; blocks until both sides attached.

@@ -14,6 +14,7 @@ See README.md and docs/ for process groups, launchers, strategies and benchmarks
 
 from __future__ import annotations
 
+from pycollective import log as _log  # noqa: E402,F401  (one log format, both sides)
 from pycollective import nccl  # pc.nccl: NCCL communicators on CUDA devices
 
 # First: loads the extension, or explains why it is missing (see _ext's docstring).

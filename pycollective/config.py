@@ -11,6 +11,7 @@ Arguments beat the environment; the environment beats the default.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -42,6 +43,10 @@ def reload(environ: Mapping[str, str] | None = None) -> None:
     _snapshot.clear()
     _snapshot.update({k.name: env.get(k.name, "") for k in KNOBS})
     _C.reload_knobs()
+    # The Python side's level and subsystems (pycollective/log.py, once it has loaded).
+    apply_log_settings = getattr(sys.modules.get("pycollective.log"), "apply_settings", None)
+    if apply_log_settings is not None:
+        apply_log_settings()
 
 
 def knob(name: str) -> Knob:

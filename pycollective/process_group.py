@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pycollective import _exchange, config, tuning
+from pycollective import _exchange, config, log, tuning
 from pycollective._calls import KINDS, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
@@ -680,6 +680,7 @@ def init(
             token=token,
             announced=announce is not None,
         )
+        log.set_rank(spec.rank)
         _world = _World(
             spec,
             default_timeout() if timeout is None else float(timeout),

@@ -2,7 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <sstream>
+#include <string>
 
 #include "algorithms/barrier.h"
 #include "algorithms/chunking.h"
@@ -22,6 +25,26 @@ const std::vector<const Algorithm*>& registry() {
       &ring::algorithm(),          &halving_doubling::algorithm(), &hierarchical::algorithm(),
       &reduce_to_one::algorithm(), &direct::algorithm(),           &pairwise::algorithm()};
   return all;
+}
+
+// auto's choice is logged once per communicator, group, collective, dtype, power-of-two size
+// class and algorithm, not once per call: a training loop makes the same calls every step.
+bool firstOfSizeClass(const std::string& who, int groupId, const CollectiveArgs& args,
+                      const Algorithm* algo) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  size_t bytes = args.count * elementSize(args.dtype);
+  int sizeClass = 0;
+  while (bytes > 1) {
+    bytes >>= 1;
+    ++sizeClass;
+  }
+  const std::string key = who + "|" + std::to_string(groupId) + "|" +
+                          std::to_string(static_cast<int>(args.kind)) + "|" +
+                          std::to_string(static_cast<int>(args.dtype)) + "|" +
+                          std::to_string(sizeClass) + "|" + algo->name();
+  std::lock_guard<std::mutex> lock(mu);
+  return said.insert(key).second;
 }
 
 uint8_t indexOf(const Algorithm* algo) {
@@ -193,15 +216,20 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
   if (reducesData(args.kind)) lookupReduce(args.dtype, args.op);
 
   const Algorithm* algo = nullptr;
+  const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);
   if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
-    PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",
-            args.count * elementSize(args.dtype), " bytes from the tuned table");
+    if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
+      PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
+              " of ", args.count * elementSize(args.dtype),
+              " bytes from the tuned table (said once per size class)");
   } else if (algoName == "auto") {
-    Choice c = chooseAuto(group, args, logLevel() >= LogLevel::kInfo);
+    Choice c = chooseAuto(group, args, explain);
     PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
     algo = c.algo;
-    PC_INFO(comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind), " of ",
-            args.count * elementSize(args.dtype), " bytes; model:", c.table);
+    if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
+      PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
+              " of ", args.count * elementSize(args.dtype),
+              " bytes (said once per size class); model:", c.table);
   } else {
     PC_CHECK(algoName != kInlineAlgorithm, comm.who(),
              " algorithm 'inline' computes a "

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "core/error.h"
 #include "core/knobs.h"
+#include "core/logging.h"
 #include "core/memory_bandwidth.h"
 #include "cuda/device_ops.h"
 #include "optim/replicated_update.h"
@@ -78,6 +79,8 @@ void bindInfo(py::module_& m) {
     }
     return rows;
   });
+  m.def("set_log_rank", &setLogRank, py::arg("rank"),
+        "This process's rank, for the prefix of native log lines (pycollective/log.py).");
   m.def("reload_knobs", &knobs::reload,
         "Reads the PYCOLLECTIVE_* variables again (native side); config.reload() calls it.");
   // The native enums' codes by name. Python builds its tables from these (pycollective/

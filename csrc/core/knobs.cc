@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/logging.h"
 
 namespace pycollective {
 namespace knobs {
@@ -87,9 +88,12 @@ double number(Knob k) {
 }
 
 void reload() {
-  Snapshot& s = snapshot();
-  std::lock_guard<std::mutex> lock(s.mu);
-  readLocked(s);
+  {
+    Snapshot& s = snapshot();
+    std::lock_guard<std::mutex> lock(s.mu);
+    readLocked(s);
+  }
+  reloadLogSettings();
 }
 
 }  // namespace knobs

@@ -21,6 +21,9 @@ namespace knobs {
     "Threads one large reduction may use (0: automatic).")                                        \
   X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
     "Log level: NONE, WARN, INFO (algorithm choices, links) or TRACE.")                           \
+  X(kDebugSubsys, "PYCOLLECTIVE_DEBUG_SUBSYS", "str", "ALL",                                      \
+    "Subsystems INFO/TRACE cover: INIT, COLL, TRANSPORT, TUNING, NCCL, STRATEGIES, PS; "          \
+    "ALL, or ^LIST for all but those.")                                                           \
   X(kSimd, "PYCOLLECTIVE_SIMD", "str", "",                                                        \
     "Force the CPU kernel set: generic, avx2 or avx512 (default: the best the CPU has).")         \
   X(kTransport, "PYCOLLECTIVE_TRANSPORT", "str", "",                                              \

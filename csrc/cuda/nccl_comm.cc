@@ -156,7 +156,7 @@ NcclComm::NcclComm(int nranks, const nccl::UniqueId& id, int rank, int device,
         "how far init got)");
   }
   startWatchdog();
-  PC_INFO(who(), " NCCL ", lib_.versionString(), " communicator ready (", lib_.path(), ")");
+  PC_INFO(kNccl, who(), " NCCL ", lib_.versionString(), " communicator ready (", lib_.path(), ")");
 }
 
 std::vector<std::unique_ptr<NcclComm>> NcclComm::initAll(const std::vector<int>& devices,
@@ -247,7 +247,7 @@ NcclComm::~NcclComm() {
     if (flushed) {
       lib_.api().commDestroy(comm_);
     } else {
-      PC_WARN(who(), " outstanding NCCL work did not finish while closing; aborting it");
+      PC_WARN(kNccl, who(), " outstanding NCCL work did not finish while closing; aborting it");
       lib_.api().commAbort(comm_);
     }
     comm_ = nullptr;
@@ -516,7 +516,7 @@ void NcclComm::fail(Failure kind, const std::string& message) noexcept {
     }
   }
   if (!aborted_.exchange(true)) {
-    PC_WARN(message);
+    PC_WARN(kNccl, message);
     // Exclusive: waits for NCCL calls in flight on other threads (non-blocking communicators
     // return promptly), so the handle is never used after NCCL freed it.
     std::unique_lock<std::shared_mutex> lock(callMu_);

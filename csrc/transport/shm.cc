@@ -193,7 +193,7 @@ class ShmLink : public Link {
     peerStartTicks_ = other.startTicks;
     watchPid_ = pidNamesPeer(peerPid_, peerStartTicks_);
     if (!watchPid_)
-      PC_WARN("shm link ", name_, ": pid ", peerPid_, " of rank ", peer_,
+      PC_WARN(kTransport, "shm link ", name_, ": pid ", peerPid_, " of rank ", peer_,
               " is not visible from rank ", rank_,
               " (another pid namespace?): if it dies "
               "without aborting, only the collective timeout will notice");
@@ -600,8 +600,8 @@ std::unique_ptr<Link> createSegment(const ShmLinkOptions& o, const Deadline& dea
     }
     sleepPoll();
   }
-  PC_INFO("shm link rank ", o.rank, " -> rank ", o.peer, ": created ", o.name, ", two rings of ",
-          o.ringBytes, " bytes");
+  PC_INFO(kTransport, "shm link rank ", o.rank, " -> rank ", o.peer, ": created ", o.name,
+          ", two rings of ", o.ringBytes, " bytes");
   auto link = std::make_unique<ShmLink>(o, g.addr, g.bytes, 0);
   g.release();  // the opener unlinked the name before it attached
   return link;
@@ -688,9 +688,9 @@ std::unique_ptr<Link> openSegment(const ShmLinkOptions& o, const Deadline& deadl
     throw RemoteError(makeMessage("rank ", o.peer, " abandoned shm segment ", o.name, ": ",
                                   loadReason(creator.reason)));
   if (ringBytes != o.ringBytes)
-    PC_INFO("shm link rank ", o.rank, " -> rank ", o.peer, ": using the creator's rings of ",
-            ringBytes, " bytes (asked for ", o.ringBytes, ")");
-  PC_INFO("shm link rank ", o.rank, " -> rank ", o.peer, ": opened ", o.name);
+    PC_INFO(kTransport, "shm link rank ", o.rank, " -> rank ", o.peer,
+            ": using the creator's rings of ", ringBytes, " bytes (asked for ", o.ringBytes, ")");
+  PC_INFO(kTransport, "shm link rank ", o.rank, " -> rank ", o.peer, ": opened ", o.name);
   auto link = std::make_unique<ShmLink>(o, g.addr, g.bytes, 1);
   g.release();
   return link;

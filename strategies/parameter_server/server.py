@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         "PYCOLLECTIVE_TOKEN, the cluster's shared secret) until SIGTERM or SIGINT. "
         "Prints '<task> serving on <address>' once it listens.",
     ).parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     server = Server(TFConfigClusterResolver())
 
     def stop(signum: int, frame: Any) -> None:
