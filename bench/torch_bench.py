@@ -23,18 +23,19 @@ import sys
 import tempfile
 import time
 
+from pycollective._spawn import child_environment, python_module_command
+
 from .metrics import human_bytes, parse_size
 from .report import table
 from .rows import Row
 from .timing import summarize, time_interleaved
 
-_PKG = __package__  # "bench" in a checkout, "pycollective.bench" when installed
 BACKENDS = ("pycollective", "gloo")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m pycollective.bench.torch_bench", description=__doc__.split("\n\n")[0]
+        prog="pycollective bench-torch", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--worlds", default="2,4", help="comma-separated rank counts")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
@@ -188,8 +189,8 @@ def run_world(world: int, job: dict, deadline_s: float) -> dict:
         json.dump(job, f)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", f"{_PKG}.torch_bench", "--worker", path],
-            env=dict(os.environ, BENCH_RANK=str(r)),
+            python_module_command("pycollective.bench.torch_bench", "--worker", path),
+            env=dict(child_environment(), BENCH_RANK=str(r)),
             stdout=subprocess.PIPE if r else None,
             stderr=subprocess.STDOUT,
             text=True,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 
 # Set by pycollective._spawn for the processes pycollective starts.
 PACKAGE_DIR_VARIABLE = "PYCOLLECTIVE_PACKAGE_DIR"
@@ -68,7 +69,12 @@ def _load():
         if installed is not None:
             _import_from(installed)
             return importlib.import_module("pycollective._C")
-        if not any(f.startswith("_C.") for f in os.listdir(_HERE)):
+        built = [
+            f
+            for f in os.listdir(_HERE)
+            if f.startswith("_C.") and f.endswith(tuple(EXTENSION_SUFFIXES))
+        ]
+        if not built:
             raise ImportError(
                 f"pycollective was imported from its source folder {_HERE}, which has no "
                 "compiled extension (pycollective._C): the current directory, or a folder on "

@@ -36,6 +36,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from pycollective import config
 from pycollective._calls import check_avg
 from pycollective._ext import _C
 from pycollective.config import default_timeout
@@ -102,12 +103,14 @@ def _ensure_search() -> None:
     global _search_set
     with _search_lock:
         if not _search_set:
+            config.reload()
             _C.nccl_set_wheel_dirs(wheel_dirs())
             _search_set = True
 
 
 def search_order() -> list[tuple[str, str]]:
     """The (path, origin) candidates for libnccl, in the order they are tried."""
+    config.reload()  # looking for NCCL is a start-up: PYCOLLECTIVE_NCCL_LIBRARY as it is now
     return [tuple(c) for c in _C.nccl_search_order(wheel_dirs())]
 
 
@@ -115,6 +118,7 @@ def probe(dirs: Sequence[tuple[str, str]] | None = None) -> dict:
     """Tries the search order once (with `dirs` as the wheel folders, default: the installed
     wheels'), without keeping the library: for diagnostics and tests. Returns
     {version, version_code, path, origin}; raises NcclUnavailable listing every path tried."""
+    config.reload()
     return dict(_C.nccl_probe(list(wheel_dirs() if dirs is None else dirs)))
 
 

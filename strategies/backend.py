@@ -46,7 +46,9 @@ SEND_ALONE_BYTES = 256 << 10
 
 
 def default_timeout() -> float:
-    """Seconds a collective (and a replicas' collective slot) may wait: PYCOLLECTIVE_TIMEOUT or 300."""
+    """Seconds a collective (and a replicas' collective slot) may wait: PYCOLLECTIVE_TIMEOUT or
+    300, as set when the strategy is created (a start-up: the variables are read again)."""
+    _config.reload()
     return _config.default_timeout()
 
 

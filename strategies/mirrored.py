@@ -21,6 +21,7 @@ def canonical_cpu_device(index: int, job: str = "localhost", task: int = 0) -> s
 
 def default_cpu_replicas() -> int:
     """PYCOLLECTIVE_CPU_REPLICAS, else the number of CPU cores."""
+    _config.reload()  # a strategy's start-up: the variables as they are now
     n = _config.env_int("PYCOLLECTIVE_CPU_REPLICAS", 0)
     if n < 0:
         raise ValueError(f"PYCOLLECTIVE_CPU_REPLICAS must be a positive integer, got {n}")

@@ -119,6 +119,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             rank = members.index((task_type, task_id))
         else:
             rank = 0
+        _config.reload()  # a strategy's start-up: the variables as they are now
         local = _config.env_int("PYCOLLECTIVE_CPU_REPLICAS", 0) or 1
         algorithm = _algorithm_for(options.implementation)
         if num_workers > 1:

@@ -76,7 +76,13 @@ def _fake_nccl(version: int, symbols=ALL_SYMBOLS) -> str:
 
 @pytest.fixture
 def no_env(monkeypatch):
+    from pycollective import config
+
     monkeypatch.delenv("PYCOLLECTIVE_NCCL_LIBRARY", raising=False)
+    config.reload()  # variables are read once; the native search below reads this snapshot
+    yield
+    monkeypatch.undo()
+    config.reload()
 
 
 @pytest.fixture
