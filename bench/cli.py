@@ -55,7 +55,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="comma-separated algorithms (default: all that the mode can run)",
     )
     p.add_argument(
-        "--transports", default="shm", help="procs mode: comma-separated transports among shm, tcp"
+        "--transports",
+        default="shm",
+        help="procs mode: comma-separated transports among shm, tcp, grpc",
     )
     p.add_argument(
         "--peers",

@@ -101,7 +101,7 @@ def _cuda_devices() -> str:
 
     if not _C.build_info()["cuda"]:
         return "not compiled in"
-    return f"{_C.cuda_device_count()} device(s): {_C.cuda_describe()}"
+    return _C.cuda_describe()
 
 
 def _transports() -> dict:
