@@ -26,7 +26,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _installed_package_dir() -> str | None:
     """The package folder a parent pycollective process named, if it is not this folder and
-    holds a package."""
+    holds a package. Read by hand, not through pycollective.config: this runs before the
+    extension, which holds the table of variables, is loaded."""
     named = os.environ.get(PACKAGE_DIR_VARIABLE, "")
     if not named or not os.path.isfile(os.path.join(named, "__init__.py")):
         return None
