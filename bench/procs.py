@@ -12,33 +12,37 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 
+from pycollective._ports import PortReservation
 from pycollective._spawn import child_environment, python_module_command
 
 from .rows import Row
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawn_ranks(
     job: dict, world: int, deadline_s: float, progress: Callable[[str], None]
 ) -> list[dict]:
     """Runs one job on `world` processes; returns rank 0's rows."""
+    # Ports for the coordinator, the peers' torch store and TensorFlow's servers, held until the
+    # ranks are gone (pycollective/_ports.py).
+    with PortReservation(world + 2) as reserved:
+        return _run_ranks(job, world, deadline_s, progress, reserved.ports)
+
+
+def _run_ranks(
+    job: dict, world: int, deadline_s: float, progress: Callable[[str], None], ports: list[int]
+) -> list[dict]:
+    port, peer_port, *tf_ports = ports
     tmp = tempfile.mkdtemp(prefix="pycol-bench-")
     job = dict(
         job,
         result=os.path.join(tmp, "rows.json"),
-        peer_port=_free_port(),
-        tf_ports=[_free_port() for _ in range(world)],
+        peer_port=peer_port,
+        tf_ports=tf_ports,
     )
     job_path = os.path.join(tmp, "job.json")
     with open(job_path, "w") as f:
@@ -59,7 +63,7 @@ def _spawn_ranks(
             )
         ]
     else:
-        port, token = _free_port(), secrets.token_hex(8)
+        token = secrets.token_hex(8)
         procs = []
         for r in range(world):
             env = dict(

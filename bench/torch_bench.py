@@ -17,12 +17,12 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from pycollective._ports import PortReservation
 from pycollective._spawn import child_environment, python_module_command
 
 from .metrics import human_bytes, parse_size
@@ -174,16 +174,16 @@ def _worker(job_path: str) -> None:
 # -- the driver -------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(world: int, job: dict, deadline_s: float) -> dict:
     """One set of `world` rank processes under a hard deadline; rank 0's figures."""
+    # The store's port is held until the ranks are gone (pycollective/_ports.py).
+    with PortReservation(1) as reserved:
+        return _run_ranks(world, dict(job, port=reserved.ports[0]), deadline_s)
+
+
+def _run_ranks(world: int, job: dict, deadline_s: float) -> dict:
     tmp = tempfile.mkdtemp(prefix="pycol-torch-bench-")
-    job = dict(job, world=world, port=_free_port(), result=os.path.join(tmp, "result.json"))
+    job = dict(job, world=world, result=os.path.join(tmp, "result.json"))
     path = os.path.join(tmp, "job.json")
     with open(path, "w") as f:
         json.dump(job, f)

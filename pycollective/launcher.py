@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from pycollective._ports import PortReservation
 from pycollective._spawn import child_environment, python_module_command
 
 HELP = "start N ranks of a program on this machine"
@@ -143,6 +143,8 @@ def rank_environments(
     nprocs: int,
     host_ids: Sequence[str] | None = None,
     base: Mapping[str, str] | None = None,
+    *,
+    ports: Sequence[int],
 ) -> list[dict[str, str]]:
     """Builds each rank's environment: PYCOLLECTIVE_*, the token, TF_CONFIG and torch's
     env:// variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
@@ -151,6 +153,9 @@ def rank_environments(
         nprocs: Number of ranks.
         host_ids: Host id per rank, or None for one host.
         base: Environment to extend; ``os.environ`` when None.
+        ports: ``nprocs + 1`` ports (``rank_ports(nprocs)``) held by the caller while the ranks
+            run (``pycollective._ports.PortReservation``): one per TF_CONFIG worker (worker 0's
+            is the coordinator's), then torch's env:// store.
 
     Returns:
         One environment per rank, in rank order.
@@ -161,7 +166,9 @@ def rank_environments(
     token = base_env.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
     # One port per TF_CONFIG worker, and one for torch.distributed's TCPStore (env://), so that
     # init_process_group("pycollective") works under `pycollective run` as under torchrun.
-    *ports, torch_port = _free_ports(nprocs + 1)
+    if len(ports) != rank_ports(nprocs):
+        raise ValueError(f"rank_environments needs {rank_ports(nprocs)} ports, got {len(ports)}")
+    *ports, torch_port = ports
     hosts = list(host_ids) if host_ids is not None else ["localhost"] * nprocs
     workers = [f"127.0.0.1:{port}" for port in ports]
     environments = []
@@ -217,7 +224,24 @@ def launch(
         for a rank killed by signal N); 124 on timeout; 128+N when the
         launcher itself received signal N.
     """
-    environments = rank_environments(nprocs, host_ids)
+    # The ports stay reserved until the ranks are gone (pycollective/_ports.py).
+    with PortReservation(rank_ports(nprocs)) as reserved:
+        environments = rank_environments(nprocs, host_ids, ports=reserved.ports)
+        return _launch_ranks(command, environments, timeout, tag_output, grace)
+
+
+def rank_ports(nprocs: int) -> int:
+    """How many ports rank_environments takes for ``nprocs`` ranks."""
+    return nprocs + 1
+
+
+def _launch_ranks(
+    command: Sequence[str],
+    environments: list[dict[str, str]],
+    timeout: float | None,
+    tag_output: bool,
+    grace: float,
+) -> int:
     if tag_output:
         for env in environments:
             # Piped Python output is block-buffered: lines would arrive late.
@@ -393,13 +417,21 @@ PS_TASK_MODULE = "pycollective.strategies.parameter_server"
 
 
 def ps_cluster_environments(
-    num_ps: int, num_workers: int, base: Mapping[str, str] | None = None
+    num_ps: int,
+    num_workers: int,
+    base: Mapping[str, str] | None = None,
+    *,
+    ports: Sequence[int],
 ) -> list[tuple[str, int, dict[str, str]]]:
     """Each task's ``(job, index, environment)`` for a local parameter-server cluster: the
-    chief first, then the ps tasks, then the workers; one TF_CONFIG cluster, one token."""
+    chief first, then the ps tasks, then the workers; one TF_CONFIG cluster, one token.
+    ``ports``: one per task, held by the caller while the tasks run
+    (``pycollective._ports.PortReservation``)."""
     base_env = child_environment(base)
     token = base_env.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
-    ports = iter(_free_ports(1 + num_ps + num_workers))
+    if len(ports) != 1 + num_ps + num_workers:
+        raise ValueError(f"ps_cluster_environments needs {1 + num_ps + num_workers} ports")
+    ports = iter(ports)
     cluster = {
         "chief": [f"127.0.0.1:{next(ports)}"],
         "ps": [f"127.0.0.1:{next(ports)}" for _ in range(num_ps)],
@@ -430,8 +462,9 @@ def launch_ps_cluster(
     when the chief exits and returns the chief's exit code. A ps or worker task that exits is
     reported, not fatal: the chief decides (a worker may be restarted by hand)."""
     group = _RankGroup(tag_output=tag_output, grace=grace)
-    with _supervision(group) as received:
-        tasks = ps_cluster_environments(num_ps, num_workers)
+    reserved = PortReservation(1 + num_ps + num_workers)  # until the cluster is gone
+    with reserved, _supervision(group) as received:
+        tasks = ps_cluster_environments(num_ps, num_workers, ports=reserved.ports)
         labels = [f"{job} {index}" if job != "chief" else "chief" for job, index, _ in tasks]
         try:
             # The ps and worker tasks first: the chief connects to them.
@@ -512,20 +545,6 @@ def _die_with_parent(parent_pid: int):
             os._exit(1)
 
     return preexec
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct ports the OS reports free now (all held open until all are chosen)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _say(message: str) -> None:

@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,10 +25,12 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_ports(count: int = 1):
+    """Ports the OS chose, held until the ``with`` block ends (pycollective/_ports.py): the
+    processes started inside it listen on them; nobody else can take them meanwhile."""
+    from pycollective._ports import PortReservation
+
+    return PortReservation(count)
 
 
 class RankFailure(AssertionError):
@@ -66,8 +67,13 @@ def run_ranks(
 ) -> list[Any]:
     """Runs fn on n ranks; returns each rank's result. ``expect_exit`` maps ranks that are meant
     to die (exit code, or None for "killed by a signal / any") to skip their result."""
+    with reserve_ports(1) as reserved:  # the coordinator's, until the ranks are gone
+        return _run_ranks(fn, n, args, timeout, env, per_rank_env, expect_exit, reserved.ports[0])
+
+
+def _run_ranks(fn, n, args, timeout, env, per_rank_env, expect_exit, port) -> list[Any]:
     module_file = sys.modules[fn.__module__].__file__
-    port, token = free_port(), secrets.token_hex(8)
+    token = secrets.token_hex(8)
     tmp = tempfile.mkdtemp(prefix="pycol-ranks-")
     procs, outs = [], []
     for r in range(n):

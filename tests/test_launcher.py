@@ -237,7 +237,13 @@ def test_missing_program_exits_127():
 
 @pytest.mark.timeout(10)
 def test_rank_environments_without_launching():
-    envs = launcher.rank_environments(4, ["x", "y", "x", "y"], base={"PYCOLLECTIVE_TOKEN": "t"})
+    ports = [5000 + i for i in range(launcher.rank_ports(4))]  # only written into the environments
+    envs = launcher.rank_environments(
+        4, ["x", "y", "x", "y"], base={"PYCOLLECTIVE_TOKEN": "t"}, ports=ports
+    )
     assert [e["PYCOLLECTIVE_LOCAL_RANK"] for e in envs] == ["0", "0", "1", "1"]
     assert [e["PYCOLLECTIVE_HOST_ID"] for e in envs] == ["x", "y", "x", "y"]
     assert {e["PYCOLLECTIVE_TOKEN"] for e in envs} == {"t"}
+    # Worker 0's TF_CONFIG port is the coordinator's; the last one is torch's env:// store.
+    assert {e["PYCOLLECTIVE_MASTER_PORT"] for e in envs} == {"5000"}
+    assert {e["MASTER_PORT"] for e in envs} == {"5004"}

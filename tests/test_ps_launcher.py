@@ -29,7 +29,8 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def test_cluster_environments():
-    envs = launcher.ps_cluster_environments(2, 3, base={})
+    ports = [6000 + i for i in range(6)]  # only written into the environments
+    envs = launcher.ps_cluster_environments(2, 3, base={}, ports=ports)
     assert [(job, i) for job, i, _ in envs] == [
         ("chief", 0),
         ("ps", 0),

@@ -12,7 +12,6 @@ import os
 import pickle
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import grpc
 import pytest
 
 import pycollective.rendezvous as rdv
+from pycollective._ports import PortReservation
 from pycollective.rendezvous import (
     COORDINATOR_RANK,
     ClusterSpec,
@@ -191,10 +191,12 @@ def expect_line(lines: queue.Queue, prefix: str, timeout: float) -> str:
         seen.append(line)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture
+def reserved_port():
+    """A port the OS chose, held (bound, never listening) for the whole test, so nobody else
+    takes it before the test's listener binds it (pycollective/_ports.py)."""
+    with PortReservation(1) as reserved:
+        yield reserved.ports[0]
 
 
 # -- registration ------------------------------------------------------------------------------
@@ -272,8 +274,8 @@ def test_register_timeout_names_the_missing_ranks(make_service, make_client):
 
 
 @pytest.mark.timeout(30)
-def test_register_against_no_coordinator_says_what_to_check(make_client):
-    address = f"127.0.0.1:{free_port()}"
+def test_register_against_no_coordinator_says_what_to_check(make_client, reserved_port):
+    address = f"127.0.0.1:{reserved_port}"
     with pytest.raises(RendezvousError) as info:
         make_client(address, 3, timeout=1.0).register("a", {}, 4)
     message = str(info.value)
@@ -282,8 +284,8 @@ def test_register_against_no_coordinator_says_what_to_check(make_client):
 
 
 @pytest.mark.timeout(30)
-def test_register_retries_until_the_coordinator_starts(make_client):
-    port = free_port()
+def test_register_retries_until_the_coordinator_starts(make_client, reserved_port):
+    port = reserved_port
     client = make_client(f"127.0.0.1:{port}", 0, timeout=10.0)
     result: list[object] = []
     waiting = threading.Thread(
@@ -581,8 +583,8 @@ if service is not None:
 
 
 @pytest.mark.timeout(60)
-def test_bootstrap_in_processes(children):
-    world_size, port = 3, free_port()
+def test_bootstrap_in_processes(children, reserved_port):
+    world_size, port = 3, reserved_port
     procs = []
     for rank in range(world_size):
         env = child_env()

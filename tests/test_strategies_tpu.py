@@ -1021,11 +1021,12 @@ def _communicate_all(procs: list[subprocess.Popen], deadline: float) -> list[str
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("launcher", ["torchrun", "tf_config"])
 def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
-    from multiproc import free_port
+    from multiproc import reserve_ports
 
     script = tmp_path / "light.py"
     script.write_text(LIGHT_SCRIPT)
-    port = free_port()
+    reserved = reserve_ports(2)  # held until the processes are gone
+    port, second_port = reserved.ports
     base = {
         k: v
         for k, v in os.environ.items()
@@ -1047,7 +1048,7 @@ def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
         else:
             env["TF_CONFIG"] = json.dumps(
                 {
-                    "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
+                    "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{second_port}"]},
                     "task": {"type": "worker", "index": rank},
                 }
             )
@@ -1063,5 +1064,6 @@ def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
             )
         )
     outputs = _communicate_all(procs, deadline=time.monotonic() + 70)  # mark: 90 s
+    reserved.close()
     for rank, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0 and f"OK process {rank}" in out, out[-4000:]

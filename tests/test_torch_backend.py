@@ -463,9 +463,10 @@ def _errors(rank, n):
 
 
 def test_errors():
-    from multiproc import free_port
+    from multiproc import reserve_ports
 
-    r0, r1 = run_ranks(_errors, 2, timeout=90, env={"SECOND_PORT": str(free_port())})
+    with reserve_ports(1) as reserved:  # the second group's store, held while the ranks run
+        r0, r1 = run_ranks(_errors, 2, timeout=90, env={"SECOND_PORT": str(reserved.ports[0])})
     for r in (r0, r1):
         assert "bool" in r["dtype"] and "rank" in r["dtype"], r["dtype"]
         assert "BAND" in r["op"] or "not supported" in r["op"], r["op"]

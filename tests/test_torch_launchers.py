@@ -29,19 +29,20 @@ def _run(command):
 
 
 def test_torchrun():
-    from multiproc import free_port
+    from multiproc import reserve_ports
 
-    accuracy = _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-        ]
-    )
+    with reserve_ports(1) as reserved:  # torchrun's store binds it; nobody else meanwhile
+        accuracy = _run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--master_port",
+                str(reserved.ports[0]),
+            ]
+        )
     assert accuracy > 0.85
 
 
