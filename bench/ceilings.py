@@ -11,7 +11,7 @@ def memory_copy_bandwidth(nbytes: int, threads: int) -> float:
     """Bytes read + written per second by `threads` threads each copying its own buffer."""
     import pycollective as pc
 
-    return pc._C.memory_bandwidth(nbytes, threads, 3)
+    return pc._C.memory_bandwidth(bytes_per_thread=nbytes, threads=threads, reps=3)
 
 
 def loopback_tcp_bandwidth(nbytes: int = 256 << 20, chunk: int = 4 << 20) -> float:

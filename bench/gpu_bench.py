@@ -43,13 +43,13 @@ def _device_seconds(fn: Callable[[], None], iters: int, warmup: int = 2, reps: i
     """Median over `reps` of (time of `iters` enqueued calls, synchronized) / iters."""
     for _ in range(warmup):
         fn()
-    _C.cuda_synchronize(0)
+    _C.cuda_synchronize(stream=0)
     samples = []
     for _ in range(reps):
         t = time.perf_counter()
         for _ in range(iters):
             fn()
-        _C.cuda_synchronize(0)
+        _C.cuda_synchronize(stream=0)
         samples.append((time.perf_counter() - t) / iters)
     return statistics.median(samples)
 
@@ -73,7 +73,7 @@ def bench_kernels(nbytes: int, iters: int) -> list[dict]:
 
 def _copy_row(rows: list[dict], nbytes: int, iters: int) -> float:
     src, dst = DeviceArray(nbytes, np.uint8), DeviceArray(nbytes, np.uint8)
-    t = _device_seconds(lambda: _C.cuda_copy(dst.ptr, src.ptr, nbytes, 0), iters)
+    t = _device_seconds(lambda: _C.cuda_copy(dst=dst.ptr, src=src.ptr, bytes=nbytes), iters)
     gbs = 2 * nbytes / t / 1e9
     rows.append(
         {
@@ -98,11 +98,15 @@ def _kernel_rows(
     ones = np.ones(1 << 20, dtype)
     for arr in (a, b):
         for off in range(0, nbytes, ones.nbytes):
-            _C.cuda_copy(arr.ptr + off, ones.ctypes.data, min(ones.nbytes, nbytes - off), 0)
-    t = _device_seconds(lambda: _C.cuda_reduce(d.ptr, a.ptr, b.ptr, count, code, 0, 0), iters)
+            _C.cuda_copy(
+                dst=arr.ptr + off, src=ones.ctypes.data, bytes=min(ones.nbytes, nbytes - off)
+            )
+    t = _device_seconds(
+        lambda: _C.cuda_reduce(dst=d.ptr, a=a.ptr, b=b.ptr, count=count, dtype=code, op=0), iters
+    )
     probe = np.empty(4, dtype)
-    _C.cuda_copy(probe.ctypes.data, d.ptr + nbytes - probe.nbytes, probe.nbytes, 0)
-    _C.cuda_synchronize(0)
+    _C.cuda_copy(dst=probe.ctypes.data, src=d.ptr + nbytes - probe.nbytes, bytes=probe.nbytes)
+    _C.cuda_synchronize(stream=0)
     assert np.all(probe.astype(np.float32) == 2), f"{name} sum kernel gave {probe}"
     gbs = 3 * nbytes / t / 1e9
     rows.append(
@@ -244,12 +248,12 @@ def _nccl_row(ours: Any, theirs: Any, nbytes: int) -> dict:
 def _host_us(fn: Callable[[], None], iters: int) -> float:
     """Host time of one enqueue (the device may lag; it is synchronized after the loop)."""
     fn()
-    _C.cuda_synchronize(0)
+    _C.cuda_synchronize(stream=0)
     t = time.perf_counter()
     for _ in range(iters):
         fn()
     host = (time.perf_counter() - t) / iters
-    _C.cuda_synchronize(0)
+    _C.cuda_synchronize(stream=0)
     return host * 1e6
 
 

@@ -114,12 +114,20 @@ def measure_gamma() -> float:
 
     import pycollective as pc
 
+    codes = pc._C.enum_codes()
     n = 16 << 20
     a, b, c = (np.ones(n, np.float32) for _ in range(3))
     best = math.inf
     for _ in range(3):
         t0 = time.perf_counter()
-        pc._C.reduce_into(c.ctypes.data, a.ctypes.data, b.ctypes.data, n, 2, 0)
+        pc._C.reduce_into(
+            dst=c.ctypes.data,
+            a=a.ctypes.data,
+            b=b.ctypes.data,
+            count=n,
+            dtype=codes["dtype"]["float32"],
+            op=codes["reduce_op"]["sum"],
+        )
         best = min(best, time.perf_counter() - t0)
     return best / (n * 4)
 
@@ -176,7 +184,9 @@ def main(args: argparse.Namespace) -> int:
             )
         algos = [a for a in pc.algorithms() if a != "auto"]
         progress = Progress(len(sweep) * len(algos) * args.rounds)
-        copy_bw = pc._C.memory_bandwidth(min(args.maxbytes, 64 << 20), args.replicas, 3)
+        copy_bw = pc._C.memory_bandwidth(
+            bytes_per_thread=min(args.maxbytes, 64 << 20), threads=args.replicas
+        )
         rows = [
             row
             for _ in range(args.rounds)

@@ -4,21 +4,73 @@ pycollective native core
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['BridgeEnd', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+class CallSpec:
+    """
+    One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default) and timeout in seconds (0: the group's). Checked when built; reusable.
+    """
+    def __init__(self, *, kind: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex = 0, root: typing.SupportsInt | typing.SupportsIndex = 0, algo: str = 'auto', shape_hash: typing.SupportsInt | typing.SupportsIndex = 0, segment_bytes: typing.SupportsInt | typing.SupportsIndex = 0, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+        ...
+    def __repr__(self) -> str:
+        ...
+    @property
+    def algo(self) -> str:
+        ...
+    @property
+    def count(self) -> int:
+        ...
+    @property
+    def dtype(self) -> int:
+        ...
+    @property
+    def kind(self) -> int:
+        ...
+    @property
+    def op(self) -> int:
+        ...
+    @property
+    def root(self) -> int:
+        ...
+    @property
+    def segment_bytes(self) -> int:
+        ...
+    @property
+    def shape_hash(self) -> int:
+        ...
+    @property
+    def timeout(self) -> float:
+        ...
 class LocalGroup:
-    def __init__(self, size: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    @typing.overload
+    def __init__(self, *, size: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
-    def explain(self, kind: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex) -> str:
-        ...
-    def run(self, kind: typing.SupportsInt | typing.SupportsIndex, ins: list, outs: list, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
-        ...
-    def run_device(self, kind: typing.SupportsInt | typing.SupportsIndex, ins: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], outs: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, devices: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], streams: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+    @typing.overload
+    def __init__(self, *, worker: typing.SupportsInt | typing.SupportsIndex, num_workers: typing.SupportsInt | typing.SupportsIndex, links: collections.abc.Sequence[collections.abc.Sequence[typing.Any]], host_of_worker: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        """
+        This process's replicas in a group across processes: links[l][w] joins local replica l to replica l of worker w (None at this worker). Runs hierarchical all-reduce only.
+        """
+    def abort(self, reason: str) -> None:
+        """
+        Fails every pending and future collective; peers stop waiting.
+        """
+    def explain(self, spec: CallSpec) -> str:
+        """
+        What algo="auto" would run for this call.
+        """
+    def run(self, spec: CallSpec, *, ins: list, outs: list) -> None:
+        """
+        Runs the call on every replica at once: ins[r]/outs[r] are replica r's arrays.
+        """
+    def run_device(self, spec: CallSpec, *, ins: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], outs: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], devices: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], streams: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
         """
         Like run, on device pointers (0 for none): replica r's buffers live on devices[r] and are ordered on streams[r]. Returns when every replica's result is complete.
         """
     def set_costs(self, cost: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
         ...
     def set_tuned(self, table: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, str]]) -> None:
+        ...
+    @property
+    def num_workers(self) -> int:
         ...
     @property
     def size(self) -> int:
@@ -52,19 +104,21 @@ class Work:
     def seconds(self) -> float:
         ...
 class Communicator:
-    def __init__(self, rank: typing.SupportsInt | typing.SupportsIndex, size: typing.SupportsInt | typing.SupportsIndex, links: collections.abc.Sequence[Link], host_of: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def __init__(self, *, rank: typing.SupportsInt | typing.SupportsIndex, size: typing.SupportsInt | typing.SupportsIndex, links: collections.abc.Sequence[Link], host_of: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     def abort(self, reason: str) -> None:
         """
         Fails every pending and future collective; peers stop waiting.
         """
-    def exchange(self, kind: typing.SupportsInt | typing.SupportsIndex, sends: collections.abc.Sequence[typing.Any], recvs: collections.abc.Sequence[typing.Any], count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, shape_hash: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex, asynchronous: bool) -> typing.Any:
+    def exchange(self, spec: CallSpec, *, sends: collections.abc.Sequence[typing.Any], recvs: collections.abc.Sequence[typing.Any], members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex, asynchronous: bool) -> typing.Any:
         """
-        A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous array or None) goes to group rank p, recvs[p] receives from it. `count` is the element count every rank's header carries (the same on all ranks). Returns Work if asynchronous, else None once done.
+        A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous array or None) goes to group rank p, recvs[p] receives from it. The spec's `count` is the element count every rank's header carries (the same on all ranks); its algo is ignored. Returns Work if asynchronous, else None once done.
         """
-    def explain(self, kind: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex) -> str:
-        ...
-    def run(self, kind: typing.SupportsInt | typing.SupportsIndex, inp: typing.Any, out: typing.Any, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def explain(self, spec: CallSpec) -> str:
+        """
+        What algo="auto" would run for this call on the whole group.
+        """
+    def run(self, spec: CallSpec, *, inp: typing.Any, out: typing.Any, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
         """
         Runs a collective now on this thread (after any queued async work); GIL released.
         """
@@ -76,7 +130,7 @@ class Communicator:
         """
         [(collective kind, max bytes, algorithm)] sorted by max bytes
         """
-    def submit(self, kind: typing.SupportsInt | typing.SupportsIndex, inp: typing.Any, out: typing.Any, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex, root: typing.SupportsInt | typing.SupportsIndex, algo: str, shape_hash: typing.SupportsInt | typing.SupportsIndex, segment_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> Work:
+    def submit(self, spec: CallSpec, *, inp: typing.Any, out: typing.Any, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> Work:
         """
         Queues a collective on the group's executor (issue order is run order); returns Work.
         """
@@ -96,7 +150,7 @@ class NcclComm:
     @staticmethod
     def init_all(devices: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex) -> list:
         ...
-    def __init__(self, nranks: typing.SupportsInt | typing.SupportsIndex, unique_id: bytes, rank: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def __init__(self, *, nranks: typing.SupportsInt | typing.SupportsIndex, unique_id: bytes, rank: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     def __repr__(self) -> str:
         ...
@@ -141,11 +195,11 @@ class NcclComm:
         ...
 def algorithms() -> list[str]:
     ...
-def allreduce_update(comm: Communicator, rule: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, hyper: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], tensors: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, list, list, collections.abc.Sequence[list]]], shape_hashes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
+def allreduce_update(*, comm: Communicator, rule: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, hyper: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], tensors: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, list, list, collections.abc.Sequence[list]]], shape_hashes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     Optimizer steps across a process group, each fused into the all-reduce of its gradient (optim/allreduce_update.h), one collective per tensor in order; tensors = [(count, [this rank's gradient], copies, [slot copies, ...])]. Runs after any queued async work; GIL released.
     """
-def apply_replicated_update(rule: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, hyper: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], tensors: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, list, list, collections.abc.Sequence[list]]]) -> None:
+def apply_replicated_update(*, rule: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, hyper: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], tensors: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, list, list, collections.abc.Sequence[list]]]) -> None:
     """
     Fused reduce-and-update of replicated optimizer state. hyper = (lr, momentum, beta_1, beta_2, epsilon, grad_scale); tensors = [(count, grads, copies, [slot copies, ...])]. GIL released.
     """
@@ -221,11 +275,11 @@ def set_log_rank(rank: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     This process's rank, for the prefix of native log lines (pycollective/log.py).
     """
-def shm_link(name: str, create: bool, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, digest: bytes, ring_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> Link:
+def shm_link(*, name: str, create: bool, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, digest: bytes, ring_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> Link:
     """
     Creates (lower rank) or opens a shared-memory segment; blocks until both sides attached.
     """
-def tcp_link(fd: typing.SupportsInt | typing.SupportsIndex, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, address: str) -> Link:
+def tcp_link(*, fd: typing.SupportsInt | typing.SupportsIndex, rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.SupportsInt | typing.SupportsIndex, address: str) -> Link:
     """
     Takes over a connected, authenticated socket (the link closes it).
     """

@@ -56,6 +56,7 @@ from pycollective.process_group import (
     world_size,
 )
 from pycollective.reduce_op import ReduceOp
+from pycollective.replica_group import ReplicaGroup
 
 __version__ = _C.build_info()["version"]
 
@@ -107,6 +108,7 @@ __all__ = [
     "ProtocolError",
     "ReduceOp",
     "RemoteError",
+    "ReplicaGroup",
     "algorithms",
     "nccl",
     "build_info",

@@ -86,7 +86,7 @@ class DeviceArray:
         self.device = int(device)
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         self.ptr = 0
-        self.ptr = int(_C.cuda_malloc(self.nbytes, self.device))
+        self.ptr = int(_C.cuda_malloc(bytes=self.nbytes, device=self.device))
         self._free = _C.cuda_free
 
     def __del__(self) -> None:
@@ -120,8 +120,8 @@ class DeviceArray:
 
         host = np.ascontiguousarray(array)
         out = cls(host.shape, host.dtype, device)
-        _C.cuda_copy(out.ptr, host.ctypes.data, host.nbytes, 0)
-        _C.cuda_synchronize(0)
+        _C.cuda_copy(dst=out.ptr, src=host.ctypes.data, bytes=host.nbytes)
+        _C.cuda_synchronize(stream=0)
         return out
 
     def get(self) -> Any:
@@ -131,8 +131,8 @@ class DeviceArray:
         from pycollective._ext import _C
 
         host = np.empty(self.shape, self.dtype)
-        _C.cuda_copy(host.ctypes.data, self.ptr, self.nbytes, 0)
-        _C.cuda_synchronize(0)
+        _C.cuda_copy(dst=host.ctypes.data, src=self.ptr, bytes=self.nbytes)
+        _C.cuda_synchronize(stream=0)
         return host
 
 
@@ -229,7 +229,7 @@ def _from_interface(x: Any, where: str) -> DeviceBuffer:
             expected.append(step)
             step *= dim
         contiguous = tuple(reversed(expected)) == tuple(strides) or math.prod(shape) <= 1
-    device = _C.cuda_pointer_device(ptr) if ptr else 0
+    device = _C.cuda_pointer_device(ptr=ptr) if ptr else 0
     if ptr and device < 0:
         raise TypeError(f"{where}: __cuda_array_interface__ points at host memory")
     stream = cai.get("stream") or 0  # None: no synchronization needed

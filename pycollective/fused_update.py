@@ -98,7 +98,9 @@ def apply(rule: str, hyper: Hyper, tensors: Sequence[ReplicatedTensor], check: b
     """
     code, dtype_code, items = _native_items(rule, tensors, check)
     if items:
-        _C.apply_replicated_update(code, dtype_code, _hyper_tuple(hyper), items)
+        _C.apply_replicated_update(
+            rule=code, dtype=dtype_code, hyper=_hyper_tuple(hyper), tensors=items
+        )
 
 
 def allreduce_apply(
@@ -136,15 +138,15 @@ def allreduce_apply(
     pg = process_group._group(group)
     pg._run_native(
         _C.allreduce_update,
-        pg._world.comm,
-        code,
-        dtype_code,
-        _hyper_tuple(hyper),
-        items,
-        [shape_hash(t.copies[0].shape) for t in tensors],
-        pg._timeout(timeout),
-        pg.members,
-        pg.group_id,
+        comm=pg._world.comm,
+        rule=code,
+        dtype=dtype_code,
+        hyper=_hyper_tuple(hyper),
+        tensors=items,
+        shape_hashes=[shape_hash(t.copies[0].shape) for t in tensors],
+        timeout=pg._timeout(timeout),
+        members=pg.members,
+        group_id=pg.group_id,
     )
 
 

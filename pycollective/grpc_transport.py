@@ -55,7 +55,7 @@ class GrpcDataPlane:
 
     def link(self, peer: int, endpoint: str):
         """The native link to `peer`; dials it when it is the lower rank."""
-        handle, end = _C.bridge_link(self.rank, peer, f"grpc {endpoint}")
+        handle, end = _C.bridge_link(rank=self.rank, peer=peer, via=f"grpc {endpoint}")
         with self._ends_ready:
             self._ends[peer] = end
             self._ends_ready.notify_all()

@@ -41,7 +41,7 @@ class LocalCommunicator:
         if group_size is None:
             group_size = env_int("PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE", 0)
         self._timeout = default_timeout() if timeout is None else float(timeout)
-        self._group = _C.LocalGroup(num_replicas, self._timeout, group_size)
+        self._group = _C.LocalGroup(size=num_replicas, timeout=self._timeout, group_size=group_size)
         tuned = tuning.load()
         if tuned is not None:
             if "inproc" in tuned.costs:
@@ -128,7 +128,9 @@ class LocalCommunicator:
 
         code = {v: k for k, v in DTYPE_NAMES.items()}[dtype]
         itemsize = {0: 2, 1: 2, 2: 4, 3: 8, 4: 1, 5: 1, 6: 4, 7: 8}[code]
-        return self._group.explain(KINDS[collective], nbytes // itemsize, code, 0)
+        return self._group.explain(
+            _C.CallSpec(kind=KINDS[collective], count=nbytes // itemsize, dtype=code)
+        )
 
     # Plumbing -------------------------------------------------------------------------------
 
@@ -144,16 +146,7 @@ class LocalCommunicator:
         out: Sequence[Any] | None,
     ) -> list[Any]:
         n = self.num_replicas
-        for name, seq in (("tensors", tensors), ("out", out)):
-            if seq is None and name == "out":
-                continue
-            if not isinstance(seq, (list, tuple)):
-                raise TypeError(
-                    f"{kind} expects {name} as a list of {n} tensors (one per "
-                    f"replica), got {type(seq).__name__}"
-                )
-            if len(seq) != n:
-                raise ValueError(f"{kind} expects {n} {name} (one per replica), got {len(seq)}")
+        check_replica_lists(kind, n, tensors, out)
         if not isinstance(root, int) or not 0 <= root < n:
             raise ValueError(f"root must be a replica index in [0, {n}), got {root!r}")
         if not isinstance(algo, str):
@@ -161,33 +154,17 @@ class LocalCommunicator:
         reduce_op = parse_op(op)
         if algo == "nccl" or (not _is_numpy(tensors[0]) and is_device_tensor(tensors[0])):
             return self._run_device(kind, tensors, reduce_op, algo, root, inplace, timeout, out)
-        bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
-        _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
-        first = bufs[0]
-        check_avg(kind, reduce_op, first.code, "replica 0")
-        outs = (
-            [None] * n
-            if out is None
-            else [adapt(o, f"replica {i} out=") for i, o in enumerate(out)]
-        )
-        calls: list[Prepared] = [
-            prepare(kind, b, i, n, root, inplace, f"replica {i}", outs[i])
-            for i, b in enumerate(bufs)
-        ]
-        self._group.run(
-            KINDS[kind],
-            [c.inp for c in calls],
-            [c.out for c in calls],
-            first.count,
-            first.code,
-            int(reduce_op),
-            root,
+        return run_host(
+            self._group,
+            kind,
+            tensors,
+            reduce_op,
             algo,
-            shape_hash(first.array.shape),
-            0,
+            root,
+            inplace,
             self._timeout if timeout is None else float(timeout),
+            out,
         )
-        return [c.result() for c in calls]
 
     def _run_device(
         self,
@@ -239,20 +216,22 @@ class LocalCommunicator:
                 for comm, c in zip(comms, calls):
                     nccl.enqueue(comm, kind, c.inp, c.out, reduce_op, root, c.inp.stream)
         else:
+            spec = _C.CallSpec(
+                kind=KINDS[kind],
+                count=first.count,
+                dtype=first.code,
+                op=int(reduce_op),
+                root=root,
+                algo=algo,
+                shape_hash=shape_hash(first.shape),
+                timeout=self._timeout if timeout is None else float(timeout),
+            )
             self._group.run_device(
-                KINDS[kind],
-                [c.inp.ptr for c in calls],
-                [c.out.ptr if c.out is not None else 0 for c in calls],
-                first.count,
-                first.code,
-                int(reduce_op),
-                root,
-                algo,
-                shape_hash(first.shape),
-                0,
-                self._timeout if timeout is None else float(timeout),
-                [c.inp.device for c in calls],
-                [c.inp.stream for c in calls],
+                spec,
+                ins=[c.inp.ptr for c in calls],
+                outs=[c.out.ptr if c.out is not None else 0 for c in calls],
+                devices=[c.inp.device for c in calls],
+                streams=[c.inp.stream for c in calls],
             )
         return [c.result() for c in calls]
 
@@ -284,3 +263,55 @@ def _check_alike(replicas: list[tuple[int, str, tuple]]) -> None:
                 f"replica {i} passed shape {shape} but replica 0 passed {shape0}; "
                 "every replica must pass the same shape"
             )
+
+
+def check_replica_lists(
+    kind: str, n: int, tensors: Sequence[Any], out: Sequence[Any] | None
+) -> None:
+    """``tensors`` (and ``out``, when given) are lists of one tensor per replica."""
+    for name, seq in (("tensors", tensors), ("out", out)):
+        if seq is None and name == "out":
+            continue
+        if not isinstance(seq, (list, tuple)):
+            raise TypeError(
+                f"{kind} expects {name} as a list of {n} tensors (one per "
+                f"replica), got {type(seq).__name__}"
+            )
+        if len(seq) != n:
+            raise ValueError(f"{kind} expects {n} {name} (one per replica), got {len(seq)}")
+
+
+def run_host(
+    group: Any,
+    kind: str,
+    tensors: Sequence[Any],
+    reduce_op: ReduceOp,
+    algo: str,
+    root: int,
+    inplace: bool,
+    timeout: float,
+    out: Sequence[Any] | None,
+) -> list[Any]:
+    """One collective of host tensors (one per replica, counts already checked) on a native
+    ``_C.LocalGroup``: adapts and checks every replica's tensor, runs, returns the results."""
+    n = len(tensors)
+    bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
+    _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
+    first = bufs[0]
+    check_avg(kind, reduce_op, first.code, "replica 0")
+    outs = [None] * n if out is None else [adapt(o, f"replica {i} out=") for i, o in enumerate(out)]
+    calls: list[Prepared] = [
+        prepare(kind, b, i, n, root, inplace, f"replica {i}", outs[i]) for i, b in enumerate(bufs)
+    ]
+    spec = _C.CallSpec(
+        kind=KINDS[kind],
+        count=first.count,
+        dtype=first.code,
+        op=int(reduce_op),
+        root=root,
+        algo=algo,
+        shape_hash=shape_hash(first.array.shape),
+        timeout=timeout,
+    )
+    group.run(spec, ins=[c.inp for c in calls], outs=[c.out for c in calls])
+    return [c.result() for c in calls]

@@ -251,11 +251,11 @@ class NcclCommunicator:
             raise ValueError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of get_unique_id()")
         _ensure_search()
         self._native = _C.NcclComm(
-            int(nranks),
-            bytes(unique_id),
-            int(rank),
-            _current_device() if device is None else int(device),
-            _timeout(timeout),
+            nranks=int(nranks),
+            unique_id=bytes(unique_id),
+            rank=int(rank),
+            device=_current_device() if device is None else int(device),
+            timeout=_timeout(timeout),
         )
 
     @classmethod
@@ -266,7 +266,9 @@ class NcclCommunicator:
         _ensure_search()
         return [
             cls(0, b"", 0, _native=n)
-            for n in _C.NcclComm.init_all([int(d) for d in devices], _timeout(timeout))
+            for n in _C.NcclComm.init_all(
+                devices=[int(d) for d in devices], timeout=_timeout(timeout)
+            )
         ]
 
     def __repr__(self) -> str:
@@ -298,25 +300,48 @@ class NcclCommunicator:
         self, send: int, recv: int, count: int, dtype: Any, op: Any = "sum", stream: Any = 0
     ) -> None:
         self._native.allreduce(
-            send, recv, count, _dtype_code(dtype), int(parse_op(op)), stream_handle(stream)
+            send=send,
+            recv=recv,
+            count=count,
+            dtype=_dtype_code(dtype),
+            op=int(parse_op(op)),
+            stream=stream_handle(stream),
         )
 
     def reduce_scatter_ptr(
         self, send: int, recv: int, recv_count: int, dtype: Any, op: Any = "sum", stream: Any = 0
     ) -> None:
         self._native.reduce_scatter(
-            send, recv, recv_count, _dtype_code(dtype), int(parse_op(op)), stream_handle(stream)
+            send=send,
+            recv=recv,
+            recv_count=recv_count,
+            dtype=_dtype_code(dtype),
+            op=int(parse_op(op)),
+            stream=stream_handle(stream),
         )
 
     def allgather_ptr(
         self, send: int, recv: int, send_count: int, dtype: Any, stream: Any = 0
     ) -> None:
-        self._native.allgather(send, recv, send_count, _dtype_code(dtype), stream_handle(stream))
+        self._native.allgather(
+            send=send,
+            recv=recv,
+            send_count=send_count,
+            dtype=_dtype_code(dtype),
+            stream=stream_handle(stream),
+        )
 
     def broadcast_ptr(
         self, send: int, recv: int, count: int, dtype: Any, root: int = 0, stream: Any = 0
     ) -> None:
-        self._native.broadcast(send, recv, count, _dtype_code(dtype), root, stream_handle(stream))
+        self._native.broadcast(
+            send=send,
+            recv=recv,
+            count=count,
+            dtype=_dtype_code(dtype),
+            root=root,
+            stream=stream_handle(stream),
+        )
 
     def reduce_ptr(
         self,
@@ -329,7 +354,13 @@ class NcclCommunicator:
         stream: Any = 0,
     ) -> None:
         self._native.reduce(
-            send, recv, count, _dtype_code(dtype), int(parse_op(op)), root, stream_handle(stream)
+            send=send,
+            recv=recv,
+            count=count,
+            dtype=_dtype_code(dtype),
+            op=int(parse_op(op)),
+            root=root,
+            stream=stream_handle(stream),
         )
 
     # -- array level: CuPy arrays and torch CUDA tensors --

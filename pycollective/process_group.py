@@ -13,10 +13,12 @@ makes sub-groups of it.
 from __future__ import annotations
 
 import atexit
+import json
 import secrets
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pycollective import _exchange, config, log, tuning
@@ -32,6 +34,8 @@ from pycollective.transports import TcpListener, bind_address, open_links
 
 # Cost-model defaults per transport: (alpha s/message, beta s/byte, gamma s/byte reduced).
 # `pycollective tune` measures them on a cluster (PYCOLLECTIVE_TUNING).
+_FLOAT32 = _C.enum_codes()["dtype"]["float32"]
+
 DEFAULT_COSTS = {
     "shm": (3e-6, 1 / 8e9, 1 / 10e9),
     "tcp": (40e-6, 1 / 2.5e9, 1 / 10e9),
@@ -297,39 +301,31 @@ class ProcessGroup:
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank of the group called barrier()."""
-        self._native_run(
-            (
-                KINDS["barrier"],
-                None,
-                None,
-                0,
-                2,
-                0,
-                0,
-                "auto",
-                0,
-                0,
-                self._timeout(timeout),
-                self.members,
-                self.group_id,
-            )
+        spec = _C.CallSpec(
+            kind=KINDS["barrier"], count=0, dtype=_FLOAT32, timeout=self._timeout(timeout)
+        )
+        self._run_native(
+            self._world.comm.run,
+            spec,
+            inp=None,
+            out=None,
+            members=self.members,
+            group_id=self.group_id,
         )
 
     def explain(self, collective: str, nbytes: int) -> str:
         """The algorithm algo="auto" picks for a float32 call of this size, with the model."""
-        return self._world.comm.explain(KINDS[collective], nbytes // 4, 2, 0)
+        return self._world.comm.explain(
+            _C.CallSpec(kind=KINDS[collective], count=nbytes // 4, dtype=_FLOAT32)
+        )
 
     def _timeout(self, timeout: float | None) -> float:
         return self._world.timeout if timeout is None else float(timeout)
 
-    def _native_run(self, native_args: tuple) -> None:
-        """Runs a collective on this thread (GIL released), explaining a failure."""
-        self._run_native(self._world.comm.run, *native_args)
-
-    def _run_native(self, fn: Any, *args: Any) -> None:
-        """``fn(*args)``: a native collective of this group, a failure explained."""
+    def _run_native(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """``fn(*args, **kwargs)``: a native collective of this group, a failure explained."""
         try:
-            fn(*args)
+            fn(*args, **kwargs)
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
 
@@ -365,29 +361,29 @@ class ProcessGroup:
             where,
             None if out is None else adapt(out, self._where_out),
         )
-        native_args = (
-            KINDS[kind],
-            call.inp,
-            call.out,
-            call.inp.size,
-            buf.code,
-            reduce_op.value,
-            root,
-            algo,
-            shape_hash(call.inp.shape),
-            0,
-            self._world.timeout if timeout is None else float(timeout),
-            self.members,
-            self.group_id,
+        spec = _C.CallSpec(
+            kind=KINDS[kind],
+            count=call.inp.size,
+            dtype=buf.code,
+            op=reduce_op.value,
+            root=root,
+            algo=algo,
+            shape_hash=shape_hash(call.inp.shape),
+            timeout=self._world.timeout if timeout is None else float(timeout),
         )
+        comm = self._world.comm
         if asynchronous:
             return Work(
-                self._world.comm.submit(*native_args),
+                comm.submit(
+                    spec, inp=call.inp, out=call.out, members=self.members, group_id=self.group_id
+                ),
                 [call],
                 self,
                 f"{kind} of {buf.count} {buf.dtype_name}",
             )
-        self._native_run(native_args)
+        self._run_native(
+            comm.run, spec, inp=call.inp, out=call.out, members=self.members, group_id=self.group_id
+        )
         return call.result()
 
     def _check_root(self, root: int) -> int:
@@ -431,26 +427,28 @@ class ProcessGroup:
     ) -> Any:
         """Runs a pairwise collective (csrc/algorithms/pairwise.cc) on this group, or on the
         pair `members` (send/recv)."""
-        args = (
-            _exchange.KINDS[ex.kind],
-            ex.sends,
-            ex.recvs,
-            ex.count,
-            ex.code,
-            root,
-            ex.shape_hash,
-            self._timeout(timeout),
-            self.members if members is None else members,
-            self.group_id if group_id is None else group_id,
+        spec = _C.CallSpec(
+            kind=_exchange.KINDS[ex.kind],
+            count=ex.count,
+            dtype=ex.code,
+            root=root,
+            shape_hash=ex.shape_hash,
+            timeout=self._timeout(timeout),
+        )
+        call = dict(
+            sends=ex.sends,
+            recvs=ex.recvs,
+            members=self.members if members is None else members,
+            group_id=self.group_id if group_id is None else group_id,
         )
         if asynchronous:
             return Work(
-                self._world.comm.exchange(*args, True),
+                self._world.comm.exchange(spec, **call, asynchronous=True),
                 [ex],
                 self,
                 f"{ex.kind} of {ex.count} elements",
             )
-        self._run_native(self._world.comm.exchange, *args, False)
+        self._run_native(self._world.comm.exchange, spec, **call, asynchronous=False)
         return ex.result()
 
     def _run_nccl(
@@ -499,6 +497,19 @@ class ProcessGroup:
         return call.result()
 
 
+@dataclass(frozen=True)
+class _LinkSetup:
+    """What opening links to the peers takes, kept for connect_again()."""
+
+    token: str
+    session: str
+    hosts: list[str]
+    forced: str | None
+    ifname: str | None
+    connect_timeout: float
+    shm_ring_bytes: int
+
+
 class _World:
     """Everything :func:`init` set up: the native communicator, the coordination client (and
     service on rank 0), and what the coordinator said when a rank failed."""
@@ -515,9 +526,11 @@ class _World:
         self.spec = spec
         self.timeout = timeout
         self.groups = 0
+        self.link_sets = 0  # connect_again() calls so far (names each set's connections)
         self.abort_notice: tuple[int, str] | None = None
         self._notice = threading.Event()
         self._reported = False
+        self._abort_callbacks: list[Callable[[str], None]] = []
         listener = TcpListener.open(ifname, spec.master_addr)
         forced = transport or config.text("PYCOLLECTIVE_TRANSPORT") or None
         token = spec.token or secrets.token_hex(16)
@@ -540,24 +553,27 @@ class _World:
                 announce=announce,
             )
             try:
-                session = self._session(spec.rank, connect_timeout)
                 hosts = [p.host_id for p in peers]
-                links, self.transports = open_links(
-                    spec.rank,
-                    spec.world_size,
-                    hosts,
-                    [p.endpoints for p in peers],
-                    listener,
-                    token,
-                    session,
-                    forced,
-                    connect_timeout,
-                    env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20),
-                    self.grpc_plane,
+                self._link_setup = _LinkSetup(
+                    token=token,
+                    session=self._session(spec.rank, connect_timeout),
+                    hosts=hosts,
+                    forced=forced,
+                    ifname=ifname,
+                    connect_timeout=connect_timeout,
+                    shm_ring_bytes=env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20),
+                )
+                links, self.transports = self._open_links(
+                    listener, [p.endpoints for p in peers], "", self.grpc_plane
                 )
                 host_index = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+                self.host_of = [host_index[h] for h in hosts]
                 self.comm = _C.Communicator(
-                    spec.rank, spec.world_size, links, [host_index[h] for h in hosts], timeout
+                    rank=spec.rank,
+                    size=spec.world_size,
+                    links=links,
+                    host_of=self.host_of,
+                    timeout=timeout,
                 )
                 self._set_costs()
                 self.local_ranks = [p.rank for p in peers if p.host_id == hosts[spec.rank]]
@@ -592,10 +608,74 @@ class _World:
         if tuned is not None and len(others) == 1:
             self.comm.set_tuned(tuned.table(others.pop(), self.spec.world_size))
 
+    def connect_again(self) -> tuple[list, Any]:
+        """Another link to every peer, made as init made the world's (the same transports,
+        token and checks), for a native group that needs links of its own (a group of replicas
+        across processes). Every rank calls it the same number of times, in the same order.
+
+        Returns the links (None at this rank) and the gRPC data plane that carries them when the
+        transport is grpc (the caller closes it with the group), else None."""
+        s = self._link_setup
+        self.link_sets += 1
+        name = f"s{self.link_sets}"
+        listener = TcpListener.open(s.ifname, self.spec.master_addr)
+        endpoints = {"tcp": listener.endpoint}
+        plane = None
+        try:
+            if s.forced == "grpc":
+                from pycollective.grpc_transport import GrpcDataPlane
+
+                host = listener.endpoint.rsplit(":", 1)[0]
+                plane = GrpcDataPlane(
+                    self.spec.rank, s.token, bind_address(s.ifname), host, s.connect_timeout
+                )
+                endpoints["grpc"] = plane.endpoint
+            # Each rank's listener took a port from the OS; the coordinator tells the others.
+            key = f"pycollective/links/{name}/"
+            self.client.set(key + str(self.spec.rank), json.dumps(endpoints).encode())
+            peers = [
+                json.loads(self.client.get(key + str(p), timeout=s.connect_timeout))
+                for p in range(self.spec.world_size)
+            ]
+            # The set's name keeps its shm segment names and handshakes apart from the others'.
+            links, _ = self._open_links(listener, peers, f"{name}-", plane)
+        except BaseException:
+            if plane is not None:
+                plane.close()
+            raise
+        finally:
+            listener.close()
+        return links, plane
+
+    def _open_links(
+        self, listener: TcpListener, endpoints: list[dict[str, str]], prefix: str, plane: Any
+    ) -> tuple[list, list[str]]:
+        s = self._link_setup
+        return open_links(
+            rank=self.spec.rank,
+            size=self.spec.world_size,
+            hosts=s.hosts,
+            endpoints=endpoints,
+            listener=listener,
+            token=s.token,
+            session=prefix + s.session,
+            forced=s.forced,
+            timeout=s.connect_timeout,
+            shm_ring_bytes=s.shm_ring_bytes,
+            grpc_plane=plane,
+        )
+
+    def on_abort(self, callback: Callable[[str], None]) -> None:
+        """``callback(reason)`` when the world is aborted (a rank failed): groups built on links
+        of their own stop waiting too."""
+        self._abort_callbacks.append(callback)
+
     def _on_abort(self, rank: int, reason: str) -> None:
         self.abort_notice = (rank, reason)
         self._notice.set()
         self.comm.abort(f"rank {rank} failed: {reason}" if rank >= 0 else reason)
+        for callback in list(self._abort_callbacks):
+            callback(f"rank {rank} failed: {reason}" if rank >= 0 else reason)
         for nccl_comm in list(getattr(self, "nccl_comms", {}).values()):
             nccl_comm.abort(f"rank {rank} failed: {reason}" if rank >= 0 else reason)
 
@@ -630,6 +710,9 @@ class _World:
             self.service.wait_until_left(timeout)
             self.service.stop(grace=0.5)
         self.comm.abort("the group was shut down")
+        for callback in self._abort_callbacks:
+            callback("the group was shut down")
+        self._abort_callbacks.clear()
         getattr(self, "nccl_comms", {}).clear()  # destroyed (flushed, bounded) when unreferenced
         if self.grpc_plane is not None:
             self.grpc_plane.close()

@@ -241,19 +241,21 @@ def open_links(
                 links[p] = grpc_plane.link(p, endpoints[p]["grpc"])
             elif kinds[p] == "tcp" and p < rank:
                 sock = _connect(rank, p, endpoints[p]["tcp"], token, sess, deadline)
-                links[p] = _C.tcp_link(sock.detach(), rank, p, endpoints[p]["tcp"])
+                links[p] = _C.tcp_link(
+                    fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"]
+                )
             elif kinds[p] == "shm":
                 lo, hi = min(rank, p), max(rank, p)
                 name = f"/pycol-{session[:16]}-{lo}-{hi}"
                 digest = _mac(token, b"shm", name.encode())
                 links[p] = _C.shm_link(
-                    name,
-                    rank == lo,
-                    rank,
-                    p,
-                    digest,
-                    shm_ring_bytes,
-                    max(0.1, deadline - time.monotonic()),
+                    name=name,
+                    create=rank == lo,
+                    rank=rank,
+                    peer=p,
+                    digest=digest,
+                    ring_bytes=shm_ring_bytes,
+                    timeout=max(0.1, deadline - time.monotonic()),
                 )
         acceptor.join(max(0.0, deadline - time.monotonic()))
         missing = sorted(higher_tcp - set(accepted))
@@ -264,7 +266,7 @@ def open_links(
                 f"{timeout:.0f} s" + (f" ({detail})" if detail else "")
             )
         for p, sock in accepted.items():
-            links[p] = _C.tcp_link(sock.detach(), rank, p, endpoints[p]["tcp"])
+            links[p] = _C.tcp_link(fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"])
     except BaseException:
         for sock in accepted.values():
             try:

@@ -7,9 +7,9 @@ process group directly; they call a backend:
 - :class:`LocalBackend`: every replica is a thread of this process (MirroredStrategy). One
   ``LocalCommunicator`` call per collective.
 - :class:`MultiWorkerBackend`: replicas in several worker processes
-  (MultiWorkerMirroredStrategy). Hierarchical: reduce the local replicas with the
-  LocalCommunicator, all-reduce that one already-reduced buffer across workers with the
-  process group (``pycollective.allreduce``), then broadcast it back to the local replicas.
+  (MultiWorkerMirroredStrategy). One replica per worker: the process group's all-reduce
+  (``pycollective.allreduce``). Several: the native hierarchical all-reduce over every replica
+  of every worker (``pycollective.ReplicaGroup``).
 
 On top of the three primitives (``allreduce``, ``allgather``, ``broadcast``) the base class
 builds what strategies need: fused batches (many tensors, one collective per pack),
@@ -390,15 +390,17 @@ class LocalBackend(CollectiveBackend):
 
 
 class MultiWorkerBackend(CollectiveBackend):
-    """Replicas in several worker processes: hierarchical.
+    """Replicas in several worker processes. Global replica id = ``worker_index *
+    num_local_replicas + local id``.
 
-    1. reduce the local replicas' arrays to local replica 0 (LocalCommunicator);
-    2. all-reduce that one buffer across workers with the process group
-       (``pycollective.allreduce``);
-    3. broadcast the result back to the local replicas (LocalCommunicator).
+    All-reduce: with one replica per worker, the process group's (``pycollective.allreduce``,
+    the strategy's algorithm); with several, the native hierarchical all-reduce over every
+    replica of every worker (``pycollective.ReplicaGroup``, made at the first all-reduce:
+    reduce-scatter among a worker's replicas, one ring per local index across workers, allgather
+    among a worker's replicas).
 
-    Gathers and broadcasts go the same way (local, then across workers, then local). Global
-    replica id = ``worker_index * num_local_replicas + local id``.
+    Gathers and broadcasts are rare (metrics, initial values) and run in three steps: local,
+    across workers (the process group), local.
     """
 
     def __init__(
@@ -418,6 +420,7 @@ class MultiWorkerBackend(CollectiveBackend):
         self._cross_algo = algorithm if algorithm in names else "auto"
         self._timeout_kw = _accepts_timeout()
         self._scratch: dict[np.dtype, np.ndarray] = {}
+        self._replica_group: pc.ReplicaGroup | None = None
 
     def __repr__(self) -> str:
         return (
@@ -428,26 +431,30 @@ class MultiWorkerBackend(CollectiveBackend):
     def _kw(self) -> dict[str, Any]:
         return {"timeout": self.timeout} if self._timeout_kw else {}
 
-    def _local_sum(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        if self.num_local_replicas == 1:
-            return np.array(arrays[0], copy=True)
-        return self._local._call("reduce", list(arrays), root=0, op="sum", algo=self.algorithm)[0]
-
     def _local_broadcast(self, buf: np.ndarray) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
             return [buf]
         others = [np.empty_like(buf) for _ in range(self.num_local_replicas - 1)]
         return self._local._call("broadcast", [buf] + others, root=0, algo=self.algorithm)
 
+    @property
+    def replica_group(self) -> pc.ReplicaGroup:
+        """Every replica of every worker as one native group (made on first use: every worker
+        reaches its first all-reduce at the same point)."""
+        if self._replica_group is None:
+            self._replica_group = pc.ReplicaGroup(self.num_local_replicas, timeout=self.timeout)
+        return self._replica_group
+
     def _allreduce(
         self, arrays: Sequence[np.ndarray], op: ReduceOp, owned: bool = False
     ) -> list[np.ndarray]:
-        buf = _tensors.contiguous(self._local_sum(arrays))
-        out = pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
-        buf = _tensors.to_numpy(out) if out is not None else buf
-        if op == ReduceOp.MEAN:
-            buf = (buf / self.num_replicas_in_sync).astype(buf.dtype, copy=False)
-        return self._local_broadcast(_tensors.contiguous(buf))
+        native = "avg" if op == ReduceOp.MEAN else "sum"
+        if self.num_local_replicas > 1:
+            return self.replica_group.allreduce(list(arrays), op=native, inplace=owned)
+        x = _tensors.contiguous(arrays[0])
+        placement: dict[str, Any] = {"inplace": True} if owned else {"out": np.empty_like(x)}
+        out = pc.allreduce(x, op=native, algo=self._cross_algo, **placement, **self._kw())
+        return [_tensors.to_numpy(out)]
 
     def apply_update(
         self,
@@ -563,8 +570,13 @@ class MultiWorkerBackend(CollectiveBackend):
                     **self._kw(),
                 )
                 return
-            self._local_sum_into(buf, per_replica)
-            pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
+            np.concatenate([t.reshape(-1) for t in per_replica[0]], out=buf)
+            if self.num_local_replicas == 1:
+                pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
+                return
+            # Every replica's pack is summed in place; replica 0's is buf.
+            others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
+            self.replica_group.allreduce([buf] + others, op="sum", inplace=True)
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         shape = arrays[0].shape

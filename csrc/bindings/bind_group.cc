@@ -20,16 +20,6 @@ namespace py = pybind11;
 namespace pycollective {
 namespace bindings {
 
-namespace {
-
-// A link on its way into a Communicator (which takes ownership).
-struct LinkHandle {
-  std::unique_ptr<Link> link;
-  std::string describe() const { return link ? link->describe() : "<moved into a group>"; }
-};
-
-}  // namespace
-
 void bindGroup(py::module_& m) {
   py::class_<LinkHandle>(m, "Link").def("__repr__", &LinkHandle::describe);
 
@@ -43,7 +33,7 @@ void bindGroup(py::module_& m) {
         o.peerAddress = address;
         return LinkHandle{makeTcpLink(o)};
       },
-      py::arg("fd"), py::arg("rank"), py::arg("peer"), py::arg("address"),
+      py::kw_only(), py::arg("fd"), py::arg("rank"), py::arg("peer"), py::arg("address"),
       "Takes over a connected, authenticated socket (the link closes it).");
 
   m.def(
@@ -61,8 +51,8 @@ void bindGroup(py::module_& m) {
         py::gil_scoped_release release;
         return LinkHandle{connectShm(o)};
       },
-      py::arg("name"), py::arg("create"), py::arg("rank"), py::arg("peer"), py::arg("digest"),
-      py::arg("ring_bytes"), py::arg("timeout"),
+      py::kw_only(), py::arg("name"), py::arg("create"), py::arg("rank"), py::arg("peer"),
+      py::arg("digest"), py::arg("ring_bytes"), py::arg("timeout"),
       "Creates (lower rank) or opens a shared-memory segment; blocks until both sides attached.");
 
   py::class_<BridgeEnd, std::shared_ptr<BridgeEnd>>(m, "BridgeEnd",
@@ -124,7 +114,7 @@ void bindGroup(py::module_& m) {
              return std::make_unique<Communicator>(rank, size, std::move(owned), std::move(hostOf),
                                                    timeout);
            }),
-           py::arg("rank"), py::arg("size"), py::arg("links"), py::arg("host_of"),
+           py::kw_only(), py::arg("rank"), py::arg("size"), py::arg("links"), py::arg("host_of"),
            py::arg("timeout"))
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
@@ -138,44 +128,37 @@ void bindGroup(py::module_& m) {
           "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links")
       .def(
           "submit",
-          [](Communicator& c, int kind, py::handle in, py::handle out, size_t count, int dtype,
-             int op, int root, const std::string& algo, uint32_t shapeHash, size_t segmentBytes,
-             double timeout, std::vector<int> members, int groupId) {
-            CollectiveArgs a = makeArgs(kind, dataPointer(in), dataPointer(out), count, dtype, op,
-                                        root, shapeHash, segmentBytes, timeout);
+          [](Communicator& c, const CallSpec& spec, py::handle in, py::handle out,
+             std::vector<int> members, int groupId) {
+            CollectiveArgs a = spec.args(dataPointer(in), dataPointer(out));
             Communicator* comm = &c;
-            return c.executor().submit([comm, a, algo, members, groupId] {
+            return c.executor().submit([comm, a, algo = spec.algo, members, groupId] {
               runCollective(*comm, members, groupId, a, algo);
             });
           },
-          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
-          py::arg("segment_bytes"), py::arg("timeout"), py::arg("members"), py::arg("group_id"),
+          py::arg("spec"), py::kw_only(), py::arg("inp"), py::arg("out"), py::arg("members"),
+          py::arg("group_id"),
           "Queues a collective on the group's executor (issue order is run order); returns Work.")
       .def(
           "run",
-          [](Communicator& c, int kind, py::handle in, py::handle out, size_t count, int dtype,
-             int op, int root, const std::string& algo, uint32_t shapeHash, size_t segmentBytes,
-             double timeout, std::vector<int> members, int groupId) {
-            CollectiveArgs a = makeArgs(kind, dataPointer(in), dataPointer(out), count, dtype, op,
-                                        root, shapeHash, segmentBytes, timeout);
+          [](Communicator& c, const CallSpec& spec, py::handle in, py::handle out,
+             std::vector<int> members, int groupId) {
+            CollectiveArgs a = spec.args(dataPointer(in), dataPointer(out));
             py::gil_scoped_release release;
-            c.executor().run([&] { runCollective(c, members, groupId, a, algo); });
+            c.executor().run([&] { runCollective(c, members, groupId, a, spec.algo); });
           },
-          py::arg("kind"), py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
-          py::arg("segment_bytes"), py::arg("timeout"), py::arg("members"), py::arg("group_id"),
+          py::arg("spec"), py::kw_only(), py::arg("inp"), py::arg("out"), py::arg("members"),
+          py::arg("group_id"),
           "Runs a collective now on this thread (after any queued async work); GIL released.")
       .def(
           "exchange",
-          [](Communicator& c, int kind, const std::vector<py::object>& sends,
-             const std::vector<py::object>& recvs, size_t count, int dtype, int root,
-             uint32_t shapeHash, double timeout, std::vector<int> members, int groupId,
+          [](Communicator& c, const CallSpec& spec, const std::vector<py::object>& sends,
+             const std::vector<py::object>& recvs, std::vector<int> members, int groupId,
              bool asynchronous) -> py::object {
-            PC_CHECK(isPairwise(static_cast<CollectiveKind>(kind)),
+            PC_CHECK(isPairwise(spec.kind),
                      "exchange runs alltoall, "
                      "gather, scatter or send/recv, not collective ",
-                     kind);
+                     static_cast<int>(spec.kind));
             PC_CHECK(sends.size() == members.size() && recvs.size() == members.size(),
                      "exchange needs one send and one receive entry per group rank (",
                      members.size(), "), got ", sends.size(), " and ", recvs.size());
@@ -195,7 +178,7 @@ void bindGroup(py::module_& m) {
                 b.recvCount = static_cast<size_t>(arr.size());
               }
             }
-            CollectiveArgs a = makeArgs(kind, 0, 0, count, dtype, 0, root, shapeHash, 0, timeout);
+            CollectiveArgs a = spec.args();
             a.peers = peers->data();
             Communicator* comm = &c;
             auto fn = [comm, a, peers, members, groupId] {
@@ -208,20 +191,18 @@ void bindGroup(py::module_& m) {
             }
             return py::none();
           },
-          py::arg("kind"), py::arg("sends"), py::arg("recvs"), py::arg("count"), py::arg("dtype"),
-          py::arg("root"), py::arg("shape_hash"), py::arg("timeout"), py::arg("members"),
+          py::arg("spec"), py::kw_only(), py::arg("sends"), py::arg("recvs"), py::arg("members"),
           py::arg("group_id"), py::arg("asynchronous"),
           "A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous "
-          "array or None) goes to group rank p, recvs[p] receives from it. `count` is the "
-          "element count every rank's header carries (the same on all ranks). Returns Work if "
-          "asynchronous, else None once done.")
+          "array or None) goes to group rank p, recvs[p] receives from it. The spec's `count` is "
+          "the element count every rank's header carries (the same on all ranks); its algo is "
+          "ignored. Returns Work if asynchronous, else None once done.")
       .def(
           "explain",
-          [](Communicator& c, int kind, size_t count, int dtype, int op) {
-            return explainChoice(Group::world(c),
-                                 makeArgs(kind, 0, 0, count, dtype, op, 0, 0, 0, 0));
+          [](Communicator& c, const CallSpec& spec) {
+            return explainChoice(Group::world(c), spec.args());
           },
-          py::arg("kind"), py::arg("count"), py::arg("dtype"), py::arg("op"))
+          py::arg("spec"), "What algo=\"auto\" would run for this call on the whole group.")
       .def(
           "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
           py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")

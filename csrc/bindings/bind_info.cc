@@ -20,27 +20,6 @@ namespace py = pybind11;
 namespace pycollective {
 namespace bindings {
 
-CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
-                        int root, uint32_t shapeHash, size_t segmentBytes, double timeout) {
-  PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
-  PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
-  PC_CHECK(kind >= 0 && kind <= static_cast<int>(CollectiveKind::kSendRecv) &&
-               kind != static_cast<int>(CollectiveKind::kAllreduceUpdate),
-           "unknown collective ", kind);
-  CollectiveArgs a;
-  a.kind = static_cast<CollectiveKind>(kind);
-  a.in = reinterpret_cast<const void*>(in);
-  a.out = reinterpret_cast<void*>(out);
-  a.count = count;
-  a.dtype = static_cast<DType>(dtype);
-  a.op = static_cast<ReduceOp>(op);
-  a.root = root;
-  a.shapeHash = shapeHash;
-  a.segmentBytes = segmentBytes;
-  a.timeoutSeconds = timeout;
-  return a;
-}
-
 uintptr_t dataPointer(const py::handle& array) {
   if (array.is_none()) return 0;
   return reinterpret_cast<uintptr_t>(py::reinterpret_borrow<py::array>(array).data());

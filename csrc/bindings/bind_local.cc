@@ -13,33 +13,48 @@ namespace bindings {
 
 void bindLocal(py::module_& m) {
   py::class_<LocalGroup>(m, "LocalGroup")
-      .def(py::init<int, double, int>(), py::arg("size"), py::arg("timeout"),
+      .def(py::init<int, double, int>(), py::kw_only(), py::arg("size"), py::arg("timeout"),
            py::arg("group_size") = 0)
+      .def(
+          py::init([](int worker, int numWorkers, const std::vector<std::vector<py::object>>& links,
+                      std::vector<int> hostOfWorker, double timeout) {
+            // py::object entries: None (this worker) does not convert inside nested lists.
+            std::vector<std::vector<std::unique_ptr<Link>>> owned(links.size());
+            for (size_t l = 0; l < links.size(); ++l)
+              for (const py::object& h : links[l])
+                owned[l].push_back(h.is_none() ? nullptr : std::move(h.cast<LinkHandle&>().link));
+            return std::make_unique<LocalGroup>(worker, numWorkers, std::move(owned), hostOfWorker,
+                                                timeout);
+          }),
+          py::kw_only(), py::arg("worker"), py::arg("num_workers"), py::arg("links"),
+          py::arg("host_of_worker"), py::arg("timeout"),
+          "This process's replicas in a group across processes: links[l][w] joins local "
+          "replica l to replica l of worker w (None at this worker). Runs hierarchical "
+          "all-reduce only.")
       .def_property_readonly("size", &LocalGroup::size)
+      .def_property_readonly("num_workers", &LocalGroup::numWorkers)
+      .def(
+          "abort", [](LocalGroup& g, const std::string& reason) { g.abort(reason); },
+          py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")
       .def(
           "run",
-          [](LocalGroup& g, int kind, const py::list& ins, const py::list& outs, size_t count,
-             int dtype, int op, int root, const std::string& algo, uint32_t shapeHash,
-             size_t segmentBytes, double timeout) {
+          [](LocalGroup& g, const CallSpec& spec, const py::list& ins, const py::list& outs) {
             PC_CHECK(static_cast<int>(ins.size()) == g.size() &&
                          static_cast<int>(outs.size()) == g.size(),
                      "expected ", g.size(), " buffers per side");
             std::vector<CollectiveArgs> args;
             for (int r = 0; r < g.size(); ++r)
-              args.push_back(makeArgs(kind, dataPointer(ins[r]), dataPointer(outs[r]), count, dtype,
-                                      op, root, shapeHash, segmentBytes, timeout));
+              args.push_back(spec.args(dataPointer(ins[r]), dataPointer(outs[r])));
             py::gil_scoped_release release;
-            g.run(args, algo);
+            g.run(args, spec.algo);
           },
-          py::arg("kind"), py::arg("ins"), py::arg("outs"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
-          py::arg("segment_bytes"), py::arg("timeout"))
+          py::arg("spec"), py::kw_only(), py::arg("ins"), py::arg("outs"),
+          "Runs the call on every replica at once: ins[r]/outs[r] are replica r's arrays.")
       .def(
           "run_device",
-          [](LocalGroup& g, int kind, const std::vector<uintptr_t>& ins,
-             const std::vector<uintptr_t>& outs, size_t count, int dtype, int op, int root,
-             const std::string& algo, uint32_t shapeHash, size_t segmentBytes, double timeout,
-             const std::vector<int>& devices, const std::vector<uintptr_t>& streams) {
+          [](LocalGroup& g, const CallSpec& spec, const std::vector<uintptr_t>& ins,
+             const std::vector<uintptr_t>& outs, const std::vector<int>& devices,
+             const std::vector<uintptr_t>& streams) {
             const size_t n = static_cast<size_t>(g.size());
             PC_CHECK(
                 ins.size() == n && outs.size() == n && devices.size() == n && streams.size() == n,
@@ -47,18 +62,16 @@ void bindLocal(py::module_& m) {
             std::vector<CollectiveArgs> args;
             for (size_t r = 0; r < n; ++r) {
               PC_CHECK(devices[r] >= 0, "replica ", r, ": device buffers need a device >= 0");
-              CollectiveArgs a = makeArgs(kind, ins[r], outs[r], count, dtype, op, root, shapeHash,
-                                          segmentBytes, timeout);
+              CollectiveArgs a = spec.args(ins[r], outs[r]);
               a.device = devices[r];
               a.stream = reinterpret_cast<void*>(streams[r]);
               args.push_back(a);
             }
             py::gil_scoped_release release;
-            g.run(args, algo);
+            g.run(args, spec.algo);
           },
-          py::arg("kind"), py::arg("ins"), py::arg("outs"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("root"), py::arg("algo"), py::arg("shape_hash"),
-          py::arg("segment_bytes"), py::arg("timeout"), py::arg("devices"), py::arg("streams"),
+          py::arg("spec"), py::kw_only(), py::arg("ins"), py::arg("outs"), py::arg("devices"),
+          py::arg("streams"),
           "Like run, on device pointers (0 for none): replica r's buffers live on devices[r] "
           "and are ordered on streams[r]. Returns when every replica's result is complete.")
       .def(
@@ -75,11 +88,8 @@ void bindLocal(py::module_& m) {
           },
           py::arg("table"))
       .def(
-          "explain",
-          [](LocalGroup& g, int kind, size_t count, int dtype, int op) {
-            return g.explain(makeArgs(kind, 0, 0, count, dtype, op, 0, 0, 0, 0));
-          },
-          py::arg("kind"), py::arg("count"), py::arg("dtype"), py::arg("op"));
+          "explain", [](LocalGroup& g, const CallSpec& spec) { return g.explain(spec.args()); },
+          py::arg("spec"), "What algo=\"auto\" would run for this call.");
 }
 
 }  // namespace bindings

@@ -105,8 +105,8 @@ void bindNccl(py::module_& m) {
              py::gil_scoped_release release;
              return std::make_unique<NcclComm>(nranks, uid, rank, device, timeout);
            }),
-           py::arg("nranks"), py::arg("unique_id"), py::arg("rank"), py::arg("device"),
-           py::arg("timeout"))
+           py::kw_only(), py::arg("nranks"), py::arg("unique_id"), py::arg("rank"),
+           py::arg("device"), py::arg("timeout"))
       .def_static(
           "init_all",
           [](const std::vector<int>& devices, double timeout) {

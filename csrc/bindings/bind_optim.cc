@@ -66,7 +66,7 @@ void bindOptim(py::module_& m) {
         py::gil_scoped_release release;
         applyReplicatedUpdate(r, d, hyperOf(h), tensors);
       },
-      py::arg("rule"), py::arg("dtype"), py::arg("hyper"), py::arg("tensors"),
+      py::kw_only(), py::arg("rule"), py::arg("dtype"), py::arg("hyper"), py::arg("tensors"),
       "Fused reduce-and-update of replicated optimizer state. hyper = (lr, momentum, beta_1, "
       "beta_2, epsilon, grad_scale); tensors = [(count, grads, copies, [slot copies, ...])]. "
       "GIL released.");
@@ -85,8 +85,9 @@ void bindOptim(py::module_& m) {
           allreduceUpdate(comm, members, groupId, r, d, hyper, tensors, shapeHashes, timeout);
         });
       },
-      py::arg("comm"), py::arg("rule"), py::arg("dtype"), py::arg("hyper"), py::arg("tensors"),
-      py::arg("shape_hashes"), py::arg("timeout"), py::arg("members"), py::arg("group_id"),
+      py::kw_only(), py::arg("comm"), py::arg("rule"), py::arg("dtype"), py::arg("hyper"),
+      py::arg("tensors"), py::arg("shape_hashes"), py::arg("timeout"), py::arg("members"),
+      py::arg("group_id"),
       "Optimizer steps across a process group, each fused into the all-reduce of its gradient "
       "(optim/allreduce_update.h), one collective per tensor in order; tensors = [(count, [this "
       "rank's gradient], copies, [slot copies, ...])]. Runs after any queued async work; GIL "

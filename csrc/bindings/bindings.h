@@ -18,9 +18,30 @@ void bindGroup(pybind11::module_& m);
 void bindNccl(pybind11::module_& m);
 void bindOptim(pybind11::module_& m);
 
-// Builds the native call description from the integer codes Python passes.
-CollectiveArgs makeArgs(int kind, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
-                        int root, uint32_t shapeHash, size_t segmentBytes, double timeout);
+void bindCallSpec(pybind11::module_& m);
+
+// A link on its way into a Communicator or LocalGroup (which takes ownership).
+struct LinkHandle {
+  std::unique_ptr<Link> link;
+  std::string describe() const { return link ? link->describe() : "<moved into a group>"; }
+};
+
+// One collective call as Python describes it (pycollective._C.CallSpec): built with keywords,
+// checked once when built, and reusable across calls; the buffers are passed per call.
+struct CallSpec {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  std::string algo = "auto";
+  uint32_t shapeHash = 0;
+  size_t segmentBytes = 0;  // 0 = PYCOLLECTIVE_SEGMENT_BYTES
+  double timeout = 0;       // seconds; 0 = the communicator's timeout
+
+  // The native call on these buffers (0 for none).
+  CollectiveArgs args(uintptr_t in = 0, uintptr_t out = 0) const;
+};
 
 // The data pointer of a numpy array (pycollective/_calls.py made it contiguous), or 0 for None.
 // Read with the C API: much cheaper than __array_interface__ on every call.

@@ -10,6 +10,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "pycollective native core";
   pycollective::bindings::bindErrors(m);
   pycollective::bindings::bindInfo(m);
+  pycollective::bindings::bindCallSpec(m);
   pycollective::bindings::bindLocal(m);
   pycollective::bindings::bindGroup(m);
   pycollective::bindings::bindNccl(m);

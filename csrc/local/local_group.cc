@@ -28,7 +28,54 @@ LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
   }
 }
 
+LocalGroup::LocalGroup(int worker, int numWorkers,
+                       std::vector<std::vector<std::unique_ptr<Link>>> crossLinks,
+                       const std::vector<int>& hostOfWorker, double timeoutSeconds)
+    : numWorkers_(numWorkers) {
+  const int size = static_cast<int>(crossLinks.size());
+  PC_CHECK(size >= 1, "a group of replicas needs at least one local replica");
+  PC_CHECK(numWorkers >= 1 && worker >= 0 && worker < numWorkers, "worker ", worker,
+           " is out of range for ", numWorkers, " workers");
+  PC_CHECK(static_cast<int>(hostOfWorker.size()) == numWorkers, "expected ", numWorkers,
+           " host entries, got ", hostOfWorker.size());
+  const int world = numWorkers * size;
+  std::vector<int> hostOf(world);
+  for (int r = 0; r < world; ++r) hostOf[r] = hostOfWorker[r / size];
+  InprocFabric fabric(size);
+  for (int l = 0; l < size; ++l) {
+    PC_CHECK(static_cast<int>(crossLinks[l].size()) == numWorkers, "local replica ", l,
+             ": expected ", numWorkers, " link entries, got ", crossLinks[l].size());
+    std::vector<std::unique_ptr<Link>> links(world);
+    auto local = fabric.links(l);
+    for (int m = 0; m < size; ++m) links[worker * size + m] = std::move(local[m]);
+    for (int w = 0; w < numWorkers; ++w) {
+      if (w == worker) continue;
+      PC_CHECK(crossLinks[l][w] != nullptr, "local replica ", l, ": no link to worker ", w);
+      links[w * size + l] = std::move(crossLinks[l][w]);
+    }
+    auto comm = std::make_unique<Communicator>(worker * size + l, world, std::move(links), hostOf,
+                                               timeoutSeconds);
+    // Each process's replicas form one hierarchical group, whatever the hosts say (several
+    // workers may share a host).
+    comm->hierarchicalGroupSize = size;
+    comm->localCost = LinkCost{15e-6, 1.0 / 6e9, 1.0 / 6e9};  // the in-process links (above)
+    comms_.push_back(std::move(comm));
+  }
+}
+
 LocalGroup::~LocalGroup() = default;
+
+void LocalGroup::checkCrossProcessCall(const CollectiveArgs& args, const std::string& algo) const {
+  PC_CHECK(args.kind == CollectiveKind::kAllreduce,
+           "a group of replicas across processes runs allreduce only (its links are the ones the "
+           "hierarchical algorithm uses); got ",
+           collectiveName(args.kind));
+  PC_CHECK(algo == "auto" || algo == "hierarchical",
+           "a group of replicas across processes runs the hierarchical algorithm (its links are "
+           "the ones it uses); got algo='",
+           algo, "': pass 'hierarchical' or 'auto'");
+  PC_CHECK(args.device < 0, "a group of replicas across processes takes host buffers only");
+}
 
 bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
   if (args[0].device >= 0) return false;
@@ -40,6 +87,11 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
 
 void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string& algo) {
   PC_ASSERT(static_cast<int>(args.size()) == size(), "one call per replica");
+  if (numWorkers_ > 1) {
+    checkCrossProcessCall(args[0], algo);
+    runOnReplicas(args, "hierarchical");
+    return;
+  }
   if (algo == kInlineAlgorithm || (algo == "auto" && inlineIsBest(args))) {
     // The checks runCollective makes before anything moves.
     Communicator& first = *comms_[0];
@@ -59,6 +111,10 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
         devices.push_back(a.device);
     if (devices.size() > 1) cuda::requireDeviceOps("replicas on devices").enablePeerAccess(devices);
   }
+  runOnReplicas(args, algo);
+}
+
+void LocalGroup::runOnReplicas(const std::vector<CollectiveArgs>& args, const std::string& algo) {
   // Replicas 1..n-1 run on their executor threads, replica 0 on the caller's thread.
   std::vector<WorkPtr> works;
   for (int r = 1; r < size(); ++r) {
@@ -94,7 +150,12 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
   if (consequence) std::rethrow_exception(consequence);
 }
 
+void LocalGroup::abort(const std::string& reason) noexcept {
+  for (auto& c : comms_) c->abort(reason);
+}
+
 std::string LocalGroup::explain(const CollectiveArgs& args) {
+  if (numWorkers_ > 1) return "hierarchical (the one algorithm of a group across processes)";
   const std::vector<CollectiveArgs> all(comms_.size(), args);
   if (inlineIsBest(all))
     return std::string(kInlineAlgorithm) + " (every replica's buffers on the calling thread; " +

@@ -2,6 +2,11 @@
 // n replicas in one process (what MirroredStrategy needs): n Communicators joined by inproc
 // links, each driven by its own executor thread, all running the same algorithm code as
 // processes on different hosts would.
+//
+// The same replicas can also be members of a larger group that spans processes
+// (MultiWorkerMirroredStrategy: every replica of every worker), as NCCL serves several GPUs of
+// one process: then each local replica also holds links to the replicas of the same local
+// index in the other processes, and the group runs the hierarchical all-reduce over them.
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,14 +20,27 @@ class LocalGroup {
  public:
   // groupSize: replicas per hierarchical group (0 = all replicas form one group).
   LocalGroup(int size, double timeoutSeconds, int groupSize);
+  // This process is `worker` of `numWorkers` processes with the same number of local replicas
+  // (crossLinks.size()); local replica l is global rank worker * size + l. crossLinks[l][w]
+  // joins local replica l to replica l of worker w (nullptr at w == worker). hostOfWorker[w]
+  // is worker w's host. Those links and the in-process ones are exactly what hierarchical
+  // all-reduce uses (a ring per process, one ring per local index across processes), so it is
+  // the one collective this group runs.
+  LocalGroup(int worker, int numWorkers, std::vector<std::vector<std::unique_ptr<Link>>> crossLinks,
+             const std::vector<int>& hostOfWorker, double timeoutSeconds);
   ~LocalGroup();
 
+  // Local replicas (this process's).
   int size() const { return static_cast<int>(comms_.size()); }
+  int numWorkers() const { return numWorkers_; }
 
   // Runs the collective on every replica at once: args[i] is replica i's call. Returns when all
   // finished; rethrows the first replica's error (all replicas fail together). algo "inline"
   // (or "auto" when the tuned table or the model prefers it) computes it on the calling thread.
   void run(const std::vector<CollectiveArgs>& args, const std::string& algo);
+
+  // Marks every replica's communicator failed (peers stop waiting for them).
+  void abort(const std::string& reason) noexcept;
 
   // The algorithm algo="auto" would pick for replica 0's call, with the model's table.
   std::string explain(const CollectiveArgs& args);
@@ -33,7 +51,13 @@ class LocalGroup {
   // Whether algo="auto" runs this call inline: the tuned table's entry decides, else the model.
   bool inlineIsBest(const std::vector<CollectiveArgs>& args);
 
+  // Every replica runs `algo`: 1..n-1 on their executor threads, 0 on the caller's.
+  void runOnReplicas(const std::vector<CollectiveArgs>& args, const std::string& algo);
+  // A group spanning processes: only hierarchical all-reduce (see the second constructor).
+  void checkCrossProcessCall(const CollectiveArgs& args, const std::string& algo) const;
+
   std::vector<std::unique_ptr<Communicator>> comms_;
+  int numWorkers_ = 1;
 };
 
 }  // namespace pycollective
