@@ -126,3 +126,20 @@ def test_a_dead_process_fails_the_group_fast():
         # Well below the collective's 30 s timeout: the link or the abort broadcast told it
         # (the bound leaves room for a loaded machine, like tests/test_failures.py's).
         assert seconds < 8.0, f"rank {r} took {seconds:.1f} s to notice"
+
+
+@pytest.mark.timeout(120)
+def test_the_benchmark_runs_and_checks_its_results(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "pycollective.cli", "run", "-n", "2", "--timeout", "90", "--"]
+        + [sys.executable, "-m", "pycollective.bench.replica_bench", "--max-bytes", "262144"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "| 256 KiB |" in res.stdout and "speed-up" in res.stdout

@@ -1,11 +1,13 @@
 #include "local/local_group.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "algorithms/registry.h"
 #include "core/error.h"
 #include "cuda/device_ops.h"
 #include "local/inline_collective.h"
+#include "reduce/reduce.h"
 #include "transport/inproc.h"
 
 namespace pycollective {
@@ -65,6 +67,42 @@ LocalGroup::LocalGroup(int worker, int numWorkers,
 
 LocalGroup::~LocalGroup() = default;
 
+void LocalGroup::runCrossSmall(const std::vector<CollectiveArgs>& args) {
+  Communicator& first = *comms_[0];
+  if (first.aborted())
+    throw Aborted(first.who() + " this group was aborted earlier (" + first.abortReason() +
+                  "); create a new group to continue");
+  // 1. This process's replicas reduced into replica 0's output, on this thread.
+  // avg: sums all the way, one scale over every replica at the end.
+  const bool avg = args[0].op == ReduceOp::kAvg;
+  if (avg) lookupReduce(args[0].dtype, args[0].op);  // InvalidType for an integer avg, up front
+  std::vector<CollectiveArgs> local = args;
+  for (CollectiveArgs& a : local) {
+    a.kind = CollectiveKind::kReduce;
+    a.root = 0;
+    if (avg) a.op = ReduceOp::kSum;
+  }
+  runInline(local);
+  // 2. Replica 0 of every process all-reduces that, in place, over its own links.
+  const int size = this->size();
+  std::vector<int> firsts;
+  for (int w = 0; w < numWorkers_; ++w) firsts.push_back(w * size);
+  CollectiveArgs cross = local[0];
+  cross.kind = CollectiveKind::kAllreduce;
+  cross.in = cross.out;
+  try {
+    first.executor().run([&] { runCollective(first, firsts, kCrossSmallGroupId, cross, "auto"); });
+  } catch (const std::exception& e) {
+    abort(e.what());  // every replica's links: the other processes stop waiting for them too
+    throw;
+  }
+  if (avg) scaleInPlace(args[0].out, args[0].count, args[0].dtype, 1.0 / (numWorkers_ * size));
+  // 3. The other replicas get copies.
+  const size_t bytes = args[0].count * elementSize(args[0].dtype);
+  for (int r = 1; r < size; ++r)
+    if (args[r].out != args[0].out) std::memcpy(args[r].out, args[0].out, bytes);
+}
+
 void LocalGroup::checkCrossProcessCall(const CollectiveArgs& args, const std::string& algo) const {
   PC_CHECK(args.kind == CollectiveKind::kAllreduce,
            "a group of replicas across processes runs allreduce only (its links are the ones the "
@@ -89,7 +127,11 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
   PC_ASSERT(static_cast<int>(args.size()) == size(), "one call per replica");
   if (numWorkers_ > 1) {
     checkCrossProcessCall(args[0], algo);
-    runOnReplicas(args, "hierarchical");
+    const size_t bytes = args[0].count * elementSize(args[0].dtype);
+    if (bytes <= kCrossSmallBytes)
+      runCrossSmall(args);
+    else
+      runOnReplicas(args, "hierarchical");
     return;
   }
   if (algo == kInlineAlgorithm || (algo == "auto" && inlineIsBest(args))) {
