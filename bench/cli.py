@@ -52,7 +52,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--algos",
         default=None,
-        help="comma-separated algorithms (default: all that the mode can run)",
+        help="comma-separated algorithms (default: all that the mode can run, and in procs "
+        "mode for allreduce 'prepared': pycollective.prepare_allreduce, auto's choice made once)",
     )
     p.add_argument(
         "--transports",
@@ -143,14 +144,17 @@ def run(args: argparse.Namespace) -> int:
 
     from . import ceilings as measure
     from . import inproc, procs
+    from .worker import PREPARED
 
     procs_mode = args.mode == "procs"
     world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
     everything = [a for a in pc.algorithms() if not (procs_mode and a in IN_PROCESS_ONLY)]
+    if procs_mode and args.collective == "allreduce":
+        everything.append(PREPARED)  # pc.prepare_allreduce: auto, checked once
     algos = [a for a in (args.algos or ",".join(everything)).split(",") if a]
-    unknown = set(algos) - set(pc.algorithms())
+    unknown = set(algos) - set(everything)
     if unknown:
-        raise SystemExit(f"unknown algorithms {sorted(unknown)}; choose from {pc.algorithms()}")
+        raise SystemExit(f"unknown algorithms {sorted(unknown)}; choose from {everything}")
     transports = [t for t in args.transports.split(",") if t]
     peers = [p for p in args.peers.split(",") if p] if procs_mode else []
     if procs_mode and world % args.hosts:

@@ -17,6 +17,9 @@ import numpy as np
 from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .timing import summarize, time_interleaved
 
+#: The row of pycollective.prepare_allreduce: auto's choice, every check made once.
+PREPARED = "prepared"
+
 
 class PycollectiveBackend:
     def __init__(self, job: dict) -> None:
@@ -37,6 +40,10 @@ class PycollectiveBackend:
 
     def call(self, collective: str, x: np.ndarray, out: np.ndarray | None, algo: str, op: str):
         pc = self.pc
+        if algo == PREPARED:
+            if collective != "allreduce":
+                raise ValueError("prepared calls run allreduce only")
+            return pc.prepare_allreduce(x, op=op, out=out)
         if collective == "allreduce":
             return lambda: pc.allreduce(x, op=op, algo=algo, out=out)
         if collective == "reduce_scatter":
@@ -217,6 +224,15 @@ BACKENDS = {
 }
 
 
+def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> str | None:
+    """The algorithm auto ran (auto's row: the group's explain; the prepared row: its plan's)."""
+    if algo == PREPARED:
+        return call.algorithm
+    if algo == "auto":
+        return backend.chosen(job["collective"], nbytes)
+    return None
+
+
 def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
@@ -263,9 +279,7 @@ def main(job_path: str) -> int:
                         "p10_s": t.p10,
                         "p90_s": t.p90,
                         "wrong": wrong[algo],
-                        "chose": backend.chosen(job["collective"], count * itemsize)
-                        if algo == "auto"
-                        else None,
+                        "chose": _chosen(backend, calls[algo], algo, job, count * itemsize),
                     }
                 )
                 print(f"done {job['backend']} {algo} {nbytes}", flush=True)

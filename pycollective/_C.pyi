@@ -4,7 +4,7 @@ pycollective native core
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'NcclComm', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
     One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default) and timeout in seconds (0: the group's). Checked when built; reusable.
@@ -103,6 +103,29 @@ class Work:
     @property
     def seconds(self) -> float:
         ...
+class Members:
+    """
+    The global ranks of a (sub)group, ascending, and its group id (keeps its sequence numbers apart from other groups').
+    """
+    def __init__(self, *, ranks: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def group_id(self) -> int:
+        ...
+    @property
+    def ranks(self) -> list[int]:
+        ...
+class PreparedCollective:
+    """
+    A call prepared once (Communicator.prepare): run() repeats it on the same buffers.
+    """
+    def run(self) -> None:
+        """
+        Runs the call now on this thread (after any queued async work); GIL released.
+        """
+    @property
+    def algorithm(self) -> str:
+        ...
 class Communicator:
     def __init__(self, *, rank: typing.SupportsInt | typing.SupportsIndex, size: typing.SupportsInt | typing.SupportsIndex, links: collections.abc.Sequence[Link], host_of: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
@@ -110,7 +133,7 @@ class Communicator:
         """
         Fails every pending and future collective; peers stop waiting.
         """
-    def exchange(self, spec: CallSpec, *, sends: collections.abc.Sequence[typing.Any], recvs: collections.abc.Sequence[typing.Any], members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex, asynchronous: bool) -> typing.Any:
+    def exchange(self, spec: CallSpec, members: Members, *, sends: collections.abc.Sequence[typing.Any], recvs: collections.abc.Sequence[typing.Any], asynchronous: bool) -> typing.Any:
         """
         A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous array or None) goes to group rank p, recvs[p] receives from it. The spec's `count` is the element count every rank's header carries (the same on all ranks); its algo is ignored. Returns Work if asynchronous, else None once done.
         """
@@ -118,7 +141,11 @@ class Communicator:
         """
         What algo="auto" would run for this call on the whole group.
         """
-    def run(self, spec: CallSpec, *, inp: typing.Any, out: typing.Any, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def prepare(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any) -> PreparedCollective:
+        """
+        Checks the call and settles its algorithm once; the caller keeps inp and out alive while the PreparedCollective is used.
+        """
+    def run(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any) -> None:
         """
         Runs a collective now on this thread (after any queued async work); GIL released.
         """
@@ -130,7 +157,7 @@ class Communicator:
         """
         [(collective kind, max bytes, algorithm)] sorted by max bytes
         """
-    def submit(self, spec: CallSpec, *, inp: typing.Any, out: typing.Any, members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], group_id: typing.SupportsInt | typing.SupportsIndex) -> Work:
+    def submit(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any) -> Work:
         """
         Queues a collective on the group's executor (issue order is run order); returns Work.
         """

@@ -32,6 +32,7 @@ from pycollective.errors import (
 )
 from pycollective.local import LocalCommunicator
 from pycollective.process_group import (
+    PreparedCall,
     ProcessGroup,
     Work,
     allgather,
@@ -46,6 +47,7 @@ from pycollective.process_group import (
     local_rank,
     local_size,
     new_group,
+    prepare_allreduce,
     rank,
     recv,
     reduce,
@@ -75,6 +77,7 @@ def algorithms() -> list[str]:
 
 
 __all__ = [
+    "PreparedCall",
     "ProcessGroup",
     "Work",
     "allgather",
@@ -89,6 +92,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "new_group",
+    "prepare_allreduce",
     "rank",
     "reduce",
     "reduce_scatter",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pycollective import config, tuning
-from pycollective._calls import KINDS, Prepared, check_avg, prepare
+from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_int
 from pycollective.device import is_device_tensor
@@ -303,15 +303,15 @@ def run_host(
     calls: list[Prepared] = [
         prepare(kind, b, i, n, root, inplace, f"replica {i}", outs[i]) for i, b in enumerate(bufs)
     ]
-    spec = _C.CallSpec(
-        kind=KINDS[kind],
-        count=first.count,
-        dtype=first.code,
-        op=int(reduce_op),
-        root=root,
-        algo=algo,
-        shape_hash=shape_hash(first.array.shape),
-        timeout=timeout,
+    spec = call_spec(
+        KINDS[kind],
+        first.count,
+        first.code,
+        int(reduce_op),
+        root,
+        algo,
+        shape_hash(first.array.shape),
+        timeout,
     )
     group.run(spec, ins=[c.inp for c in calls], outs=[c.out for c in calls])
     return [c.result() for c in calls]

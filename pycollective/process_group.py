@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycollective import _exchange, config, log, tuning
-from pycollective._calls import KINDS, check_avg, prepare
+from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
 from pycollective.device import is_device_tensor
@@ -76,6 +76,32 @@ class Work:
         return self._native.seconds
 
 
+class PreparedCall:
+    """A collective prepared once (:func:`prepare_allreduce`): calling it runs the collective
+    on the buffers it was prepared with and returns the result (the same object every time)."""
+
+    __slots__ = ("_native", "_call", "_group", "_result")
+
+    def __init__(self, native: Any, call: Prepared, group: ProcessGroup) -> None:
+        self._native, self._call, self._group = native, call, group  # keeps the buffers alive
+        self._result = call.result()
+
+    def __call__(self) -> Any:
+        try:
+            self._native.run()
+        except CollectiveError as exc:
+            raise self._group._world.explain_failure(exc) from None
+        return self._result
+
+    @property
+    def algorithm(self) -> str:
+        """The algorithm each call runs (``auto``'s choice, made once)."""
+        return str(self._native.algorithm)
+
+    def __repr__(self) -> str:
+        return f"PreparedCall({self._group._where}: allreduce with {self.algorithm})"
+
+
 class ProcessGroup:
     """A set of ranks that run collectives together. Made by :func:`init` (all ranks) and
     :func:`new_group` (a subset). Ranks passed to collectives (``root=``) are ranks within the
@@ -85,6 +111,7 @@ class ProcessGroup:
         self._world = world
         self.members = members
         self.group_id = group_id
+        self._native_members = _C.Members(ranks=members, group_id=group_id)
         me = world.comm.rank
         self.rank = members.index(me)
         self.size = len(members)
@@ -107,6 +134,29 @@ class ProcessGroup:
     ) -> Any:
         """Every rank gets the reduction of all ranks' tensors."""
         return self._run("allreduce", x, op, algo, 0, inplace, out, timeout)
+
+    def prepare_allreduce(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        algo: str = "auto",
+        inplace: bool = False,
+        out: Any = None,
+        timeout: float | None = None,
+    ) -> PreparedCall:
+        """``allreduce`` prepared once, to run many times on the same buffers (like MPI's
+        persistent collectives): ``plan = group.prepare_allreduce(x, out=y)``, then ``plan()``
+        runs it and returns the result. Every check, the output and ``auto``'s choice are made
+        here; each call is the collective alone. Every rank prepares the same call; between
+        calls, change the contents of ``x``, never the array itself. Host tensors only."""
+        if type(x).__module__ != "numpy" and is_device_tensor(x):
+            raise TypeError(f"{self._where}: prepare_allreduce takes host tensors")
+        call, spec = self._host_call("allreduce", x, op, algo, 0, inplace, out, timeout)
+        try:
+            native = self._world.comm.prepare(spec, self._native_members, call.inp, call.out)
+        except CollectiveError as exc:
+            raise self._world.explain_failure(exc) from None
+        return PreparedCall(native, call, self)
 
     def allreduce_async(
         self,
@@ -301,17 +351,8 @@ class ProcessGroup:
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank of the group called barrier()."""
-        spec = _C.CallSpec(
-            kind=KINDS["barrier"], count=0, dtype=_FLOAT32, timeout=self._timeout(timeout)
-        )
-        self._run_native(
-            self._world.comm.run,
-            spec,
-            inp=None,
-            out=None,
-            members=self.members,
-            group_id=self.group_id,
-        )
+        spec = call_spec(KINDS["barrier"], 0, _FLOAT32, 0, 0, "auto", 0, self._timeout(timeout))
+        self._run_native(self._world.comm.run, spec, self._native_members, None, None)
 
     def explain(self, collective: str, nbytes: int) -> str:
         """The algorithm algo="auto" picks for a float32 call of this size, with the model."""
@@ -346,9 +387,34 @@ class ProcessGroup:
         if not isinstance(algo, str):
             raise TypeError(f"algo must be a string, got {type(algo).__name__}")
         reduce_op = parse_op(op)
-        where = self._where
         if algo == "nccl" or (type(x).__module__ != "numpy" and is_device_tensor(x)):
             return self._run_nccl(kind, x, reduce_op, algo, root, inplace, out, asynchronous)
+        call, spec = self._host_call(kind, x, reduce_op, algo, root, inplace, out, timeout)
+        comm = self._world.comm
+        if asynchronous:
+            return Work(
+                comm.submit(spec, self._native_members, call.inp, call.out),
+                [call],
+                self,
+                f"{kind} of {call.buf.count} {call.buf.dtype_name}",
+            )
+        self._run_native(comm.run, spec, self._native_members, call.inp, call.out)
+        return call.result()
+
+    def _host_call(
+        self,
+        kind: str,
+        x: Any,
+        op: str | ReduceOp,
+        algo: str,
+        root: int,
+        inplace: bool,
+        out: Any,
+        timeout: float | None,
+    ) -> tuple[Prepared, Any]:
+        """This rank's checked buffers for a call of host tensors and its native CallSpec."""
+        reduce_op = parse_op(op)
+        where = self._where
         buf = adapt(x, where)
         check_avg(kind, reduce_op, buf.code, where)
         call = prepare(
@@ -361,30 +427,17 @@ class ProcessGroup:
             where,
             None if out is None else adapt(out, self._where_out),
         )
-        spec = _C.CallSpec(
-            kind=KINDS[kind],
-            count=call.inp.size,
-            dtype=buf.code,
-            op=reduce_op.value,
-            root=root,
-            algo=algo,
-            shape_hash=shape_hash(call.inp.shape),
-            timeout=self._world.timeout if timeout is None else float(timeout),
+        spec = call_spec(
+            KINDS[kind],
+            call.inp.size,
+            buf.code,
+            reduce_op.value,
+            root,
+            algo,
+            shape_hash(call.inp.shape),
+            self._world.timeout if timeout is None else float(timeout),
         )
-        comm = self._world.comm
-        if asynchronous:
-            return Work(
-                comm.submit(
-                    spec, inp=call.inp, out=call.out, members=self.members, group_id=self.group_id
-                ),
-                [call],
-                self,
-                f"{kind} of {buf.count} {buf.dtype_name}",
-            )
-        self._run_native(
-            comm.run, spec, inp=call.inp, out=call.out, members=self.members, group_id=self.group_id
-        )
-        return call.result()
+        return call, spec
 
     def _check_root(self, root: int) -> int:
         if not isinstance(root, int) or not 0 <= root < self.size:
@@ -435,20 +488,20 @@ class ProcessGroup:
             shape_hash=ex.shape_hash,
             timeout=self._timeout(timeout),
         )
-        call = dict(
-            sends=ex.sends,
-            recvs=ex.recvs,
-            members=self.members if members is None else members,
-            group_id=self.group_id if group_id is None else group_id,
+        pair = (
+            self._native_members
+            if members is None
+            else _C.Members(ranks=members, group_id=self.group_id if group_id is None else group_id)
         )
+        call = dict(sends=ex.sends, recvs=ex.recvs)
         if asynchronous:
             return Work(
-                self._world.comm.exchange(spec, **call, asynchronous=True),
+                self._world.comm.exchange(spec, pair, **call, asynchronous=True),
                 [ex],
                 self,
                 f"{ex.kind} of {ex.count} elements",
             )
-        self._run_native(self._world.comm.exchange, spec, **call, asynchronous=False)
+        self._run_native(self._world.comm.exchange, spec, pair, **call, asynchronous=False)
         return ex.result()
 
     def _run_nccl(
@@ -861,6 +914,21 @@ def allreduce(
 ) -> Any:
     """Every rank gets the reduction (sum, prod, min, max, avg) of all ranks' tensors."""
     return _group(group).allreduce(x, op, algo, inplace, out, timeout)
+
+
+def prepare_allreduce(
+    x: Any,
+    op: str | ReduceOp = "sum",
+    algo: str = "auto",
+    inplace: bool = False,
+    out: Any = None,
+    group: ProcessGroup | None = None,
+    timeout: float | None = None,
+) -> PreparedCall:
+    """``allreduce`` prepared once to run many times on the same buffers
+    (:meth:`ProcessGroup.prepare_allreduce`): ``plan = prepare_allreduce(x, out=y)``, then
+    ``plan()`` in the loop."""
+    return _group(group).prepare_allreduce(x, op, algo, inplace, out, timeout)
 
 
 def allreduce_async(

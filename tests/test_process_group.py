@@ -178,3 +178,61 @@ def _torch_tensors(rank, n):
 def test_torch_tensors_across_processes():
     pytest.importorskip("torch")
     assert run_ranks(_torch_tensors, 2, timeout=45) == [[True, [3.0, 3.0, 3.0]]] * 2
+
+
+def _prepared_calls(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    results = []
+    for algo in ("auto", "ring", "halving_doubling"):
+        for count in (1, 5, 3001):
+            x = np.zeros(count, np.float32)
+            y = np.empty_like(x)
+            plan = pc.prepare_allreduce(x, out=y, algo=algo)
+            assert plan.algorithm in pc.algorithms()
+            for step in range(3):
+                # The same buffers, new contents each step: the plan reads them afresh.
+                x[:] = np.arange(count, dtype=np.float32) * (rank + 1) + step
+                assert plan() is y
+                want = np.arange(count) * (n * (n + 1) / 2) + n * step
+                np.testing.assert_allclose(y, want, rtol=1e-6)
+            results.append(plan.algorithm)
+    # In place and avg; a plain call in between keeps the sequence numbers in step.
+    z = np.full(7, float(rank), np.float64)
+    plan = pc.prepare_allreduce(z, op="avg", inplace=True)
+    assert plan() is z and np.allclose(z, (n - 1) / 2)
+    assert pc.allreduce(np.ones(3))[0] == n
+    z[:] = 1.0
+    assert np.allclose(plan(), 1.0)
+    errors = []
+    for bad in (
+        lambda: pc.prepare_allreduce(np.ones(3, np.int32), op="avg"),
+        lambda: pc.prepare_allreduce(np.ones(3), algo="no-such"),
+        lambda: pc.prepare_allreduce(np.ones(3), out=np.ones(4)),
+    ):
+        try:
+            bad()
+            errors.append(None)
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+    # Ranks that prepared different calls fail together, naming what differed.
+    plan = pc.prepare_allreduce(np.ones(4 + rank), algo="ring")
+    try:
+        plan()
+        mismatch = "no error"
+    except pc.CollectiveError as exc:
+        mismatch = type(exc).__name__
+    return results, errors, mismatch
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [2, 3])
+def test_prepared_allreduce(n):
+    res = run_ranks(_prepared_calls, n, timeout=75)
+    for algos, errors, mismatch in res:
+        assert algos == res[0][0]  # every rank settled on the same algorithms
+        assert errors == ["TypeError", "ValueError", "ValueError"], errors
+        # The rank that saw the mismatch says what differed; the others learn it failed.
+        assert mismatch in ("ProtocolError", "RemoteError"), mismatch
+    assert "ProtocolError" in [r[2] for r in res]

@@ -130,6 +130,11 @@ void abortOnFailure(Communicator& comm, Fn&& fn) {
   }
 }
 
+void checkRoot(const Group& group, const CollectiveArgs& args) {
+  PC_CHECK(args.root >= 0 && args.root < group.size(), group.comm().who(), " root ", args.root,
+           " is out of range for a group of ", group.size(), " ranks");
+}
+
 }  // namespace
 
 Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo,
@@ -139,6 +144,61 @@ Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, cons
   Exchange ex(group, args, indexOf(&algo), comm.nextSeq(groupId));
   abortOnFailure(comm, [&] { schedule(ex); });
   return ex;
+}
+
+const Algorithm& chooseAlgorithm(const Group& group, int groupId, const CollectiveArgs& args,
+                                 const std::string& algoName) {
+  const Communicator& comm = group.comm();
+  checkRoot(group, args);
+  // Fails with InvalidType for an integer avg, before anything moves.
+  if (reducesData(args.kind)) lookupReduce(args.dtype, args.op);
+
+  const Algorithm* algo = nullptr;
+  const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);
+  if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
+    if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
+      PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
+              " of ", args.count * elementSize(args.dtype),
+              " bytes from the tuned table (said once per size class)");
+  } else if (algoName == "auto") {
+    Choice c = chooseAuto(group, args, explain);
+    PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
+    algo = c.algo;
+    if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
+      PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
+              " of ", args.count * elementSize(args.dtype),
+              " bytes (said once per size class); model:", c.table);
+  } else {
+    PC_CHECK(algoName != kInlineAlgorithm, comm.who(),
+             " algorithm 'inline' computes a "
+             "collective from every replica's buffers on one thread, so it runs only for "
+             "in-process replicas (LocalCommunicator); choose one of ",
+             joinNames());
+    for (const Algorithm* a : registry())
+      if (algoName == a->name()) algo = a;
+    PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());
+    std::string why = whyNot(algo, group, args);
+    PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
+             collectiveName(args.kind), " here: ", why);
+  }
+  return *algo;
+}
+
+void runWith(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo) {
+  Exchange ex = runSchedule(group, groupId, args, algo, [&](Exchange& e) { algo.run(e, args); });
+  if (args.op == ReduceOp::kAvg) {
+    const double scale = 1.0 / group.size();
+    switch (args.kind) {
+      case CollectiveKind::kAllreduce: ex.scale(args.out, args.count, scale); break;
+      case CollectiveKind::kReduce:
+        if (group.rank() == args.root) ex.scale(args.out, args.count, scale);
+        break;
+      case CollectiveKind::kReduceScatter:
+        ex.scale(args.out, Chunks(args.count, group.size()).size(group.rank()), scale);
+        break;
+      default: break;
+    }
+  }
 }
 
 const TunedChoice* tunedEntry(const Group& group, const CollectiveArgs& args) {
@@ -205,60 +265,31 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
                    const CollectiveArgs& args, const std::string& algoName) {
   throwIfAborted(comm);
   Group group(comm, members);
-  PC_CHECK(args.root >= 0 && args.root < group.size(), comm.who(), " root ", args.root,
-           " is out of range for a group of ", group.size(), " ranks");
   if (args.kind == CollectiveKind::kBarrier) {
+    checkRoot(group, args);
     Exchange ex(group, args, 255, comm.nextSeq(groupId));
     abortOnFailure(comm, [&] { runBarrier(ex); });
     return;
   }
-  // Fails with InvalidType for an integer avg, before anything moves.
-  if (reducesData(args.kind)) lookupReduce(args.dtype, args.op);
+  runWith(group, groupId, args, chooseAlgorithm(group, groupId, args, algoName));
+}
 
-  const Algorithm* algo = nullptr;
-  const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);
-  if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
-    if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
-      PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
-              " of ", args.count * elementSize(args.dtype),
-              " bytes from the tuned table (said once per size class)");
-  } else if (algoName == "auto") {
-    Choice c = chooseAuto(group, args, explain);
-    PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
-    algo = c.algo;
-    if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
-      PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
-              " of ", args.count * elementSize(args.dtype),
-              " bytes (said once per size class); model:", c.table);
-  } else {
-    PC_CHECK(algoName != kInlineAlgorithm, comm.who(),
-             " algorithm 'inline' computes a "
-             "collective from every replica's buffers on one thread, so it runs only for "
-             "in-process replicas (LocalCommunicator); choose one of ",
-             joinNames());
-    for (const Algorithm* a : registry())
-      if (algoName == a->name()) algo = a;
-    PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());
-    std::string why = whyNot(algo, group, args);
-    PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
-             collectiveName(args.kind), " here: ", why);
-  }
+PreparedCollective::PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
+                                       const CollectiveArgs& args, const std::string& algo)
+    : group_(comm, std::move(members)), groupId_(groupId), args_(args) {
+  PC_CHECK(args.kind != CollectiveKind::kBarrier && !isPairwise(args.kind),
+           "a prepared call runs allreduce, reduce_scatter, allgather, broadcast or reduce, not ",
+           collectiveName(args.kind));
+  throwIfAborted(comm);
+  algo_ = &chooseAlgorithm(group_, groupId_, args_, algo);
+}
 
-  Exchange ex = runSchedule(group, groupId, args, *algo, [&](Exchange& e) { algo->run(e, args); });
+void PreparedCollective::run() {
+  runWith(group_, groupId_, args_, *algo_);
+}
 
-  if (args.op == ReduceOp::kAvg) {
-    const double scale = 1.0 / group.size();
-    switch (args.kind) {
-      case CollectiveKind::kAllreduce: ex.scale(args.out, args.count, scale); break;
-      case CollectiveKind::kReduce:
-        if (group.rank() == args.root) ex.scale(args.out, args.count, scale);
-        break;
-      case CollectiveKind::kReduceScatter:
-        ex.scale(args.out, Chunks(args.count, group.size()).size(group.rank()), scale);
-        break;
-      default: break;
-    }
-  }
+const char* PreparedCollective::algorithm() const {
+  return algo_->name();
 }
 
 }  // namespace pycollective

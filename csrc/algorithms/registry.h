@@ -35,6 +35,33 @@ void runCollective(Communicator& comm, const CollectiveArgs& args, const std::st
 void runCollective(Communicator& comm, const std::vector<int>& members, int groupId,
                    const CollectiveArgs& args, const std::string& algo);
 
+// The algorithm a call runs: by name, or auto's choice (the tuned table, else the cost model).
+// Checks the call (root, integer avg, whether the algorithm can run it) and throws
+// InvalidArgument/InvalidType before anything moves.
+const Algorithm& chooseAlgorithm(const Group& group, int groupId, const CollectiveArgs& args,
+                                 const std::string& algo);
+// Runs a checked call with `algo` on this rank, avg's final scale included.
+void runWith(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo);
+
+// A call prepared once and run many times, like MPI's persistent collectives
+// (MPI_Allreduce_init): the group, the checks and auto's choice are settled when it is made, so
+// each run is the schedule alone. The buffers in `args` must stay valid while it is used.
+class PreparedCollective {
+ public:
+  PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
+                     const CollectiveArgs& args, const std::string& algo);
+  // Runs the call on this thread (the caller orders it with the communicator's executor).
+  void run();
+  const char* algorithm() const;
+  Communicator& comm() { return group_.comm(); }
+
+ private:
+  Group group_;
+  int groupId_;
+  CollectiveArgs args_;
+  const Algorithm* algo_ = nullptr;
+};
+
 // Runs `schedule` as one collective `args` of the group (groupId: see runCollective), its
 // messages stamped with `algo`'s wire index; any failure aborts the communicator. For
 // collectives made of an algorithm's schedules that no single Algorithm::run covers (a fused

@@ -101,6 +101,28 @@ void bindGroup(py::module_& m) {
       .def("is_completed", &Work::isCompleted)
       .def_property_readonly("seconds", &Work::seconds);
 
+  py::class_<GroupMembers>(m, "Members",
+                           "The global ranks of a (sub)group, ascending, and its group id (keeps "
+                           "its sequence numbers apart from other groups').")
+      .def(py::init([](std::vector<int> ranks, int groupId) {
+             return GroupMembers{std::move(ranks), groupId};
+           }),
+           py::kw_only(), py::arg("ranks"), py::arg("group_id"))
+      .def_readonly("ranks", &GroupMembers::ranks)
+      .def_readonly("group_id", &GroupMembers::groupId);
+
+  py::class_<PreparedCollective>(
+      m, "PreparedCollective",
+      "A call prepared once (Communicator.prepare): run() repeats it on the same buffers.")
+      .def(
+          "run",
+          [](PreparedCollective& p) {
+            py::gil_scoped_release release;
+            p.comm().executor().run([&] { p.run(); });
+          },
+          "Runs the call now on this thread (after any queued async work); GIL released.")
+      .def_property_readonly("algorithm", &PreparedCollective::algorithm);
+
   py::class_<Communicator>(m, "Communicator")
       .def(py::init([](int rank, int size, std::vector<LinkHandle*> links, std::vector<int> hostOf,
                        double timeout) {
@@ -128,33 +150,44 @@ void bindGroup(py::module_& m) {
           "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links")
       .def(
           "submit",
-          [](Communicator& c, const CallSpec& spec, py::handle in, py::handle out,
-             std::vector<int> members, int groupId) {
+          [](Communicator& c, const CallSpec& spec, const GroupMembers& g, py::handle in,
+             py::handle out) {
             CollectiveArgs a = spec.args(dataPointer(in), dataPointer(out));
             Communicator* comm = &c;
-            return c.executor().submit([comm, a, algo = spec.algo, members, groupId] {
-              runCollective(*comm, members, groupId, a, algo);
+            return c.executor().submit([comm, a, algo = spec.algo, g] {
+              runCollective(*comm, g.ranks, g.groupId, a, algo);
             });
           },
-          py::arg("spec"), py::kw_only(), py::arg("inp"), py::arg("out"), py::arg("members"),
-          py::arg("group_id"),
+          py::arg("spec"), py::arg("members"), py::arg("inp"), py::arg("out"),
           "Queues a collective on the group's executor (issue order is run order); returns Work.")
       .def(
           "run",
-          [](Communicator& c, const CallSpec& spec, py::handle in, py::handle out,
-             std::vector<int> members, int groupId) {
+          [](Communicator& c, const CallSpec& spec, const GroupMembers& g, py::handle in,
+             py::handle out) {
             CollectiveArgs a = spec.args(dataPointer(in), dataPointer(out));
             py::gil_scoped_release release;
-            c.executor().run([&] { runCollective(c, members, groupId, a, spec.algo); });
+            c.executor().run([&] { runCollective(c, g.ranks, g.groupId, a, spec.algo); });
           },
-          py::arg("spec"), py::kw_only(), py::arg("inp"), py::arg("out"), py::arg("members"),
-          py::arg("group_id"),
+          py::arg("spec"), py::arg("members"), py::arg("inp"), py::arg("out"),
           "Runs a collective now on this thread (after any queued async work); GIL released.")
       .def(
+          "prepare",
+          [](Communicator& c, const CallSpec& spec, const GroupMembers& g, py::handle in,
+             py::handle out) {
+            return std::make_unique<PreparedCollective>(
+                c, g.ranks, g.groupId, spec.args(dataPointer(in), dataPointer(out)), spec.algo);
+          },
+          py::arg("spec"), py::arg("members"), py::arg("inp"), py::arg("out"),
+          py::keep_alive<0, 1>(),
+          "Checks the call and settles its algorithm once; the caller keeps inp and out alive "
+          "while the PreparedCollective is used.")
+      .def(
           "exchange",
-          [](Communicator& c, const CallSpec& spec, const std::vector<py::object>& sends,
-             const std::vector<py::object>& recvs, std::vector<int> members, int groupId,
+          [](Communicator& c, const CallSpec& spec, const GroupMembers& g,
+             const std::vector<py::object>& sends, const std::vector<py::object>& recvs,
              bool asynchronous) -> py::object {
+            const std::vector<int>& members = g.ranks;
+            const int groupId = g.groupId;
             PC_CHECK(isPairwise(spec.kind),
                      "exchange runs alltoall, "
                      "gather, scatter or send/recv, not collective ",
@@ -191,8 +224,8 @@ void bindGroup(py::module_& m) {
             }
             return py::none();
           },
-          py::arg("spec"), py::kw_only(), py::arg("sends"), py::arg("recvs"), py::arg("members"),
-          py::arg("group_id"), py::arg("asynchronous"),
+          py::arg("spec"), py::arg("members"), py::kw_only(), py::arg("sends"), py::arg("recvs"),
+          py::arg("asynchronous"),
           "A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous "
           "array or None) goes to group rank p, recvs[p] receives from it. The spec's `count` is "
           "the element count every rank's header carries (the same on all ranks); its algo is "

@@ -20,6 +20,13 @@ void bindOptim(pybind11::module_& m);
 
 void bindCallSpec(pybind11::module_& m);
 
+// The ranks of a (sub)group and the id that keeps its sequence numbers apart
+// (pycollective._C.Members): made once per ProcessGroup, passed with every call.
+struct GroupMembers {
+  std::vector<int> ranks;  // global ranks, ascending, including this one
+  int groupId = 0;
+};
+
 // A link on its way into a Communicator or LocalGroup (which takes ownership).
 struct LinkHandle {
   std::unique_ptr<Link> link;

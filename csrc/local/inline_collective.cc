@@ -19,21 +19,39 @@ void copyIfApart(void* dst, const void* src, size_t bytes) {
 // user forces algo="inline" on a large buffer, whose scratch is then freed after the call).
 constexpr size_t kKeptScratchBytes = 4 << 20;
 
-// The reduction of every replica's input, in replica order, into `acc` (not into an output:
-// the outputs may alias the inputs).
-const char* reduceAll(const std::vector<CollectiveArgs>& args, std::vector<char>& acc) {
+bool overlap(const void* a, const void* b, size_t bytes) {
+  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
+  return x < y + bytes && y < x + bytes;
+}
+
+// Whether the reduction may be written straight into `dst` as it goes: dst is replica 0's
+// input itself (each element is read before it is written) or touches no input.
+bool safeDestination(const std::vector<CollectiveArgs>& args, const void* dst, size_t bytes) {
+  if (dst == nullptr || (dst != args[0].in && overlap(dst, args[0].in, bytes))) return false;
+  for (size_t r = 1; r < args.size(); ++r)
+    if (overlap(dst, args[r].in, bytes)) return false;
+  return true;
+}
+
+// The reduction of every replica's input, in replica order, into `dst` when that is safe (no
+// scratch: a large scratch buffer costs its page faults on every call), else into `acc`.
+const char* reduceAll(const std::vector<CollectiveArgs>& args, void* dst, std::vector<char>& acc) {
   const CollectiveArgs& a = args[0];
   const size_t bytes = a.count * elementSize(a.dtype);
   const ReduceFn fn = lookupReduce(a.dtype, a.op);  // InvalidType for an integer avg
-  acc.resize(bytes);
-  if (args.size() == 1) {
-    copyIfApart(acc.data(), a.in, bytes);
-  } else {
-    fn(acc.data(), args[0].in, args[1].in, a.count);
-    for (size_t r = 2; r < args.size(); ++r) fn(acc.data(), acc.data(), args[r].in, a.count);
+  char* out = static_cast<char*>(dst);
+  if (!safeDestination(args, dst, bytes)) {
+    acc.resize(bytes);
+    out = acc.data();
   }
-  if (a.op == ReduceOp::kAvg) scaleInPlace(acc.data(), a.count, a.dtype, 1.0 / args.size());
-  return acc.data();
+  if (args.size() == 1) {
+    copyIfApart(out, a.in, bytes);
+  } else {
+    fn(out, args[0].in, args[1].in, a.count);
+    for (size_t r = 2; r < args.size(); ++r) fn(out, out, args[r].in, a.count);
+  }
+  if (a.op == ReduceOp::kAvg) scaleInPlace(out, a.count, a.dtype, 1.0 / args.size());
+  return out;
 }
 
 }  // namespace
@@ -42,18 +60,25 @@ double inlineCost(const std::vector<CollectiveArgs>& args) {
   // One thread streaming through buffers that mostly sit in cache: ~38 GB/s of reads plus
   // writes measured for 4 x 1 MiB on a 2-vCPU EPYC VM, falling to ~20 GB/s at 4 x 4 MiB (out
   // of cache, where the threaded algorithms win). 25 GB/s puts the switch between the two.
-  constexpr double kSecondsPerByte = 1.0 / 25e9;
+  // Once the buffers no longer fit in the last-level cache one thread gets far less (14.5 GB/s
+  // for a 64 MiB float32 sum of two arrays into a third, 2026-12-02), while the threaded
+  // algorithms spread the passes over every core: charge that rate above kCacheBytes.
+  constexpr double kInCacheSecondsPerByte = 1.0 / 25e9;
+  constexpr double kOutOfCacheSecondsPerByte = 1.0 / 12e9;
+  constexpr double kCacheBytes = 32 << 20;
   const CollectiveArgs& a = args[0];
   const double n = static_cast<double>(args.size());
   const double S = static_cast<double>(a.count * elementSize(a.dtype));
+  double traffic = 0;
   switch (a.kind) {
-    case CollectiveKind::kAllreduce: return 2 * n * S * kSecondsPerByte;
+    case CollectiveKind::kAllreduce: traffic = 2 * n * S; break;
     case CollectiveKind::kReduce:
-    case CollectiveKind::kReduceScatter: return (n + 1) * S * kSecondsPerByte;
-    case CollectiveKind::kAllgather: return (n + n * n) * S * kSecondsPerByte;
-    case CollectiveKind::kBroadcast: return (n + 1) * S * kSecondsPerByte;
+    case CollectiveKind::kReduceScatter: traffic = (n + 1) * S; break;
+    case CollectiveKind::kAllgather: traffic = (n + n * n) * S; break;
+    case CollectiveKind::kBroadcast: traffic = (n + 1) * S; break;
     default: return 0;
   }
+  return traffic * (traffic > kCacheBytes ? kOutOfCacheSecondsPerByte : kInCacheSecondsPerByte);
 }
 
 void runInline(const std::vector<CollectiveArgs>& args) {
@@ -69,15 +94,15 @@ void runInline(const std::vector<CollectiveArgs>& args) {
   std::vector<char>& acc = bytes <= kKeptScratchBytes ? kept : once;
   switch (a.kind) {
     case CollectiveKind::kAllreduce: {
-      const char* sum = reduceAll(args, acc);
+      const char* sum = reduceAll(args, a.out, acc);
       for (const CollectiveArgs& r : args) copyIfApart(r.out, sum, bytes);
       return;
     }
     case CollectiveKind::kReduce:
-      copyIfApart(args[a.root].out, reduceAll(args, acc), bytes);
+      copyIfApart(args[a.root].out, reduceAll(args, args[a.root].out, acc), bytes);
       return;
     case CollectiveKind::kReduceScatter: {
-      const char* sum = reduceAll(args, acc);
+      const char* sum = reduceAll(args, nullptr, acc);
       Chunks chunks(a.count, n);
       for (int r = 0; r < n; ++r)
         copyIfApart(args[r].out, sum + chunks.offset(r) * es, chunks.size(r) * es);
