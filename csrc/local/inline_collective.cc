@@ -60,12 +60,13 @@ double inlineCost(const std::vector<CollectiveArgs>& args) {
   // One thread streaming through buffers that mostly sit in cache: ~38 GB/s of reads plus
   // writes measured for 4 x 1 MiB on a 2-vCPU EPYC VM, falling to ~20 GB/s at 4 x 4 MiB (out
   // of cache, where the threaded algorithms win). 25 GB/s puts the switch between the two.
-  // Once the buffers no longer fit in the last-level cache one thread gets far less (14.5 GB/s
-  // for a 64 MiB float32 sum of two arrays into a third, 2026-12-02), while the threaded
-  // algorithms spread the passes over every core: charge that rate above kCacheBytes.
+  // Beyond that one thread gets far less (14.5 GB/s for a 64 MiB float32 sum of two arrays
+  // into a third, 2026-12-02; 2 replicas x 4 MiB inline ran at 17 GB/s, 1.4x `direct`), while
+  // the threaded algorithms spread the passes over every core: charge 12 GB/s above kCacheBytes
+  // of traffic.
   constexpr double kInCacheSecondsPerByte = 1.0 / 25e9;
   constexpr double kOutOfCacheSecondsPerByte = 1.0 / 12e9;
-  constexpr double kCacheBytes = 32 << 20;
+  constexpr double kCacheBytes = 8 << 20;
   const CollectiveArgs& a = args[0];
   const double n = static_cast<double>(args.size());
   const double S = static_cast<double>(a.count * elementSize(a.dtype));
