@@ -74,6 +74,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--inplace", action="store_true", help="in place instead of out= buffers")
     p.add_argument(
+        "--new-outputs",
+        action="store_true",
+        help="every call returns new result arrays (y = allreduce(x)) instead of writing into "
+        "out= buffers (peers keep theirs)",
+    )
+    p.add_argument(
         "--budget",
         type=float,
         default=0.5,
@@ -202,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             progress,
             notes,
             host_ids,
+            new_outputs=args.new_outputs,
         )
     else:
         rows = inproc.run(
@@ -217,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
             copy_bw,
             progress,
             args.budget,
+            new_outputs=args.new_outputs,
         )
     progress.close()
     for note in notes:

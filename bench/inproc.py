@@ -41,6 +41,7 @@ def run(
     copy_bw: float,
     progress: Callable[[str], None],
     budget_s: float = 2.0,
+    new_outputs: bool = False,
 ) -> list[Row]:
     import pycollective as pc
 
@@ -59,7 +60,7 @@ def run(
         for algo in algos:
             progress(f"inproc {collective} {algo} {row_bytes} B")
             _reset(inputs, outs, inplace, count, dtype)
-            call = _call(comm, collective, inputs, outs, algo, op, inplace)
+            call = _call(comm, collective, inputs, None if new_outputs else outs, algo, op, inplace)
             try:
                 results = call()  # the first call is checked, then timed calls follow
             except ValueError as exc:  # this algorithm cannot run this collective here
@@ -112,8 +113,9 @@ def _reset(inputs: list, outs: list, inplace: bool, count: int, dtype: str) -> N
 
 
 def _call(
-    comm, collective: str, inputs: list, outs: list, algo: str, op: str, inplace: bool
+    comm, collective: str, inputs: list, outs: list | None, algo: str, op: str, inplace: bool
 ) -> Callable[[], list]:
+    """The timed call: into ``outs``, in place, or (outs None) into new result arrays."""
     if collective == "allreduce":
         if inplace:
             return lambda: comm.allreduce(inputs, op=op, algo=algo, inplace=True)

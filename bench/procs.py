@@ -149,6 +149,7 @@ def run(
     progress: Callable[[str], None],
     notes: list[str],
     host_ids: list[str] | None = None,
+    new_outputs: bool = False,
 ) -> list[Row]:
     job = {
         "collective": collective,
@@ -158,6 +159,7 @@ def run(
         "iters": iters,
         "warmup": warmup,
         "budget": budget_s,
+        "new_outputs": new_outputs,
     }
     # A safety net against hangs, not a budget: every (size, algorithm) gets about budget_s of
     # timing but at least one iteration per round, and the largest sizes over slow transports

@@ -4,7 +4,7 @@ pycollective native core
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'output_pool_cached_bytes', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
     One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default) and timeout in seconds (0: the group's). Checked when built; reusable.
@@ -39,6 +39,12 @@ class CallSpec:
         ...
     @property
     def timeout(self) -> float:
+        ...
+class OutputBuffer:
+    """
+    Writable memory for a result array, reused from the output pool when a block of its size was released (PYCOLLECTIVE_OUTPUT_POOL_BYTES).
+    """
+    def __init__(self, nbytes: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
 class LocalGroup:
     @typing.overload
@@ -290,6 +296,10 @@ def nccl_set_wheel_dirs(dirs: collections.abc.Sequence[tuple[str, str]]) -> None
     """
 def nccl_unique_id() -> bytes:
     ...
+def output_pool_cached_bytes() -> int:
+    """
+    Bytes of released result memory kept for reuse.
+    """
 def reduce_into(dst: typing.SupportsInt | typing.SupportsIndex, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex) -> None:
     ...
 def reload_knobs() -> None:

@@ -65,6 +65,23 @@ def test_processes_over_both_transports_with_peers():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["inproc", "procs"])
+def test_new_outputs_and_the_prepared_row(mode):
+    """--new-outputs: every call returns new result arrays (checked like the others); in procs
+    mode the 'prepared' row (pycollective.prepare_allreduce) runs beside auto."""
+    args = ["--mode", mode, "--world", "2", "-b", "4K", "-e", "2M", "-f", "512", "-n", "3"]
+    if mode == "procs":
+        args += ["--peers", "", "--algos", "auto,prepared"]
+    else:
+        args += ["--algos", "auto,direct"]
+    res = run(args + ["--new-outputs"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all results correct" in res.stdout
+    if mode == "procs":
+        assert " prepared " in res.stdout
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
 def test_other_collectives(collective):
     res = run(["--mode", "inproc", "--world", "2", "-c", collective, *TINY])

@@ -11,6 +11,7 @@ PYBIND11_MODULE(_C, m) {
   pycollective::bindings::bindErrors(m);
   pycollective::bindings::bindInfo(m);
   pycollective::bindings::bindCallSpec(m);
+  pycollective::bindings::bindPool(m);
   pycollective::bindings::bindLocal(m);
   pycollective::bindings::bindGroup(m);
   pycollective::bindings::bindNccl(m);

@@ -42,6 +42,9 @@ namespace knobs {
     "Seconds a rank waits for the group to form.")                                                \
   X(kShmRingBytes, "PYCOLLECTIVE_SHM_RING_BYTES", "int", "4194304",                               \
     "Size of each shared-memory link's ring, bytes.")                                             \
+  X(kOutputPoolBytes, "PYCOLLECTIVE_OUTPUT_POOL_BYTES", "int", "1073741824",                      \
+    "Result arrays of at least 1 MiB freed by the user kept for reuse, at most this many bytes "  \
+    "(0: none; fresh memory page-faults on first touch).")                                        \
   X(kCpuReplicas, "PYCOLLECTIVE_CPU_REPLICAS", "int", "0",                                        \
     "CPU replicas of MirroredStrategy (0: one per core).")                                        \
   X(kHierarchicalGroupSize, "PYCOLLECTIVE_HIERARCHICAL_GROUP_SIZE", "int", "0",                   \

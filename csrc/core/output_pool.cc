@@ -1,0 +1,72 @@
+#include "core/output_pool.h"
+
+#include <sys/mman.h>
+
+#include <new>
+
+#include "core/knobs.h"
+
+namespace pycollective {
+
+namespace {
+
+constexpr size_t kHugePage = size_t(2) << 20;
+
+// Requests are rounded to whole huge pages, so that steps asking for nearly the same size
+// share blocks.
+size_t roundedCapacity(size_t bytes) {
+  return bytes < OutputPool::kMinPooledBytes ? bytes : (bytes + kHugePage - 1) & ~(kHugePage - 1);
+}
+
+}  // namespace
+
+OutputPool& OutputPool::instance() {
+  static OutputPool* pool = new OutputPool();  // never destroyed: arrays may outlive statics
+  return *pool;
+}
+
+void* OutputPool::take(size_t bytes, size_t* capacity) {
+  const size_t want = roundedCapacity(bytes == 0 ? 1 : bytes);
+  if (want >= kMinPooledBytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(want);
+    if (it != free_.end()) {
+      void* block = it->second;
+      free_.erase(it);
+      cached_ -= want;
+      *capacity = want;
+      return block;
+    }
+  }
+  void* block = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (block == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (want >= kHugePage) madvise(block, want, MADV_HUGEPAGE);  // a hint; refusal is harmless
+#endif
+  *capacity = want;
+  return block;
+}
+
+void OutputPool::give(void* block, size_t capacity) noexcept {
+  if (capacity >= kMinPooledBytes) {
+    long long limit = 0;
+    try {
+      limit = knobs::integer(knobs::kOutputPoolBytes);
+    } catch (...) {  // a malformed value was reported when the group was made; keep nothing
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (limit > 0 && cached_ + capacity <= static_cast<size_t>(limit)) {
+      free_.emplace(capacity, block);
+      cached_ += capacity;
+      return;
+    }
+  }
+  munmap(block, capacity);
+}
+
+size_t OutputPool::cachedBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_;
+}
+
+}  // namespace pycollective

@@ -1,0 +1,36 @@
+#pragma once
+// Memory for the result arrays collectives return (y = allreduce(x)). Fresh memory costs its
+// page faults on first touch, and for a 64 MiB result they cost as much as the all-reduce
+// itself; a training loop asks for the same sizes every step. So blocks of at least
+// kMinPooledBytes that the user released come back here and serve the next request of the same
+// rounded size, up to PYCOLLECTIVE_OUTPUT_POOL_BYTES in all (the rest is unmapped). New blocks are
+// mapped with transparent huge pages requested (madvise), which this kind of kernel grants only
+// on request.
+#include <cstddef>
+#include <map>
+#include <mutex>
+
+namespace pycollective {
+
+class OutputPool {
+ public:
+  static constexpr size_t kMinPooledBytes = size_t(1) << 20;
+
+  static OutputPool& instance();
+
+  // A block of at least `bytes` (page aligned); `bytes` below kMinPooledBytes come from it too
+  // but are never kept. Throws std::bad_alloc.
+  void* take(size_t bytes, size_t* capacity);
+  // Returns a block from take() with the capacity it reported.
+  void give(void* block, size_t capacity) noexcept;
+
+  size_t cachedBytes();
+
+ private:
+  OutputPool() = default;
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // capacity -> block
+  size_t cached_ = 0;
+};
+
+}  // namespace pycollective
