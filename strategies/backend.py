@@ -452,8 +452,7 @@ class MultiWorkerBackend(CollectiveBackend):
         if self.num_local_replicas > 1:
             return self.replica_group.allreduce(list(arrays), op=native, inplace=owned)
         x = _tensors.contiguous(arrays[0])
-        placement: dict[str, Any] = {"inplace": True} if owned else {"out": np.empty_like(x)}
-        out = pc.allreduce(x, op=native, algo=self._cross_algo, **placement, **self._kw())
+        out = pc.allreduce(x, op=native, algo=self._cross_algo, inplace=owned, **self._kw())
         return [_tensors.to_numpy(out)]
 
     def apply_update(
