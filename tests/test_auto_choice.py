@@ -1,0 +1,56 @@
+"""algo="auto" against measurement: for in-process worlds at small sizes, the algorithm the
+model picks is timed against every other one on this machine, interleaved, and must not be far
+behind the fastest.
+
+The bound is 1.5x, not the 1.15x the benchmark aims for: this runs under pytest on a shared
+machine, where a slow phase landing on one algorithm's samples moves a figure by tens of
+percent. What it catches is a model that picks an algorithm several times slower (the kind of
+trap issue #15 found: inline over direct at 64 MiB, 8x). Times are the minimum over
+interleaved rounds, which a slow phase can only raise. Sizes stop at 64 KiB: at 256 KiB with 2
+replicas inline and direct trade places from run to run (1.0x-1.5x), too close for a bound.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import pycollective as pc
+
+BOUND = 1.5
+SIZES = [8, 512, 4096, 65536]
+
+
+def _fastest_seconds(calls: dict, rounds: int = 8, per_round: int = 10) -> dict[str, float]:
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(per_round):
+                call()
+            best[name] = min(best[name], (time.perf_counter() - start) / per_round)
+    return best
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 4])
+def test_auto_is_near_the_fastest_algorithm_at_small_sizes(world):
+    comm = pc.LocalCommunicator(world)
+    algos = [a for a in pc.algorithms() if a not in ("auto", "hierarchical")]
+    report = []
+    for nbytes in SIZES:
+        xs = [np.full(nbytes // 4, float(r), np.float32) for r in range(world)]
+        outs = [np.empty_like(x) for x in xs]
+        chosen = comm.explain("allreduce", nbytes).split()[0]
+        assert chosen in algos, chosen
+        calls = {a: (lambda a=a: comm.allreduce(xs, algo=a, out=outs)) for a in algos}
+        for call in calls.values():  # warm up, and every algorithm is right
+            call()
+            assert all(np.all(o == world * (world - 1) / 2) for o in outs)
+        best = _fastest_seconds(calls)
+        fastest = min(best, key=best.get)
+        ratio = best[chosen] / best[fastest]
+        report.append(f"{nbytes} B: auto runs {chosen}, {ratio:.2f}x the fastest ({fastest})")
+        assert ratio <= BOUND, "\n".join(report)
