@@ -216,15 +216,15 @@ class LocalCommunicator:
                 for comm, c in zip(comms, calls):
                     nccl.enqueue(comm, kind, c.inp, c.out, reduce_op, root, c.inp.stream)
         else:
-            spec = _C.CallSpec(
-                kind=KINDS[kind],
-                count=first.count,
-                dtype=first.code,
-                op=int(reduce_op),
-                root=root,
-                algo=algo,
-                shape_hash=shape_hash(first.shape),
-                timeout=self._timeout if timeout is None else float(timeout),
+            spec = call_spec(
+                KINDS[kind],
+                first.count,
+                first.code,
+                int(reduce_op),
+                root,
+                algo,
+                shape_hash(first.shape),
+                self._timeout if timeout is None else float(timeout),
             )
             self._group.run_device(
                 spec,

@@ -13,6 +13,7 @@ makes sub-groups of it.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import secrets
 import threading
@@ -461,12 +462,7 @@ class ProcessGroup:
         # each side issues in either order still pair up, whatever else runs meanwhile.
         source, dest = (me, other) if sending else (other, me)
         return self._exchange(
-            ex,
-            pair.index(source),
-            timeout,
-            asynchronous,
-            pair,
-            _named_group_id(f"p2p/{source}->{dest}"),
+            ex, pair.index(source), timeout, asynchronous, _direction(source, dest)
         )
 
     def _exchange(
@@ -475,33 +471,31 @@ class ProcessGroup:
         root: int,
         timeout: float | None,
         asynchronous: bool = False,
-        members: list[int] | None = None,
-        group_id: int | None = None,
+        members: Any = None,
     ) -> Any:
         """Runs a pairwise collective (csrc/algorithms/pairwise.cc) on this group, or on the
-        pair `members` (send/recv)."""
-        spec = _C.CallSpec(
-            kind=_exchange.KINDS[ex.kind],
-            count=ex.count,
-            dtype=ex.code,
-            root=root,
-            shape_hash=ex.shape_hash,
-            timeout=self._timeout(timeout),
+        pair ``members`` (a ``_C.Members``: send/recv)."""
+        # The spec's algorithm is not used: pairwise collectives run the pairwise schedule.
+        spec = call_spec(
+            _exchange.KINDS[ex.kind],
+            ex.count,
+            ex.code,
+            0,
+            root,
+            "auto",
+            ex.shape_hash,
+            self._timeout(timeout),
         )
-        pair = (
-            self._native_members
-            if members is None
-            else _C.Members(ranks=members, group_id=self.group_id if group_id is None else group_id)
-        )
-        call = dict(sends=ex.sends, recvs=ex.recvs)
+        group = self._native_members if members is None else members
+        run = self._world.comm.exchange
         if asynchronous:
             return Work(
-                self._world.comm.exchange(spec, pair, **call, asynchronous=True),
+                run(spec, group, sends=ex.sends, recvs=ex.recvs, asynchronous=True),
                 [ex],
                 self,
                 f"{ex.kind} of {ex.count} elements",
             )
-        self._run_native(self._world.comm.exchange, spec, pair, **call, asynchronous=False)
+        self._run_native(run, spec, group, sends=ex.sends, recvs=ex.recvs, asynchronous=False)
         return ex.result()
 
     def _run_nccl(
@@ -871,6 +865,15 @@ def new_group(ranks: list[int], name: str | None = None) -> ProcessGroup | None:
     if world.comm.rank not in members:
         return None
     return ProcessGroup(world, members, world.groups)
+
+
+@functools.lru_cache(maxsize=1024)
+def _direction(source: int, dest: int) -> Any:
+    """The two ranks of one send/recv direction as a group of their own (global ranks): its
+    sequence numbers count only this sender's messages to this receiver."""
+    return _C.Members(
+        ranks=sorted((source, dest)), group_id=_named_group_id(f"p2p/{source}->{dest}")
+    )
 
 
 def _named_group_id(name: str) -> int:
