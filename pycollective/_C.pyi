@@ -4,7 +4,7 @@ pycollective native core
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'output_pool_cached_bytes', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'output_pool_cached_bytes', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
     One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default) and timeout in seconds (0: the group's). Checked when built; reusable.
@@ -271,6 +271,10 @@ def knob_table() -> list:
 def memory_bandwidth(bytes_per_thread: typing.SupportsInt | typing.SupportsIndex, threads: typing.SupportsInt | typing.SupportsIndex, reps: typing.SupportsInt | typing.SupportsIndex = 3) -> float:
     """
     Bytes read+written per second when `threads` threads each copy a private buffer.
+    """
+def model_estimates(host_of: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], local: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], remote: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], spec: CallSpec) -> tuple[list, str]:
+    """
+    The cost model alone, no group formed: for ranks on hosts host_of[r] with these (alpha, beta, gamma) link costs (remote beta: one host's link, shared by its ranks), returns ([(algorithm, seconds or None, why not)], auto's pick).
     """
 def nccl_available() -> bool:
     ...

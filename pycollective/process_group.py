@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pycollective import _exchange, config, log, tuning
+from pycollective import _exchange, config, cost_model, log, tuning
 from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
@@ -33,15 +33,7 @@ from pycollective.rendezvous import ClusterSpec, rendezvous
 from pycollective.tensors import adapt, shape_hash
 from pycollective.transports import TcpListener, bind_address, open_links
 
-# Cost-model defaults per transport: (alpha s/message, beta s/byte, gamma s/byte reduced).
-# `pycollective tune` measures them on a cluster (PYCOLLECTIVE_TUNING).
 _FLOAT32 = _C.enum_codes()["dtype"]["float32"]
-
-DEFAULT_COSTS = {
-    "shm": (3e-6, 1 / 8e9, 1 / 10e9),
-    "tcp": (40e-6, 1 / 2.5e9, 1 / 10e9),
-    "grpc": (300e-6, 1 / 0.5e9, 1 / 10e9),
-}
 
 
 class Work:
@@ -645,13 +637,13 @@ class _World:
         return self.client.get("pycollective/session", timeout=timeout).decode()
 
     def _set_costs(self) -> None:
-        """The cost model per transport (defaults, or measured by `pycollective tune`), and the
-        tuned table of measured winners when every peer uses one transport."""
+        """The cost model's link costs (pycollective/cost_model.py: defaults, measured, or
+        configured), and the tuned table of measured winners when every peer uses one
+        transport."""
         tuned = tuning.load()
-        costs = dict(DEFAULT_COSTS, **(tuned.costs if tuned else {}))
         others = {t for r, t in enumerate(self.transports) if r != self.spec.rank}
         local = "shm" if "shm" in others else (next(iter(others)) if others else "shm")
-        self.comm.set_costs(costs[local], costs["grpc" if "grpc" in others else "tcp"])
+        self.comm.set_costs(*cost_model.link_costs(local, "grpc" if "grpc" in others else "tcp"))
         if tuned is not None and len(others) == 1:
             self.comm.set_tuned(tuned.table(others.pop(), self.spec.world_size))
 

@@ -69,10 +69,15 @@ class Direct : public Algorithm {
 
   std::string unsupported(const Group& g, const CollectiveArgs&) const override {
     Group& mg = const_cast<Group&>(g);
-    for (int p = 0; p < g.size(); ++p)
-      if (p != g.rank() && !mg.link(p).sharesMemory())
+    for (int p = 0; p < g.size(); ++p) {
+      if (p == g.rank()) continue;
+      if (!g.comm().hasLink(g.globalRank(p)))
+        return "it needs peers in this process (in-process replicas); rank " +
+               std::to_string(g.globalRank(p)) + " has no link here";
+      if (!mg.link(p).sharesMemory())
         return "it needs peers in this process (in-process replicas); rank " +
                std::to_string(g.globalRank(p)) + " is reached over " + mg.link(p).describe();
+    }
     return "";
   }
 

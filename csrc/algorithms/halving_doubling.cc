@@ -6,9 +6,11 @@
 // dissemination (any group size, ceil(log2 n) steps).
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "algorithms/chunking.h"
 #include "algorithms/exchange.h"
+#include "algorithms/link_load.h"
 #include "algorithms/registry.h"
 #include "core/error.h"
 
@@ -216,19 +218,40 @@ class HalvingDoubling : public Algorithm {
     const LinkCost& c = costOf(g);
     const int n = g.size();
     const double S = a.count * elementSize(a.dtype);
-    const double p = floorPow2(n), L = log2Floor(n);
+    const Fold f(n);
+    const double p = f.p;
     const double rounds = std::ceil(std::log2(std::max(1, n)));
-    const double fold = n != p ? 2 * (c.alpha + S * c.beta) + S * c.gamma : 0;
+    // The exchanges at each distance of the power-of-two core, priced by the host links they
+    // load (link_load.h): the largest, at distance p/2, crosses hosts when ranks are grouped by
+    // host. exchange(mask, bytesAtMask) sums alpha + bytes * beta over the distances, where
+    // bytesAtMask(mask) is what one rank sends at that distance.
+    auto exchanges = [&](const std::function<double(int)>& bytesAtMask) {
+      double t = 0;
+      for (int mask = f.p / 2; mask >= 1; mask /= 2) {
+        auto partner = [&f, mask](int r) {
+          const int v = f.vrank(r);
+          return v < 0 ? -1 : f.real(v ^ mask);
+        };
+        t += stepAlpha(g, partner) + bytesAtMask(mask) * stepBeta(g, partner);
+      }
+      return t;
+    };
+    auto folded = [&f](int r) { return r < 2 * f.rem && r % 2 == 0 ? r + 1 : -1; };
+    const double fold =
+        f.rem > 0 ? 2 * (stepAlpha(g, folded) + S * stepBeta(g, folded)) + S * c.gamma : 0;
+    const double L = log2Floor(n);
     switch (a.kind) {
       case CollectiveKind::kAllreduce:
-        if (S <= kWholeVectorBytes) return L * (c.alpha + S * (c.beta + c.gamma)) + fold;
-        // + S / p: this rank's own part also passes from its input into its output, which no
-        // message counts (`direct` has no such pass: with 2 in-process replicas at 16-64 MiB
-        // it measured 1.5-1.7x faster, where the models tied).
-        return 2 * L * c.alpha + 2 * (p - 1) / p * S * c.beta + S / p * c.beta +
-               (p - 1) / p * S * c.gamma + fold;
+        if (S <= kWholeVectorBytes)
+          return exchanges([S](int) { return S; }) + L * S * c.gamma + fold;
+        // Halving sends S * mask / p at each distance, doubling the same back. + S / p: this
+        // rank's own part also passes from its input into its output, which no message counts
+        // (`direct` has no such pass: with 2 in-process replicas at 16-64 MiB it measured
+        // 1.5-1.7x faster, where the models tied).
+        return 2 * exchanges([S, p](int mask) { return S * mask / p; }) +
+               S / p * g.comm().localCost.beta + (p - 1) / p * S * c.gamma + fold;
       case CollectiveKind::kReduceScatter:
-        return L * c.alpha + (p - 1) / p * S * (c.beta + c.gamma);
+        return exchanges([S, p](int mask) { return S * mask / p; }) + (p - 1) / p * S * c.gamma;
       case CollectiveKind::kAllgather: return rounds * c.alpha + (n - 1) * S * c.beta;
       case CollectiveKind::kBroadcast: return rounds * (c.alpha + S * c.beta);
       case CollectiveKind::kReduce: return rounds * (c.alpha + S * (c.beta + c.gamma));

@@ -5,9 +5,11 @@
 // consecutive ranks instead of hosts.
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "algorithms/chunking.h"
 #include "algorithms/exchange.h"
+#include "algorithms/link_load.h"
 #include "algorithms/registry.h"
 #include "algorithms/ring.h"
 #include "core/error.h"
@@ -79,12 +81,27 @@ class Hierarchical : public Algorithm {
     if (L == 1 || H == 1) return 1e30;
     const LinkCost& lc = g.comm().localCost;
     const LinkCost& rc = H > 1 ? g.comm().remoteCost : lc;
+    // Where each rank sends in the two kinds of step: to the next rank of its own group (the
+    // local reduce-scatter and allgather), and to the rank of the same local index in the next
+    // group (the cross-group rings, all at once: L of them share each host link, link_load.h).
+    std::vector<int> groupOf(g.size()), indexIn(g.size());
+    for (size_t gi = 0; gi < l.groups.size(); ++gi)
+      for (size_t li = 0; li < l.groups[gi].size(); ++li) {
+        groupOf[l.groups[gi][li]] = static_cast<int>(gi);
+        indexIn[l.groups[gi][li]] = static_cast<int>(li);
+      }
+    const double localBeta = stepBeta(g, [&](int i) {
+      const auto& grp = l.groups[groupOf[i]];
+      return grp[(indexIn[i] + 1) % grp.size()];
+    });
+    const double crossBeta = stepBeta(
+        g, [&](int i) { return l.groups[(groupOf[i] + 1) % l.groups.size()][indexIn[i]]; });
     const double S = a.count * elementSize(a.dtype);
     double local =
-        2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * lc.beta + (L - 1) / L * S * lc.gamma;
+        2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * localBeta + (L - 1) / L * S * lc.gamma;
     double shard = S / L;
-    double cross =
-        2 * (H - 1) * rc.alpha + 2 * (H - 1) / H * shard * rc.beta + (H - 1) / H * shard * rc.gamma;
+    double cross = 2 * (H - 1) * rc.alpha + 2 * (H - 1) / H * shard * crossBeta +
+                   (H - 1) / H * shard * rc.gamma;
     return local + cross;
   }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -253,6 +254,30 @@ std::string explainChoice(const Group& group, const CollectiveArgs& args) {
     return std::string(t->name()) + " (tuned table, PYCOLLECTIVE_TUNING)";
   Choice c = chooseAuto(group, args, true);
   return std::string(c.algo ? c.algo->name() : "none") + " (model:" + c.table + ")";
+}
+
+std::vector<ModelEstimate> modelEstimates(const std::vector<int>& hostOf, const LinkCost& local,
+                                          const LinkCost& remote, const CollectiveArgs& args,
+                                          std::string* autoPick) {
+  const int n = static_cast<int>(hostOf.size());
+  PC_CHECK(n >= 1, "the layout needs at least one rank");
+  // Rank 0's view of a communicator without links: the costs read only the layout.
+  Communicator comm(0, n, std::vector<std::unique_ptr<Link>>(n), hostOf, 0);
+  comm.localCost = local;
+  comm.remoteCost = remote;
+  const Group group = Group::world(comm);
+  std::vector<ModelEstimate> out;
+  for (const Algorithm* a : registry()) {
+    if (a == &pairwise::algorithm() && !isPairwise(args.kind)) continue;
+    ModelEstimate e{a->name(), 0, whyNot(a, group, args)};
+    if (e.whyNot.empty()) e.seconds = a->cost(group, args);
+    out.push_back(e);
+  }
+  if (autoPick != nullptr) {
+    Choice c = chooseAuto(group, args, false);
+    *autoPick = c.algo != nullptr ? c.algo->name() : "";
+  }
+  return out;
 }
 
 void runCollective(Communicator& comm, const CollectiveArgs& args, const std::string& algoName) {

@@ -72,6 +72,20 @@ Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, cons
 // The algorithm runCollective would use for algo="auto", with the reason.
 std::string explainChoice(const Group& group, const CollectiveArgs& args);
 
+// The cost model alone, with no group formed: every algorithm's estimate for `args` on ranks laid
+// out as hostOf (host of each rank) with these link costs (see link_load.h for what remote means),
+// or why it cannot run there; and auto's pick by the model. For planning beyond the machines at
+// hand (docs/benchmarks.md extrapolates to 64 hosts x 8 ranks) and for setting the model beside
+// measurements.
+struct ModelEstimate {
+  std::string algo;
+  double seconds = 0;  // when whyNot is empty
+  std::string whyNot;
+};
+std::vector<ModelEstimate> modelEstimates(const std::vector<int>& hostOf, const LinkCost& local,
+                                          const LinkCost& remote, const CollectiveArgs& args,
+                                          std::string* autoPick);
+
 namespace ring {
 const Algorithm& algorithm();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "algorithms/chunking.h"
+#include "algorithms/link_load.h"
 #include "algorithms/registry.h"
 #include "core/error.h"
 
@@ -192,10 +193,13 @@ class RingAlgorithm : public Algorithm {
   std::string unsupported(const Group&, const CollectiveArgs&) const override { return ""; }
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
-    const double n = g.size(), S = a.count * elementSize(a.dtype);
+    const int size = g.size();
+    const double n = size, S = a.count * elementSize(a.dtype);
     const double alpha = groupLinkCost(g, &LinkCost::alpha);
-    const double beta = groupLinkCost(g, &LinkCost::beta);
+    // Every rank sends to the next at once: the busiest host link sets the pace (link_load.h).
+    const double beta = stepBeta(g, [size](int i) { return (i + 1) % size; });
     const double gamma = groupLinkCost(g, &LinkCost::gamma);
+    const double copyBeta = g.comm().localCost.beta;  // a copy within this rank's memory
     const double seg = static_cast<double>(a.segmentBytes ? a.segmentBytes : 262144);
     // Each chunk travels in segments: the pipeline hides their transfers but not one message's
     // fixed cost per segment (between threads a wake-up each: with 2 in-process replicas at
@@ -205,7 +209,7 @@ class RingAlgorithm : public Algorithm {
       case CollectiveKind::kAllreduce:
         // + S / n: this rank's own chunk also passes from its input into its output.
         return 2 * (n - 1) * alpha + extraSegments * alpha + 2 * (n - 1) / n * S * beta +
-               S / n * beta + (n - 1) / n * S * gamma;
+               S / n * copyBeta + (n - 1) / n * S * gamma;
       case CollectiveKind::kReduceScatter:
         return (n - 1) * alpha + (n - 1) / n * S * (beta + gamma);
       case CollectiveKind::kAllgather: return (n - 1) * alpha + (n - 1) * S * beta;

@@ -81,6 +81,24 @@ void bindGroup(py::module_& m) {
       .def_property_readonly("failed", &BridgeEnd::failed);
 
   m.def(
+      "model_estimates",
+      [](const std::vector<int>& hostOf, const CostTuple& local, const CostTuple& remote,
+         const CallSpec& spec) {
+        std::string pick;
+        auto estimates =
+            modelEstimates(hostOf, linkCost(local), linkCost(remote), spec.args(), &pick);
+        py::list rows;
+        for (const auto& e : estimates)
+          rows.append(py::make_tuple(
+              e.algo, e.whyNot.empty() ? py::object(py::float_(e.seconds)) : py::none(), e.whyNot));
+        return py::make_tuple(rows, pick);
+      },
+      py::arg("host_of"), py::arg("local"), py::arg("remote"), py::arg("spec"),
+      "The cost model alone, no group formed: for ranks on hosts host_of[r] with these (alpha, "
+      "beta, gamma) link costs (remote beta: one host's link, shared by its ranks), returns "
+      "([(algorithm, seconds or None, why not)], auto's pick).");
+
+  m.def(
       "bridge_link",
       [](int rank, int peer, const std::string& via) {
         auto end = std::make_shared<BridgeEnd>(rank, peer, via);

@@ -50,6 +50,8 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   Link& link(int peer);
+  // False for this rank and for a communicator made for the cost model alone (no links).
+  bool hasLink(int peer) const { return peer >= 0 && peer < size_ && links_[peer] != nullptr; }
   const std::vector<int>& hostOf() const { return hostOf_; }
   double timeoutSeconds() const { return timeoutSeconds_; }
   // Threads one large host reduction of this rank may use: the cores left to it by the other

@@ -36,6 +36,9 @@ namespace knobs {
     "Overrides this host's identity (tests fake several hosts on one machine).")                  \
   X(kTuning, "PYCOLLECTIVE_TUNING", "str", "",                                                    \
     "Table written by `pycollective tune` that algo='auto' follows.")                             \
+  X(kLinkGbits, "PYCOLLECTIVE_LINK_GBITS", "float", "",                                           \
+    "Each host's network link, Gbit/s each way, as algo='auto' models it (the host's ranks "      \
+    "share it). Unset: the host link measured into PYCOLLECTIVE_TUNING, else the tcp default.")   \
   X(kHeartbeatTimeout, "PYCOLLECTIVE_HEARTBEAT_TIMEOUT", "float", "10",                           \
     "Seconds without a heartbeat after which a rank counts as frozen.")                           \
   X(kConnectTimeout, "PYCOLLECTIVE_CONNECT_TIMEOUT", "float", "60",                               \

@@ -1,0 +1,25 @@
+#pragma once
+// The cost model's view of shared host links. Ranks on one host reach other hosts through one
+// network link (its NIC, each direction at 1 / remoteCost.beta bytes per second), so messages
+// that leave or enter a host in the same step divide that link. Algorithms price the bandwidth
+// of each step with stepBeta instead of one per-rank beta: a flat ring whose ranks are grouped
+// by host crosses each host link once per direction, while a ring over interleaved hosts, the
+// cross-host phase of `hierarchical` (one ring per local rank) or halving-doubling's first
+// exchange puts several messages on one link at once.
+#include <functional>
+
+#include "comm/communicator.h"
+
+namespace pycollective {
+
+// Seconds per byte of a step in which every group rank i sends one message of the same size to
+// group rank to(i) (-1: it sends nothing) while receiving from whoever sends to it. The slowest
+// message sets the pace: one within a host moves at localCost.beta; one between hosts at
+// remoteCost.beta times the number of messages sharing its sender's outgoing or its receiver's
+// incoming host link, whichever is more.
+double stepBeta(const Group& g, const std::function<int(int)>& to);
+
+// Seconds per message of such a step: remoteCost.alpha if any message crosses hosts.
+double stepAlpha(const Group& g, const std::function<int(int)>& to);
+
+}  // namespace pycollective
