@@ -120,6 +120,8 @@ class NetnsCluster:
         netem: str = "",
         subnet: str = "10.77.0",
         master_port: int = 29500,
+        burst_s: float = 1e-3,
+        queue_s: float = 10e-3,
     ) -> None:
         if not 1 <= hosts <= 250:
             raise ValueError(f"HOSTS must be 1..250, got {hosts}")
@@ -131,6 +133,7 @@ class NetnsCluster:
         self.rate, self.rate_bps = rate, parse_rate(rate)
         self.netem = netem
         self.subnet, self.master_port = subnet, master_port
+        self.burst_s, self.queue_s = burst_s, queue_s
         self.id = secrets.token_hex(3)
         self.bridge = f"pc{self.id}br"
         self._made: list[tuple[str, str]] = []  # ("netns"|"link", name), in creation order
@@ -206,8 +209,8 @@ class NetnsCluster:
             subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
             parent = ["root"]
             if bps is not None:
-                burst = max(64 * 1024, int(bps / 8 * 1e-3))
-                limit = max(2 * burst, int(bps / 8 * 10e-3))
+                burst = max(64 * 1024, int(bps / 8 * self.burst_s))
+                limit = max(2 * burst, int(bps / 8 * self.queue_s))
                 _run(
                     [*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf"]
                     + ["rate", rate, "burst", str(burst), "limit", str(limit)],
@@ -389,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="netem parameters under each link's tbf, e.g. "
         '"delay 2ms loss 0.1%%" (needs sch_netem in the kernel)',
     )
+    p.add_argument("--burst-ms", type=float, default=1.0, help="tbf bucket, ms at RATE")
+    p.add_argument("--queue-ms", type=float, default=10.0, help="tbf queue, ms at RATE")
     p.add_argument("--subnet", default="10.77.0", help="first three octets of host addresses")
     p.add_argument("--port", type=int, default=29500, help="MASTER_PORT given to the ranks")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before ranks are killed")
@@ -412,7 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with (
             _signals_raise(),
             NetnsCluster(
-                args.hosts, args.ranks_per_host, args.rate, args.netem, args.subnet, args.port
+                args.hosts,
+                args.ranks_per_host,
+                args.rate,
+                args.netem,
+                args.subnet,
+                args.port,
+                args.burst_ms / 1e3,
+                args.queue_ms / 1e3,
             ) as cluster,
         ):
             return cluster.run(command, args.timeout, args.logdir, args.all_output)

@@ -80,14 +80,16 @@ def estimate(
     """
     if collective not in KINDS:
         raise ValueError(f"unknown collective {collective!r}; choose one of {sorted(KINDS)}")
-    default_local, default_remote = link_costs()
+    if local is None or remote is None:
+        default_local, default_remote = link_costs()
+        local, remote = local or default_local, remote or default_remote
     spec = _C.CallSpec(
         kind=KINDS[collective], count=nbytes // 4, dtype=_C.enum_codes()["dtype"]["float32"]
     )
     rows, pick = _C.model_estimates(
         host_of=list(host_of),
-        local=local or default_local,
-        remote=remote or default_remote,
+        local=local,
+        remote=remote,
         spec=spec,
     )
     return Estimate(

@@ -1,0 +1,75 @@
+"""The cost model across hosts (csrc/algorithms/link_load.h, pycollective/cost_model.py): a
+host's ranks share one link, the link's rate comes from configuration or measurement, and the
+model can be asked without forming a group. Measured on shaped namespaces (docs/benchmarks.md,
+"Across hosts"), 64 MiB on 2 hosts x 2 ranks at 1 Gbit/s took hierarchical 0.6 s, ring 0.85 s,
+halving_doubling 1.16 s: the model must order them so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pycollective import config, cost_model
+from pycollective.cost_model import HOST_LINK, estimate, layout, link_costs
+
+MiB = 1 << 20
+SHM = (3e-6, 1 / 8e9, 1 / 10e9)
+GBIT = (40e-6, 8 / 1e9, 1 / 10e9)  # one host link of 1 Gbit/s each way
+
+
+def test_two_hosts_of_two_ranks_order_as_measured():
+    e = estimate(layout(2, 2), 64 * MiB, local=SHM, remote=GBIT)
+    s = e.seconds
+    assert s["hierarchical"] < s["ring"] < s["halving_doubling"], s
+    assert e.auto == "hierarchical"
+    assert "direct" in e.unsupported  # in-process replicas only
+    # Each host link carries S each way for hierarchical (the link-bound limit, 0.537 s) and
+    # 1.5 S for the ring; halving-doubling's first exchange puts both ranks' halves on it.
+    link_bound = 64 * MiB * 8 / 1e9
+    assert s["hierarchical"] == pytest.approx(link_bound, rel=0.05)
+    assert s["ring"] == pytest.approx(1.5 * link_bound, rel=0.05)
+    assert s["halving_doubling"] == pytest.approx(2 * link_bound, rel=0.05)
+
+
+def test_ranks_of_a_host_share_its_link():
+    # A ring over interleaved hosts crosses a host link at every step: twice the bytes per
+    # link of the ring whose ranks are grouped by host.
+    grouped = estimate([0, 0, 1, 1], 64 * MiB, local=SHM, remote=GBIT).seconds["ring"]
+    interleaved = estimate([0, 1, 0, 1], 64 * MiB, local=SHM, remote=GBIT).seconds["ring"]
+    assert interleaved == pytest.approx(2 * grouped, rel=0.05)
+
+
+def test_one_rank_per_host_leaves_hierarchical_to_the_ring():
+    e = estimate(layout(4, 1), 64 * MiB, local=SHM, remote=GBIT)
+    assert e.auto in ("ring", "halving_doubling")
+    assert e.seconds["ring"] == pytest.approx(1.5 * 64 * MiB * 8 / 1e9, rel=0.05)
+
+
+def test_the_link_rate_is_configured_or_measured(tmp_path, monkeypatch):
+    tuning_file = tmp_path / "tuning.json"
+    tuning_file.write_text(
+        json.dumps({"version": 1, "costs": {HOST_LINK: [1e-4, 8 / 25e9, 1e-10]}, "choices": []})
+    )
+    try:
+        config.reload({})
+        assert link_costs()[1] == cost_model.DEFAULT_COSTS["tcp"]
+        config.reload({"PYCOLLECTIVE_TUNING": str(tuning_file)})  # measured by link_probe
+        assert link_costs()[1] == (1e-4, 8 / 25e9, 1e-10)
+        config.reload({"PYCOLLECTIVE_TUNING": str(tuning_file), "PYCOLLECTIVE_LINK_GBITS": "10"})
+        assert link_costs()[1] == (1e-4, 8 / 10e9, 1e-10)  # configured beats measured
+        # The host link's 54 ms, plus the local phases over shm (13 ms at the defaults).
+        hierarchical = estimate(layout(2, 2), 64 * MiB).seconds["hierarchical"]
+        assert 64 * MiB * 8 / 10e9 < hierarchical < 1.3 * 64 * MiB * 8 / 10e9
+        config.reload({"PYCOLLECTIVE_LINK_GBITS": "0"})
+        with pytest.raises(ValueError, match="LINK_GBITS"):
+            link_costs()
+    finally:
+        config.reload()
+
+
+def test_one_host_is_priced_by_its_local_links_alone():
+    # No message crosses a host: the remote cost must not matter.
+    slow = estimate([0, 0, 0, 0], 16 * MiB, local=SHM, remote=(1.0, 1.0, 1.0)).seconds
+    fast = estimate([0, 0, 0, 0], 16 * MiB, local=SHM, remote=GBIT).seconds
+    assert slow == fast
