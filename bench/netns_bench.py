@@ -97,14 +97,25 @@ def run_layout(
         )
         if code != 0 or not os.path.exists(job["result"]):
             raise SystemExit(f"{tag}: the benchmark ranks failed (status {code})")
-    # The model as the ranks saw it: the same variables, read the same way.
-    config.reload(env)
-    try:
-        local, remote = cost_model.link_costs()
-        layout = cost_model.layout(hosts, per_host)
-        model = {n: cost_model.estimate(layout, n, local=local, remote=remote) for n in sizes}
-    finally:
-        config.reload()
+    # The model as the ranks saw it: the same variables, read the same way; with the probe,
+    # also the model of a user who declared the cluster's rate instead.
+    declared = dict(env, **{LINK_KNOB: str(rate_bps / 1e9)})
+    models = {}
+    for name, variables in (("model", env), ("declared", declared)):
+        config.reload(variables)
+        try:
+            local, remote = cost_model.link_costs()
+            layout = cost_model.layout(hosts, per_host)
+            models[name] = {
+                "local_cost": local,
+                "remote_cost": remote,
+                "sizes": {
+                    str(n): _estimate(cost_model.estimate(layout, n, local=local, remote=remote))
+                    for n in sizes
+                },
+            }
+        finally:
+            config.reload()
     with open(job["result"]) as f:
         rows = json.load(f)
     return {
@@ -112,14 +123,14 @@ def run_layout(
         "ranks_per_host": per_host,
         "rate": rate,
         "rate_bps": rate_bps,
-        "remote_cost": remote,
-        "local_cost": local,
+        "probed": probe,
         "rows": rows,
-        "model": {
-            str(n): {"seconds": e.seconds, "auto": e.auto, "unsupported": e.unsupported}
-            for n, e in model.items()
-        },
+        **models,
     }
+
+
+def _estimate(e) -> dict:
+    return {"seconds": e.seconds, "auto": e.auto, "unsupported": e.unsupported}
 
 
 def markdown(results: list[dict]) -> str:
@@ -127,39 +138,45 @@ def markdown(results: list[dict]) -> str:
     out = []
     for res in results:
         hosts, per_host = res["hosts"], res["ranks_per_host"]
-        beta_gbits = 8 / res["remote_cost"][1] / 1e9
+        models = [res["model"]] + ([res["declared"]] if res["probed"] else [])
+        heads = [
+            f"model ({'link probed' if i == 0 and res['probed'] else 'rate declared'}: "
+            f"{8 / m['remote_cost'][1] / 1e9:.3g} Gbit/s)"
+            for i, m in enumerate(models)
+        ]
+        out.append(f"**{hosts} hosts x {per_host} ranks, links {res['rate']}**\n")
         out.append(
-            f"**{hosts} hosts x {per_host} ranks, links {res['rate']}** "
-            f"(the model's host link: {beta_gbits:.3g} Gbit/s)\n"
+            "| size | algorithm | measured (median) | link-bound | measured / bound | "
+            + " | ".join(heads)
+            + " | auto ran |"
         )
-        out.append(
-            "| size | algorithm | measured (median) | link-bound | measured / bound "
-            "| model | auto picked |"
-        )
-        out.append("|---|---|---|---|---|---|---|")
+        out.append("|---" * (6 + len(models)) + "|")
         by_size: dict[int, list[dict]] = {}
         for r in res["rows"]:
             by_size.setdefault(r["nbytes"], []).append(r)
         for nbytes in sorted(by_size):
             bound = link_bound_s(hosts, nbytes, res["rate_bps"])
-            model = res["model"][str(nbytes)]
             algos_here = [r for r in by_size[nbytes] if r["algo"] != "auto"]
             best = min(algos_here, key=lambda r: r["median_s"])
             for r in by_size[nbytes]:
                 algo = r["algo"]
-                predicted = model["seconds"].get(algo if algo != "auto" else model["auto"])
+                predicted = []
+                for m in models:
+                    e = m["sizes"][str(nbytes)]
+                    t = e["seconds"].get(algo if algo != "auto" else e["auto"])
+                    # hierarchical's model leaves a layout of one rank per host to the ring
+                    shown = "- (a ring)" if t is None or t > 1e29 else _ms(t)
+                    predicted.append(shown + (f" ({e['auto']})" if algo == "auto" else ""))
                 pick = ""
                 if algo == "auto":
                     ratio = r["median_s"] / best["median_s"]
-                    pick = f"{r['chose']} ({ratio:.2f}x the best, {best['algo']})"
+                    pick = f"{r['chose']}: {ratio:.2f}x the best ({best['algo']})"
                 bad = " (WRONG RESULT)" if r["wrong"] else ""
-                # hierarchical's model leaves a layout of one rank per host to the ring
-                shown = (
-                    "- (runs a ring)" if predicted is None or predicted > 1e29 else _ms(predicted)
-                )
                 out.append(
                     f"| {human_bytes(nbytes)} | {algo}{bad} | {_ms(r['median_s'])} | "
-                    f"{_ms(bound)} | {r['median_s'] / bound:.2f} | {shown} | {pick} |"
+                    f"{_ms(bound)} | {r['median_s'] / bound:.2f} | "
+                    + " | ".join(predicted)
+                    + f" | {pick} |"
                 )
         out.append("")
     return "\n".join(out)

@@ -73,3 +73,10 @@ def test_one_host_is_priced_by_its_local_links_alone():
     slow = estimate([0, 0, 0, 0], 16 * MiB, local=SHM, remote=(1.0, 1.0, 1.0)).seconds
     fast = estimate([0, 0, 0, 0], 16 * MiB, local=SHM, remote=GBIT).seconds
     assert slow == fast
+
+
+def test_reduce_to_one_pays_the_root_hosts_link_for_remote_peers_only():
+    # 2 x 2: the root's host-mate sends over shm; the two other ranks' messages come in over
+    # the root host's link one after the other, and the result goes back out the same way.
+    s = estimate(layout(2, 2), 64 * MiB, local=SHM, remote=GBIT).seconds["reduce_to_one"]
+    assert s == pytest.approx(4 * 64 * MiB * 8 / 1e9, rel=0.05)

@@ -1,6 +1,7 @@
 // Reduce to one rank, then send the result to everyone: tf.distribute's ReductionToOneDevice.
 // The root does all the reducing, one peer at a time in rank order (so the result does not
 // depend on arrival order); simple and latency-light for tiny groups, a bottleneck for big ones.
+#include <algorithm>
 #include <cstring>
 
 #include "algorithms/chunking.h"
@@ -57,10 +58,20 @@ class ReduceToOne : public Algorithm {
   std::string unsupported(const Group&, const CollectiveArgs&) const override { return ""; }
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
-    const LinkCost& c = costOf(g);
+    const Communicator& comm = g.comm();
     const double n = g.size(), S = a.count * elementSize(a.dtype);
-    const double in = (n - 1) * (c.alpha + S * (c.beta + c.gamma));
-    const double outAll = (n - 1) * (c.alpha + S * c.beta);
+    // Every peer's message passes through the root one after another: those of peers on the
+    // root's host over local links, the others over the root host's one link.
+    const auto& hosts = comm.hostOf();
+    const int rootHost = hosts[g.globalRank(std::min(std::max(a.root, 0), g.size() - 1))];
+    double remote = 0;
+    for (int i = 0; i < g.size(); ++i)
+      if (hosts[g.globalRank(i)] != rootHost) ++remote;
+    const double local = n - 1 - remote, gamma = costOf(g).gamma;
+    const LinkCost &lc = comm.localCost, &rc = comm.remoteCost;
+    const double in =
+        local * (lc.alpha + S * (lc.beta + gamma)) + remote * (rc.alpha + S * (rc.beta + gamma));
+    const double outAll = local * (lc.alpha + S * lc.beta) + remote * (rc.alpha + S * rc.beta);
     switch (a.kind) {
       case CollectiveKind::kAllreduce: return in + outAll;
       case CollectiveKind::kReduce: return in;
