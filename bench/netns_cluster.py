@@ -109,8 +109,11 @@ def _run(cmd: Sequence[str], what: str) -> str:
 
 
 class NetnsCluster:
-    """HOSTS namespaces on a bridge, each link shaped to `rate_bps` (None: unshaped). Use as a
-    context manager: entering builds it, leaving (also on an exception) tears it down."""
+    """`hosts` namespaces on a bridge, each host's link shaped to `rate` (a tc rate, or "none")
+    with `netem` under it if given. Use as a context manager: entering builds it, leaving (also
+    on an exception) tears it down. For fault experiments, shape() reshapes one host's link
+    while ranks run (a rate, delay or loss of its own), and in_host() runs any command in a
+    host's namespace (e.g. `ip link set eth0 down` to cut it off)."""
 
     def __init__(
         self,
