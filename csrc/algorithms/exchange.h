@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "algorithms/algorithm.h"
+#include "algorithms/wire_arena.h"
 #include "reduce/reduce.h"
 #include "reduce/wire_codec.h"
 
@@ -95,7 +96,8 @@ class Exchange {
     std::vector<Pending> inFlight;
     std::vector<Link*> activeLinks;
     WireFormat wire = WireFormat::kNative;
-    std::vector<std::unique_ptr<uint16_t[]>> wireBuffers;  // encoded payloads, kept to the end
+    WireArena* wireArena = nullptr;  // this thread's, for the encoded payloads (wire_arena.h)
+    std::vector<std::unique_ptr<uint16_t[]>> wireBuffers;  // when another call holds the arena
     std::vector<Decode> decodes;
   };
 
