@@ -182,6 +182,10 @@ void* Exchange::scratch(int slot, size_t bytes) {
   return state_->comm->deviceScratch(slot, bytes, state_->device);
 }
 
+void Exchange::roundToWire(void* data, size_t count) const {
+  if (compressed()) pycollective::roundToWire(state_->wire, static_cast<float*>(data), count);
+}
+
 void Exchange::scale(void* data, size_t count, double factor) const {
   if (state_->device < 0) {
     scaleInPlace(data, count, state_->dtype, factor);
