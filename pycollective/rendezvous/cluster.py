@@ -200,7 +200,10 @@ class ClusterSpec:
 
         final_token = token if token is not None else env.get("PYCOLLECTIVE_TOKEN") or None
         if final_token is None and final_world > 1:
-            from_file = read_token_file(env)
+            try:
+                from_file = read_token_file(env)
+            except ValueError as exc:
+                raise ValueError(f"rank {final_rank} of {final_world} ({source}): {exc}") from None
             if from_file is not None:
                 final_token = from_file[0]
                 source = f"{source}; token from {from_file[1]}"
