@@ -114,17 +114,6 @@ def test_token_file_problems_say_what_to_do(home):
         read_token_file({"PYCOLLECTIVE_TOKEN_FILE": str(empty)})
 
 
-def test_token_command_through_the_console_script(home):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLLECTIVE_")}
-    env["HOME"] = str(home)
-    script = os.path.join(os.path.dirname(sys.executable), "pycollective")
-    res = subprocess.run(
-        [script, "token", "--create"], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert res.returncode == 0, res.stderr
-    assert "wrote a new cluster token" in res.stdout
-
-
 # -- which path a launch takes ------------------------------------------------------------
 
 
