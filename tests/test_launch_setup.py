@@ -125,6 +125,14 @@ def test_slurm_on_one_node_publishes_through_a_private_file():
     assert "every rank on this host" in s.source
 
 
+def test_a_batch_script_itself_is_no_srun_step():
+    # `python train.py` straight in a batch script: Slurm sets no step id there, so no private
+    # file is awaited; the group wants a token like any multi-node one.
+    batch = {k: v for k, v in SLURM_ONE_NODE.items() if not k.startswith("SLURM_STEP")}
+    with pytest.raises(ValueError, match="no cluster token"):
+        ClusterSpec.from_env({**batch, "SLURM_PROCID": "0", "SLURM_NNODES": "1"})
+
+
 def test_open_mpi_on_one_host_publishes_through_a_private_file():
     s = ClusterSpec.from_env(OMPI_ONE_HOST)
     assert (s.rank, s.world_size, s.local_rank, s.local_size) == (2, 3, 2, 3)

@@ -467,11 +467,13 @@ def _from_slurm(env: Mapping[str, str]) -> _Found:
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if found.master_addr is None and nodelist:
         found.master_addr = first_slurm_host(nodelist)
-    step_text = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
+    # srun sets the step id; a batch script itself has none (and is no step of srun's).
+    step_text = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
     step_id = int(step_text) if step_text.isdigit() else 0
     if "SLURM_JOB_ID" in env:
         job_id = _require_int(env, "SLURM_JOB_ID", source, "SLURM_JOB_ID=12345")
-        found.job_key = f"slurm-{job_id}.{step_id}"
+        if step_text.isdigit():
+            found.job_key = f"slurm-{job_id}.{step_id}"
         if found.master_port is None:
             found.master_port = slurm_port(job_id, step_id)
             found.master_note = (
