@@ -4,6 +4,9 @@ in numpy with the gradients written out.
     python examples/train_digits.py                         # softmax regression, 4 replicas
     python examples/train_digits.py --model mlp --replicas 2 --epochs 20
     pycollective run -n 2 python examples/train_digits.py --multi-worker
+    pycollective run -n 2 python examples/train_digits.py --multi-worker --compress bf16 \
+        --error-feedback                                    # 16-bit gradients between workers
+    srun -n 2 python examples/train_digits.py --multi-worker        # or mpirun -n 2 ...
 
 Each step, a global batch is split across the replicas; every replica computes the gradients
 of its share of the loss (per-example losses summed and divided by the *global* batch size,
@@ -20,13 +23,16 @@ all replicas.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 
+import pycollective
 from pycollective.strategies import (
     SGD,
     Adam,
+    CommunicationOptions,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     ReduceOp,
@@ -152,6 +158,17 @@ def main(argv=None) -> float:
         action="store_true",
         help="MultiWorkerMirroredStrategy (launch with pycollective run -n N)",
     )
+    parser.add_argument(
+        "--compress",
+        choices=["bf16", "fp16"],
+        default=None,
+        help="with --multi-worker: gradients cross the network as 16-bit values",
+    )
+    parser.add_argument(
+        "--error-feedback",
+        action="store_true",
+        help="with --compress: carry each step's rounding residue into the next step",
+    )
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument(
@@ -164,7 +181,17 @@ def main(argv=None) -> float:
     args = parser.parse_args(argv)
 
     if args.multi_worker:
-        strategy = MultiWorkerMirroredStrategy()
+        if not os.environ.get("TF_CONFIG"):
+            # srun, mpirun, torchrun or a PyTorchJob: join the group their environment
+            # describes; the strategy then runs on it (docs/launching.md).
+            pycollective.init()
+        strategy = MultiWorkerMirroredStrategy(
+            communication_options=CommunicationOptions(
+                compress=args.compress, error_feedback=args.error_feedback
+            )
+        )
+    elif args.compress:
+        parser.error("--compress applies to --multi-worker (replicas in one process send nothing)")
     else:
         strategy = MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)])
     chief = strategy.extended.should_checkpoint
@@ -228,8 +255,6 @@ def main(argv=None) -> float:
     if chief:
         print(f"final test accuracy {accuracy:.4f}", flush=True)
     if args.multi_worker:
-        import pycollective
-
         pycollective.shutdown()  # leave the process group together
     return accuracy
 

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycollective import _exchange, config, cost_model, log, tuning
-from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare
+from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare, wire_code
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
 from pycollective.device import is_device_tensor
 from pycollective.errors import Aborted, CollectiveError, CollectiveTimeout, RemoteError
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.rendezvous import ClusterSpec, rendezvous
+from pycollective.rendezvous.job_file import SameHostJob
 from pycollective.tensors import adapt, shape_hash
 from pycollective.transports import TcpListener, bind_address, open_links
 
@@ -124,9 +125,14 @@ class ProcessGroup:
         inplace: bool = False,
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Any:
-        """Every rank gets the reduction of all ranks' tensors."""
-        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout)
+        """Every rank gets the reduction of all ranks' tensors.
+
+        ``compress="bf16"`` (or ``"fp16"``), for float32 tensors: values cross network links
+        (tcp, grpc) as 16 bits and are accumulated in float32 -- half the bytes on slow links.
+        Every rank's result is rounded alike to that 16-bit precision (docs/compression.md)."""
+        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, compress=compress)
 
     def prepare_allreduce(
         self,
@@ -136,6 +142,7 @@ class ProcessGroup:
         inplace: bool = False,
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> PreparedCall:
         """``allreduce`` prepared once, to run many times on the same buffers (like MPI's
         persistent collectives): ``plan = group.prepare_allreduce(x, out=y)``, then ``plan()``
@@ -144,7 +151,7 @@ class ProcessGroup:
         calls, change the contents of ``x``, never the array itself. Host tensors only."""
         if type(x).__module__ != "numpy" and is_device_tensor(x):
             raise TypeError(f"{self._where}: prepare_allreduce takes host tensors")
-        call, spec = self._host_call("allreduce", x, op, algo, 0, inplace, out, timeout)
+        call, spec = self._host_call("allreduce", x, op, algo, 0, inplace, out, timeout, compress)
         try:
             native = self._world.comm.prepare(spec, self._native_members, call.inp, call.out)
         except CollectiveError as exc:
@@ -159,9 +166,12 @@ class ProcessGroup:
         inplace: bool = False,
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Work:
         """Starts an allreduce on the group's worker thread; ``.wait()`` gives the result."""
-        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True)
+        return self._run(
+            "allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True, compress=compress
+        )
 
     def reduce_scatter_async(
         self,
@@ -170,9 +180,21 @@ class ProcessGroup:
         algo: str = "auto",
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Work:
         """:meth:`reduce_scatter` on the group's worker thread."""
-        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout, asynchronous=True)
+        return self._run(
+            "reduce_scatter",
+            x,
+            op,
+            algo,
+            0,
+            False,
+            out,
+            timeout,
+            asynchronous=True,
+            compress=compress,
+        )
 
     def allgather_async(
         self, x: Any, algo: str = "auto", out: Any = None, timeout: float | None = None
@@ -214,9 +236,11 @@ class ProcessGroup:
         algo: str = "auto",
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Any:
-        """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly)."""
-        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout)
+        """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly).
+        ``compress=``: as in :meth:`allreduce`."""
+        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout, compress=compress)
 
     def allgather(
         self, x: Any, algo: str = "auto", out: Any = None, timeout: float | None = None
@@ -374,6 +398,7 @@ class ProcessGroup:
         out: Any,
         timeout: float | None,
         asynchronous: bool = False,
+        compress: str | None = None,
     ) -> Any:
         if not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")
@@ -381,8 +406,15 @@ class ProcessGroup:
             raise TypeError(f"algo must be a string, got {type(algo).__name__}")
         reduce_op = parse_op(op)
         if algo == "nccl" or (type(x).__module__ != "numpy" and is_device_tensor(x)):
+            if compress is not None:
+                raise ValueError(
+                    f"{self._where}: compress={compress!r} applies to host tensors on "
+                    "pycollective's own links; NCCL moves device tensors as they are: drop compress="
+                )
             return self._run_nccl(kind, x, reduce_op, algo, root, inplace, out, asynchronous)
-        call, spec = self._host_call(kind, x, reduce_op, algo, root, inplace, out, timeout)
+        call, spec = self._host_call(
+            kind, x, reduce_op, algo, root, inplace, out, timeout, compress
+        )
         comm = self._world.comm
         if asynchronous:
             return Work(
@@ -404,6 +436,7 @@ class ProcessGroup:
         inplace: bool,
         out: Any,
         timeout: float | None,
+        compress: str | None = None,
     ) -> tuple[Prepared, Any]:
         """This rank's checked buffers for a call of host tensors and its native CallSpec."""
         reduce_op = parse_op(op)
@@ -429,6 +462,7 @@ class ProcessGroup:
             algo,
             shape_hash(call.inp.shape),
             self._world.timeout if timeout is None else float(timeout),
+            wire_code(compress, where),
         )
         return call, spec
 
@@ -803,16 +837,31 @@ def init(
             announced=announce is not None,
         )
         log.set_rank(spec.rank)
-        _world = _World(
-            spec,
-            default_timeout() if timeout is None else float(timeout),
-            transport,
-            ifname,
+        forming_timeout = (
             connect_timeout
             if connect_timeout is not None
-            else env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0),
-            announce,
+            else env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0)
         )
+        same_host = None
+        if spec.job_key is not None:
+            # srun/mpirun with every rank on this host: rank 0 publishes address and token in a
+            # private file, the others read it (rendezvous/job_file.py).
+            same_host = SameHostJob.join(spec, forming_timeout)
+            spec = same_host.spec
+            if spec.rank == 0:
+                announce = same_host.publish
+        try:
+            _world = _World(
+                spec,
+                default_timeout() if timeout is None else float(timeout),
+                transport,
+                ifname,
+                forming_timeout,
+                announce,
+            )
+        finally:
+            if same_host is not None:
+                same_host.finish()  # every rank has registered (or init failed)
         return _world.world
 
 
@@ -906,9 +955,10 @@ def allreduce(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> Any:
     """Every rank gets the reduction (sum, prod, min, max, avg) of all ranks' tensors."""
-    return _group(group).allreduce(x, op, algo, inplace, out, timeout)
+    return _group(group).allreduce(x, op, algo, inplace, out, timeout, compress)
 
 
 def prepare_allreduce(
@@ -919,11 +969,12 @@ def prepare_allreduce(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> PreparedCall:
     """``allreduce`` prepared once to run many times on the same buffers
     (:meth:`ProcessGroup.prepare_allreduce`): ``plan = prepare_allreduce(x, out=y)``, then
     ``plan()`` in the loop."""
-    return _group(group).prepare_allreduce(x, op, algo, inplace, out, timeout)
+    return _group(group).prepare_allreduce(x, op, algo, inplace, out, timeout, compress)
 
 
 def allreduce_async(
@@ -934,9 +985,10 @@ def allreduce_async(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> Work:
     """Starts an allreduce; ``.wait()`` on the returned Work gives the result."""
-    return _group(group).allreduce_async(x, op, algo, inplace, out, timeout)
+    return _group(group).allreduce_async(x, op, algo, inplace, out, timeout, compress)
 
 
 def reduce_scatter(
@@ -946,8 +998,9 @@ def reduce_scatter(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> Any:
-    return _group(group).reduce_scatter(x, op, algo, out, timeout)
+    return _group(group).reduce_scatter(x, op, algo, out, timeout, compress)
 
 
 def allgather(

@@ -215,7 +215,7 @@ class HalvingDoubling : public Algorithm {
   }
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
-    const LinkCost& c = costOf(g);
+    const LinkCost c = costOf(g, a);
     const int n = g.size();
     const double S = a.count * elementSize(a.dtype);
     const Fold f(n);
@@ -232,13 +232,13 @@ class HalvingDoubling : public Algorithm {
           const int v = f.vrank(r);
           return v < 0 ? -1 : f.real(v ^ mask);
         };
-        t += stepAlpha(g, partner) + bytesAtMask(mask) * stepBeta(g, partner);
+        t += stepAlpha(g, a, partner) + bytesAtMask(mask) * stepBeta(g, a, partner);
       }
       return t;
     };
     auto folded = [&f](int r) { return r < 2 * f.rem && r % 2 == 0 ? r + 1 : -1; };
     const double fold =
-        f.rem > 0 ? 2 * (stepAlpha(g, folded) + S * stepBeta(g, folded)) + S * c.gamma : 0;
+        f.rem > 0 ? 2 * (stepAlpha(g, a, folded) + S * stepBeta(g, a, folded)) + S * c.gamma : 0;
     const double L = log2Floor(n);
     switch (a.kind) {
       case CollectiveKind::kAllreduce:

@@ -80,7 +80,7 @@ class Hierarchical : public Algorithm {
     // A layout of one host or one rank per host is just a ring: leave it to the ring.
     if (L == 1 || H == 1) return 1e30;
     const LinkCost& lc = g.comm().localCost;
-    const LinkCost& rc = H > 1 ? g.comm().remoteCost : lc;
+    const LinkCost rc = onWire(g.comm().remoteCost, a);
     // Where each rank sends in the two kinds of step: to the next rank of its own group (the
     // local reduce-scatter and allgather), and to the rank of the same local index in the next
     // group (the cross-group rings, all at once: L of them share each host link, link_load.h).
@@ -90,12 +90,12 @@ class Hierarchical : public Algorithm {
         groupOf[l.groups[gi][li]] = static_cast<int>(gi);
         indexIn[l.groups[gi][li]] = static_cast<int>(li);
       }
-    const double localBeta = stepBeta(g, [&](int i) {
+    const double localBeta = stepBeta(g, a, [&](int i) {
       const auto& grp = l.groups[groupOf[i]];
       return grp[(indexIn[i] + 1) % grp.size()];
     });
     const double crossBeta = stepBeta(
-        g, [&](int i) { return l.groups[(groupOf[i] + 1) % l.groups.size()][indexIn[i]]; });
+        g, a, [&](int i) { return l.groups[(groupOf[i] + 1) % l.groups.size()][indexIn[i]]; });
     const double S = a.count * elementSize(a.dtype);
     double local =
         2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * localBeta + (L - 1) / L * S * lc.gamma;
@@ -132,6 +132,9 @@ class Hierarchical : public Algorithm {
     ring::reduceScatter(localEx, in, out, shard, a.count);
     ring::allreduce(crossEx, shard, shard, shards.size(localIndex));
     ring::allgather(localEx, out, a.count);
+    // The cross-host ring rounded every shard of a compressed call where it was finished, and
+    // the local allgather copied those values.
+    if (cross.size() > 1) ex.markOutputRounded();
   }
 };
 

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "algorithms/registry.h"
+
 namespace pycollective {
 
-double stepBeta(const Group& g, const std::function<int(int)>& to) {
+double stepBeta(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to) {
   const Communicator& comm = g.comm();
+  const double remoteBeta = onWire(comm.remoteCost, args).beta;
   const auto& hosts = comm.hostOf();
   std::unordered_map<int, int> leaving, entering;  // cross-host messages per host and direction
   for (int i = 0; i < g.size(); ++i) {
@@ -22,20 +25,20 @@ double stepBeta(const Group& g, const std::function<int(int)>& to) {
     const int j = to(i);
     if (j < 0 || j == i) continue;
     const int from = hosts[g.globalRank(i)], into = hosts[g.globalRank(j)];
-    const double b = from == into ? comm.localCost.beta
-                                  : comm.remoteCost.beta * std::max(leaving[from], entering[into]);
+    const double b =
+        from == into ? comm.localCost.beta : remoteBeta * std::max(leaving[from], entering[into]);
     beta = std::max(beta, b);
   }
   return beta > 0 ? beta : comm.localCost.beta;
 }
 
-double stepAlpha(const Group& g, const std::function<int(int)>& to) {
+double stepAlpha(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to) {
   const Communicator& comm = g.comm();
   const auto& hosts = comm.hostOf();
   for (int i = 0; i < g.size(); ++i) {
     const int j = to(i);
     if (j >= 0 && j != i && hosts[g.globalRank(i)] != hosts[g.globalRank(j)])
-      return comm.remoteCost.alpha;
+      return onWire(comm.remoteCost, args).alpha;
   }
   return comm.localCost.alpha;
 }

@@ -8,6 +8,7 @@
 // exchange puts several messages on one link at once.
 #include <functional>
 
+#include "algorithms/algorithm.h"
 #include "comm/communicator.h"
 
 namespace pycollective {
@@ -17,9 +18,10 @@ namespace pycollective {
 // message sets the pace: one within a host moves at localCost.beta; one between hosts at
 // remoteCost.beta times the number of messages sharing its sender's outgoing or its receiver's
 // incoming host link, whichever is more.
-double stepBeta(const Group& g, const std::function<int(int)>& to);
+// Calls that compress their wire format (args.wire) move fewer bytes over host links (onWire).
+double stepBeta(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to);
 
 // Seconds per message of such a step: remoteCost.alpha if any message crosses hosts.
-double stepAlpha(const Group& g, const std::function<int(int)>& to);
+double stepAlpha(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to);
 
 }  // namespace pycollective

@@ -133,6 +133,12 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
   }
   std::vector<Step> steps;
   addReduceScatterSteps(steps, n, r, in, out, out + chunks.offset(r) * ex.elemSize());
+  // Compressed: each segment of this rank's finished chunk is rounded to the wire format before
+  // the allgather sends it, so every rank ends with the same, rounded, values.
+  const ChunkFn round = [&ex](const char* finished, size_t, size_t count) {
+    ex.roundToWire(const_cast<char*>(finished), count);
+  };
+  if (ex.compressed()) steps.back().onArrived = &round;
   addAllgatherSteps(steps, n, r, out);
   runSteps(ex, chunks, steps);
 }
@@ -182,10 +188,6 @@ void chain(Exchange& ex, int position, int prevRank, int nextRank, const char* f
   ex.waitAll();
 }
 
-double groupLinkCost(const Group& g, double LinkCost::* field) {
-  return costOf(g).*field;
-}
-
 class RingAlgorithm : public Algorithm {
  public:
   const char* name() const override { return "ring"; }
@@ -195,10 +197,10 @@ class RingAlgorithm : public Algorithm {
   double cost(const Group& g, const CollectiveArgs& a) const override {
     const int size = g.size();
     const double n = size, S = a.count * elementSize(a.dtype);
-    const double alpha = groupLinkCost(g, &LinkCost::alpha);
+    const LinkCost c = costOf(g, a);
+    const double alpha = c.alpha, gamma = c.gamma;
     // Every rank sends to the next at once: the busiest host link sets the pace (link_load.h).
-    const double beta = stepBeta(g, [size](int i) { return (i + 1) % size; });
-    const double gamma = groupLinkCost(g, &LinkCost::gamma);
+    const double beta = stepBeta(g, a, [size](int i) { return (i + 1) % size; });
     const double copyBeta = g.comm().localCost.beta;  // a copy within this rank's memory
     const double seg = static_cast<double>(a.segmentBytes ? a.segmentBytes : 262144);
     // Each chunk travels in segments: the pipeline hides their transfers but not one message's
@@ -227,7 +229,10 @@ class RingAlgorithm : public Algorithm {
     const char* in = static_cast<const char*>(a.in);
     char* out = static_cast<char*>(a.out);
     switch (a.kind) {
-      case CollectiveKind::kAllreduce: allreduce(ex, in, out, a.count); return;
+      case CollectiveKind::kAllreduce:
+        allreduce(ex, in, out, a.count);
+        if (n > 1) ex.markOutputRounded();
+        return;
       case CollectiveKind::kReduceScatter: {
         char* work = static_cast<char*>(ex.scratch(0, a.count * es));
         reduceScatter(ex, in, work, out, a.count);
