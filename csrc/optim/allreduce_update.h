@@ -23,9 +23,16 @@ namespace pycollective {
 // members/groupId as for runCollective. Every tensor is checked before anything moves
 // (InvalidArgument / InvalidType); a later failure aborts the communicator. The rule travels in
 // the frame header (as its root field), so ranks that apply different rules get a ProtocolError.
+//
+// shardedSlots (ZeRO stage 1): every slot of a tensor is one array holding only this rank's
+// chunk of the slot, chunk `rank` of Chunks(count, group size) (algorithms/chunking.h: the
+// chunk this rank's reduce-scatter owns; possibly empty). Only the variable crosses the ring
+// after the update, so the step costs what the all-reduce of the gradient costs, and the slots
+// take 1/N of their memory. The flag travels in the header's update rule (kShardedStateFlag).
 void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int groupId,
                      UpdateRule rule, DType dtype, const UpdateHyper& hyper,
                      const std::vector<ReplicatedTensor>& tensors,
-                     const std::vector<uint32_t>& shapeHashes, double timeoutSeconds);
+                     const std::vector<uint32_t>& shapeHashes, double timeoutSeconds,
+                     bool shardedSlots = false);
 
 }  // namespace pycollective
