@@ -136,8 +136,9 @@ def allreduce_apply(
     reduce-scatter, update, allgather as one pipelined ring): each rank updates only the chunk
     of the state whose sum it owns, as the sum arrives, and the ring then carries the new
     state (variable and slots) instead of the summed gradient
-    (csrc/optim/allreduce_update.h). One collective per tensor, in order: every rank of the
-    group must make the same call, in the same order as its other collectives.
+    (csrc/optim/allreduce_update.h). All tensors of a call run as ONE collective (one
+    pipelined ring, each tensor chunked on its own): every rank of the group must make the same
+    call, with the same tensors in the same order, in the same order as its other collectives.
     ``group``: a ``pycollective.new_group`` group (default: all ranks); ``check`` as for
     :func:`apply`.
 

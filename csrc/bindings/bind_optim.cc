@@ -90,7 +90,7 @@ void bindOptim(py::module_& m) {
       py::arg("tensors"), py::arg("shape_hashes"), py::arg("timeout"), py::arg("members"),
       py::arg("group_id"), py::arg("sharded_slots") = false,
       "Optimizer steps across a process group, each fused into the all-reduce of its gradient "
-      "(optim/allreduce_update.h), one collective per tensor in order; tensors = [(count, [this "
+      "(optim/allreduce_update.h), all tensors as one pipelined ring; tensors = [(count, [this "
       "rank's gradient], copies, [slot copies, ...])]. sharded_slots: each slot is [this rank's "
       "chunk] (ZeRO-1) and only the variable is allgathered. Runs after any queued async work; "
       "GIL released.");

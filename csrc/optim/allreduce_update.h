@@ -17,9 +17,10 @@
 
 namespace pycollective {
 
-// For every tensor in order, one collective: `grads` holds this rank's one gradient (its local
-// replicas' sum), `copies` and `slots` the state as for applyReplicatedUpdate; the rule sees
-// gradScale * (sum over the group's ranks). shapeHashes[i] is tensor i's shape hash;
+// All tensors as ONE collective (one pipelined ring, each tensor chunked on its own, so the
+// pipeline stays full from the first tensor to the last): for each, `grads` holds this rank's one
+// gradient (its local replicas' sum), `copies` and `slots` the state as for applyReplicatedUpdate;
+// the rule sees gradScale * (sum over the group's ranks). shapeHashes[i] is tensor i's shape hash;
 // members/groupId as for runCollective. Every tensor is checked before anything moves
 // (InvalidArgument / InvalidType); a later failure aborts the communicator. The rule travels in
 // the frame header (as its root field), so ranks that apply different rules get a ProtocolError.
