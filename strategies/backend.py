@@ -525,11 +525,12 @@ class MultiWorkerBackend(CollectiveBackend):
     ) -> None:
         """One optimizer step with sharded optimizer state (ZeRO stage 1): ``replicated(i,
         grads)`` gives variable i's copies and, for every slot, this worker's shard of it
-        (``fused_update.shard_bounds``). Every tensor, small or large, is one collective
-        (``fused_update.allreduce_apply(..., sharded_slots=True)``): the ring reduce-scatters
-        its gradient, this worker applies the rule to its chunk as the sum arrives, and the
-        ring allgathers the new variable. A tensor's chunks are its own (not a pack's), so
-        which worker owns an element does not depend on which tensors a step updates.
+        (``fused_update.shard_bounds``). The tensors of a dtype, small or large, are one
+        collective (``fused_update.allreduce_apply(..., sharded_slots=True)``, one pipelined
+        ring): it reduce-scatters each gradient, this worker applies the rule to its chunk as
+        the sum arrives, and the ring allgathers the new variable. A tensor's chunks are its
+        own (not a pack's), so which worker owns an element does not depend on which tensors a
+        step updates, and nothing is copied into a pack.
 
         With several local replicas, their gradients are summed into scratch first and every
         local copy of the variable gets the new value; the slot shard is the worker's, one for

@@ -70,8 +70,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         shard_optimizer_state: ZeRO stage 1 (default False). Each worker keeps only its
             1/N chunk of every optimizer slot (SGD's momentum, Adam's m and v), and each step
             reduce-scatters the gradients, updates this worker's chunk of the variables and
-            slots, and allgathers the variables: one ring per tensor, costing about what the
-            all-reduce of the gradients costs. For mirrored float32/float64 variables with
+            slots, and allgathers the variables: one pipelined ring per step, costing about
+            what the all-reduce of the gradients costs. For mirrored float32/float64 variables with
             SGD or Adam (a TypeError says so otherwise). Checkpoints hold whole slots and
             restore sharded or not, under any number of workers. With one worker it changes
             nothing. Every worker must pass the same value.

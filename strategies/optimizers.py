@@ -15,9 +15,9 @@ frameworks take the general path: one fused collective per bucket, then each rep
 in numpy.
 
 With ``MultiWorkerMirroredStrategy(shard_optimizer_state=True)`` (ZeRO stage 1) each worker
-keeps only its chunk of every slot (:mod:`.sharded_state`) and every tensor's step is one native
-collective: the reduce-scatter of the gradient, the update of this worker's chunk of the
-variable and its slots, and the allgather of the new variable, pipelined as one ring
+keeps only its chunk of every slot (:mod:`.sharded_state`) and a step is one native collective
+per dtype: the reduce-scatter of every gradient, the update of this worker's chunk of each
+variable and its slots, and the allgather of the new variables, pipelined as one ring
 (``fused_update.allreduce_apply(..., sharded_slots=True)``).
 
 Gradients are numpy arrays or torch CPU tensors; the math is the Keras optimizers' (SGD with
@@ -335,7 +335,7 @@ class Optimizer:
     ) -> None:
         """ZeRO-1: every tensor's gradient is reduce-scattered, this worker's chunk of the
         variable and of its slot shards updated by the native kernel, and the variable
-        allgathered, as one ring per tensor (``backend.apply_sharded_update``)."""
+        allgathered, as one pipelined ring (``backend.apply_sharded_update``)."""
         why = None
         if fused is None:
             why = (
