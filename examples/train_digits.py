@@ -4,6 +4,8 @@ in numpy with the gradients written out.
     python examples/train_digits.py                         # softmax regression, 4 replicas
     python examples/train_digits.py --model mlp --replicas 2 --epochs 20
     pycollective run -n 2 python examples/train_digits.py --multi-worker
+    pycollective run -n 2 python examples/train_digits.py --multi-worker --compress bf16 \
+        --error-feedback                                    # 16-bit gradients between workers
 
 Each step, a global batch is split across the replicas; every replica computes the gradients
 of its share of the loss (per-example losses summed and divided by the *global* batch size,
@@ -27,6 +29,7 @@ import numpy as np
 from pycollective.strategies import (
     SGD,
     Adam,
+    CommunicationOptions,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     ReduceOp,
@@ -152,6 +155,17 @@ def main(argv=None) -> float:
         action="store_true",
         help="MultiWorkerMirroredStrategy (launch with pycollective run -n N)",
     )
+    parser.add_argument(
+        "--compress",
+        choices=["bf16", "fp16"],
+        default=None,
+        help="with --multi-worker: gradients cross the network as 16-bit values",
+    )
+    parser.add_argument(
+        "--error-feedback",
+        action="store_true",
+        help="with --compress: carry each step's rounding residue into the next step",
+    )
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument(
@@ -164,7 +178,13 @@ def main(argv=None) -> float:
     args = parser.parse_args(argv)
 
     if args.multi_worker:
-        strategy = MultiWorkerMirroredStrategy()
+        strategy = MultiWorkerMirroredStrategy(
+            communication_options=CommunicationOptions(
+                compress=args.compress, error_feedback=args.error_feedback
+            )
+        )
+    elif args.compress:
+        parser.error("--compress applies to --multi-worker (replicas in one process send nothing)")
     else:
         strategy = MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)])
     chief = strategy.extended.should_checkpoint

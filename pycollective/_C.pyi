@@ -4,12 +4,12 @@ pycollective native core
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'output_pool_cached_bytes', 'reduce_into', 'reload_knobs', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'enum_codes', 'knob_table', 'memory_bandwidth', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'output_pool_cached_bytes', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
-    One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default) and timeout in seconds (0: the group's). Checked when built; reusable.
+    One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default), timeout in seconds (0: the group's) and wire format (0: native, 1: bf16, 2: fp16 on network links). Checked when built; reusable.
     """
-    def __init__(self, *, kind: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex = 0, root: typing.SupportsInt | typing.SupportsIndex = 0, algo: str = 'auto', shape_hash: typing.SupportsInt | typing.SupportsIndex = 0, segment_bytes: typing.SupportsInt | typing.SupportsIndex = 0, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+    def __init__(self, *, kind: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, op: typing.SupportsInt | typing.SupportsIndex = 0, root: typing.SupportsInt | typing.SupportsIndex = 0, algo: str = 'auto', shape_hash: typing.SupportsInt | typing.SupportsIndex = 0, segment_bytes: typing.SupportsInt | typing.SupportsIndex = 0, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, wire: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
     def __repr__(self) -> str:
         ...
@@ -39,6 +39,9 @@ class CallSpec:
         ...
     @property
     def timeout(self) -> float:
+        ...
+    @property
+    def wire(self) -> int:
         ...
 class OutputBuffer:
     """
@@ -305,6 +308,10 @@ def reduce_into(dst: typing.SupportsInt | typing.SupportsIndex, a: typing.Suppor
 def reload_knobs() -> None:
     """
     Reads the PYCOLLECTIVE_* variables again (native side); config.reload() calls it.
+    """
+def round_to_wire(array: typing.Any, count: typing.SupportsInt | typing.SupportsIndex, wire: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Rounds `count` float32 values of a contiguous numpy array in place to what a compressed call sends for them (wire: 1 bf16, 2 fp16): the kernel the collectives use.
     """
 def scale(data: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, dtype: typing.SupportsInt | typing.SupportsIndex, factor: typing.SupportsFloat | typing.SupportsIndex) -> None:
     ...

@@ -19,6 +19,7 @@ from pycollective import nccl  # pc.nccl: NCCL communicators on CUDA devices
 
 # First: loads the extension, or explains why it is missing (see _ext's docstring).
 from pycollective._ext import _C
+from pycollective.compression import ErrorFeedback, round_to_wire
 from pycollective.errors import (
     Aborted,
     CollectiveError,
@@ -113,6 +114,8 @@ __all__ = [
     "ReduceOp",
     "RemoteError",
     "ReplicaGroup",
+    "ErrorFeedback",
+    "round_to_wire",
     "algorithms",
     "nccl",
     "build_info",

@@ -34,6 +34,7 @@ def call_spec(
     algo: str,
     shape_hash: int,
     timeout: float,
+    wire: int = 0,
 ) -> Any:
     """The native ``_C.CallSpec`` of a call. A training loop repeats the same few calls, and
     building one with keywords costs about 2 us, as much as a small collective's whole native
@@ -47,7 +48,22 @@ def call_spec(
         algo=algo,
         shape_hash=shape_hash,
         timeout=timeout,
+        wire=wire,
     )
+
+
+#: ``compress=`` values and their native wire-format codes (csrc/reduce/wire_codec.h).
+WIRE_FORMATS: dict[str | None, int] = {None: 0, "bf16": 1, "fp16": 2}
+
+
+def wire_code(compress: str | None, where: str) -> int:
+    """The native wire format for ``compress=`` (None: values cross the network unchanged)."""
+    try:
+        return WIRE_FORMATS[compress]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"{where}: compress must be None, 'bf16' or 'fp16', got {compress!r}"
+        ) from None
 
 
 #: Results at least this large get memory from the native output pool (core/output_pool.h).

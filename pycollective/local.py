@@ -291,9 +291,12 @@ def run_host(
     inplace: bool,
     timeout: float,
     out: Sequence[Any] | None,
+    wire: int = 0,
 ) -> list[Any]:
     """One collective of host tensors (one per replica, counts already checked) on a native
-    ``_C.LocalGroup``: adapts and checks every replica's tensor, runs, returns the results."""
+    ``_C.LocalGroup``: adapts and checks every replica's tensor, runs, returns the results.
+    ``wire``: the compressed wire format's code (``_calls.wire_code``), for groups across
+    processes."""
     n = len(tensors)
     bufs = [adapt(t, f"replica {i}") for i, t in enumerate(tensors)]
     _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
@@ -312,6 +315,7 @@ def run_host(
         algo,
         shape_hash(first.array.shape),
         timeout,
+        wire,
     )
     group.run(spec, ins=[c.inp for c in calls], outs=[c.out for c in calls])
     return [c.result() for c in calls]

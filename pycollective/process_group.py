@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycollective import _exchange, config, log, tuning
-from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare
+from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare, wire_code
 from pycollective._ext import _C
 from pycollective.config import default_timeout, env_float, env_int
 from pycollective.device import is_device_tensor
@@ -132,9 +132,14 @@ class ProcessGroup:
         inplace: bool = False,
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Any:
-        """Every rank gets the reduction of all ranks' tensors."""
-        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout)
+        """Every rank gets the reduction of all ranks' tensors.
+
+        ``compress="bf16"`` (or ``"fp16"``), for float32 tensors: values cross network links
+        (tcp, grpc) as 16 bits and are accumulated in float32 -- half the bytes on slow links.
+        Every rank's result is rounded alike to that 16-bit precision (docs/compression.md)."""
+        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, compress=compress)
 
     def prepare_allreduce(
         self,
@@ -144,6 +149,7 @@ class ProcessGroup:
         inplace: bool = False,
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> PreparedCall:
         """``allreduce`` prepared once, to run many times on the same buffers (like MPI's
         persistent collectives): ``plan = group.prepare_allreduce(x, out=y)``, then ``plan()``
@@ -152,7 +158,7 @@ class ProcessGroup:
         calls, change the contents of ``x``, never the array itself. Host tensors only."""
         if type(x).__module__ != "numpy" and is_device_tensor(x):
             raise TypeError(f"{self._where}: prepare_allreduce takes host tensors")
-        call, spec = self._host_call("allreduce", x, op, algo, 0, inplace, out, timeout)
+        call, spec = self._host_call("allreduce", x, op, algo, 0, inplace, out, timeout, compress)
         try:
             native = self._world.comm.prepare(spec, self._native_members, call.inp, call.out)
         except CollectiveError as exc:
@@ -167,9 +173,12 @@ class ProcessGroup:
         inplace: bool = False,
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Work:
         """Starts an allreduce on the group's worker thread; ``.wait()`` gives the result."""
-        return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True)
+        return self._run(
+            "allreduce", x, op, algo, 0, inplace, out, timeout, asynchronous=True, compress=compress
+        )
 
     def reduce_scatter_async(
         self,
@@ -178,9 +187,21 @@ class ProcessGroup:
         algo: str = "auto",
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Work:
         """:meth:`reduce_scatter` on the group's worker thread."""
-        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout, asynchronous=True)
+        return self._run(
+            "reduce_scatter",
+            x,
+            op,
+            algo,
+            0,
+            False,
+            out,
+            timeout,
+            asynchronous=True,
+            compress=compress,
+        )
 
     def allgather_async(
         self, x: Any, algo: str = "auto", out: Any = None, timeout: float | None = None
@@ -222,9 +243,11 @@ class ProcessGroup:
         algo: str = "auto",
         out: Any = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> Any:
-        """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly)."""
-        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout)
+        """Rank r gets chunk r of the reduction (rows of axis 0 when it divides evenly).
+        ``compress=``: as in :meth:`allreduce`."""
+        return self._run("reduce_scatter", x, op, algo, 0, False, out, timeout, compress=compress)
 
     def allgather(
         self, x: Any, algo: str = "auto", out: Any = None, timeout: float | None = None
@@ -382,6 +405,7 @@ class ProcessGroup:
         out: Any,
         timeout: float | None,
         asynchronous: bool = False,
+        compress: str | None = None,
     ) -> Any:
         if not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")
@@ -389,8 +413,15 @@ class ProcessGroup:
             raise TypeError(f"algo must be a string, got {type(algo).__name__}")
         reduce_op = parse_op(op)
         if algo == "nccl" or (type(x).__module__ != "numpy" and is_device_tensor(x)):
+            if compress is not None:
+                raise ValueError(
+                    f"{self._where}: compress={compress!r} applies to host tensors on "
+                    "pycollective's own links; NCCL moves device tensors as they are: drop compress="
+                )
             return self._run_nccl(kind, x, reduce_op, algo, root, inplace, out, asynchronous)
-        call, spec = self._host_call(kind, x, reduce_op, algo, root, inplace, out, timeout)
+        call, spec = self._host_call(
+            kind, x, reduce_op, algo, root, inplace, out, timeout, compress
+        )
         comm = self._world.comm
         if asynchronous:
             return Work(
@@ -412,6 +443,7 @@ class ProcessGroup:
         inplace: bool,
         out: Any,
         timeout: float | None,
+        compress: str | None = None,
     ) -> tuple[Prepared, Any]:
         """This rank's checked buffers for a call of host tensors and its native CallSpec."""
         reduce_op = parse_op(op)
@@ -437,6 +469,7 @@ class ProcessGroup:
             algo,
             shape_hash(call.inp.shape),
             self._world.timeout if timeout is None else float(timeout),
+            wire_code(compress, where),
         )
         return call, spec
 
@@ -914,9 +947,10 @@ def allreduce(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> Any:
     """Every rank gets the reduction (sum, prod, min, max, avg) of all ranks' tensors."""
-    return _group(group).allreduce(x, op, algo, inplace, out, timeout)
+    return _group(group).allreduce(x, op, algo, inplace, out, timeout, compress)
 
 
 def prepare_allreduce(
@@ -927,11 +961,12 @@ def prepare_allreduce(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> PreparedCall:
     """``allreduce`` prepared once to run many times on the same buffers
     (:meth:`ProcessGroup.prepare_allreduce`): ``plan = prepare_allreduce(x, out=y)``, then
     ``plan()`` in the loop."""
-    return _group(group).prepare_allreduce(x, op, algo, inplace, out, timeout)
+    return _group(group).prepare_allreduce(x, op, algo, inplace, out, timeout, compress)
 
 
 def allreduce_async(
@@ -942,9 +977,10 @@ def allreduce_async(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> Work:
     """Starts an allreduce; ``.wait()`` on the returned Work gives the result."""
-    return _group(group).allreduce_async(x, op, algo, inplace, out, timeout)
+    return _group(group).allreduce_async(x, op, algo, inplace, out, timeout, compress)
 
 
 def reduce_scatter(
@@ -954,8 +990,9 @@ def reduce_scatter(
     out: Any = None,
     group: ProcessGroup | None = None,
     timeout: float | None = None,
+    compress: str | None = None,
 ) -> Any:
-    return _group(group).reduce_scatter(x, op, algo, out, timeout)
+    return _group(group).reduce_scatter(x, op, algo, out, timeout, compress)
 
 
 def allgather(

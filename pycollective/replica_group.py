@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pycollective import config, process_group
+from pycollective._calls import wire_code
 from pycollective._ext import _C
 from pycollective.errors import CollectiveError
 from pycollective.local import check_replica_lists, run_host
@@ -86,10 +87,12 @@ class ReplicaGroup:
         inplace: bool = False,
         out: Sequence[Any] | None = None,
         timeout: float | None = None,
+        compress: str | None = None,
     ) -> list[Any]:
         """Every local replica gets the reduction over every replica of every process (one host
         tensor per local replica; ``op``, ``inplace`` and ``out`` as for
-        ``LocalCommunicator.allreduce``; "avg" divides by :attr:`size`)."""
+        ``LocalCommunicator.allreduce``; "avg" divides by :attr:`size`; ``compress`` as for
+        ``pycollective.allreduce``: it applies to the links between processes)."""
         check_replica_lists("allreduce", self.num_local_replicas, tensors, out)
         try:
             return run_host(
@@ -102,6 +105,7 @@ class ReplicaGroup:
                 inplace,
                 self._timeout if timeout is None else float(timeout),
                 out,
+                wire_code(compress, "ReplicaGroup.allreduce"),
             )
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None

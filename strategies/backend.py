@@ -414,6 +414,10 @@ class MultiWorkerBackend(CollectiveBackend):
 
     Gathers and broadcasts are rare (metrics, initial values) and run in three steps: local,
     across workers (the process group), local.
+
+    ``compress`` ("bf16"/"fp16"): float32 all-reduces send 16-bit values between workers;
+    ``error_feedback`` carries each optimizer bucket's rounding residue into the next step
+    (``pycollective.ErrorFeedback``; one local replica per worker).
     """
 
     def __init__(
@@ -423,6 +427,8 @@ class MultiWorkerBackend(CollectiveBackend):
         timeout: float | None = None,
         worker_index: int | None = None,
         num_workers: int | None = None,
+        compress: str | None = None,
+        error_feedback: bool = False,
     ) -> None:
         super().__init__(algorithm, timeout)
         self.num_local_replicas = num_local_replicas
@@ -434,6 +440,14 @@ class MultiWorkerBackend(CollectiveBackend):
         self._timeout_kw = _accepts_timeout()
         self._scratch: dict[np.dtype, np.ndarray] = {}
         self._replica_group: pc.ReplicaGroup | None = None
+        if error_feedback and num_local_replicas > 1:
+            raise ValueError(
+                "error_feedback needs one replica per worker: what crosses the network is the "
+                "sum of a worker's replicas, whose rounding no replica sees. Set "
+                "PYCOLLECTIVE_CPU_REPLICAS=1, or drop error_feedback"
+            )
+        self.compress = compress
+        self._feedback = pc.ErrorFeedback(compress) if error_feedback and compress else None
 
     def __repr__(self) -> str:
         return (
@@ -441,8 +455,12 @@ class MultiWorkerBackend(CollectiveBackend):
             f"{self.num_local_replicas} local replicas, algorithm={self.algorithm!r})"
         )
 
-    def _kw(self) -> dict[str, Any]:
-        return {"timeout": self.timeout} if self._timeout_kw else {}
+    def _kw(self, dtype: np.dtype | None = None) -> dict[str, Any]:
+        """Keywords of the cross-worker calls; ``compress`` for float32 data."""
+        kw: dict[str, Any] = {"timeout": self.timeout} if self._timeout_kw else {}
+        if self.compress is not None and dtype == np.float32:
+            kw["compress"] = self.compress
+        return kw
 
     def _local_broadcast(self, buf: np.ndarray) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
@@ -463,9 +481,12 @@ class MultiWorkerBackend(CollectiveBackend):
     ) -> list[np.ndarray]:
         native = "avg" if op == ReduceOp.MEAN else "sum"
         if self.num_local_replicas > 1:
-            return self.replica_group.allreduce(list(arrays), op=native, inplace=owned)
+            compress = self._kw(arrays[0].dtype).get("compress")
+            return self.replica_group.allreduce(
+                list(arrays), op=native, inplace=owned, compress=compress
+            )
         x = _tensors.contiguous(arrays[0])
-        out = pc.allreduce(x, op=native, algo=self._cross_algo, inplace=owned, **self._kw())
+        out = pc.allreduce(x, op=native, algo=self._cross_algo, inplace=owned, **self._kw(x.dtype))
         return [_tensors.to_numpy(out)]
 
     def apply_update(
@@ -495,8 +516,10 @@ class MultiWorkerBackend(CollectiveBackend):
         alone = [i for i, a in enumerate(first) if a.nbytes >= SEND_ALONE_BYTES]
         small = [i for i, a in enumerate(first) if a.nbytes < SEND_ALONE_BYTES]
         # The fused collective's schedule is the ring's: it stands in for "ring" and "auto",
-        # not for an algorithm the user named instead.
-        if not fused_update.RULES[rule][1] and self._cross_algo in ("auto", "ring"):
+        # not for an algorithm the user named instead. It sends state, not gradients: never
+        # compressed.
+        fusable = self._cross_algo in ("auto", "ring") and self.compress is None
+        if not fused_update.RULES[rule][1] and fusable:
             for group in _by_dtype([first[i] for i in alone]):
                 self._allreduce_apply(
                     rule, hyper, per_replica, replicated, [alone[j] for j in group]
@@ -508,7 +531,7 @@ class MultiWorkerBackend(CollectiveBackend):
         ]
         for pack in packs:
             buf = self._scratch_for(first[pack[0]].dtype, sum(first[i].size for i in pack))
-            self._sum_into(buf, [[ts[i] for i in pack] for ts in per_replica])
+            self._sum_into(buf, [[ts[i] for i in pack] for ts in per_replica], key=pack[0])
             tensors, offset = [], 0
             for i in pack:
                 view = buf[offset : offset + first[i].size].reshape(first[i].shape)
@@ -594,26 +617,31 @@ class MultiWorkerBackend(CollectiveBackend):
             )
         return buf
 
-    def _sum_into(self, buf: np.ndarray, per_replica: Sequence[Sequence[np.ndarray]]) -> None:
-        """``buf`` = the sum over all replicas in sync of the concatenated tensors."""
+    def _sum_into(
+        self, buf: np.ndarray, per_replica: Sequence[Sequence[np.ndarray]], key: object = None
+    ) -> None:
+        """``buf`` = the sum over all replicas in sync of the concatenated tensors. ``key``
+        names the bucket across steps (its error-feedback residue, with compression)."""
+        kw = self._kw(buf.dtype)
+        feedback = self._feedback if "compress" in kw and key is not None else None
         with self._lock:
             self.call_counts["allreduce"] += 1
-            if self.num_local_replicas == 1 and len(per_replica[0]) == 1:
+            if self.num_local_replicas == 1 and len(per_replica[0]) == 1 and feedback is None:
                 pc.allreduce(
-                    per_replica[0][0].reshape(-1),
-                    op="sum",
-                    algo=self._cross_algo,
-                    out=buf,
-                    **self._kw(),
+                    per_replica[0][0].reshape(-1), op="sum", algo=self._cross_algo, out=buf, **kw
                 )
                 return
             np.concatenate([t.reshape(-1) for t in per_replica[0]], out=buf)
             if self.num_local_replicas == 1:
-                pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **self._kw())
+                if feedback is not None:
+                    feedback.add_residue(key, buf)
+                pc.allreduce(buf, op="sum", algo=self._cross_algo, inplace=True, **kw)
                 return
             # Every replica's pack is summed in place; replica 0's is buf.
             others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
-            self.replica_group.allreduce([buf] + others, op="sum", inplace=True)
+            self.replica_group.allreduce(
+                [buf] + others, op="sum", inplace=True, compress=kw.get("compress")
+            )
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         shape = arrays[0].shape

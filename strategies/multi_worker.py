@@ -144,6 +144,8 @@ class MultiWorkerMirroredStrategy(Strategy):
                 options.timeout_seconds,
                 worker_index=rank,
                 num_workers=num_workers,
+                compress=options.compress,
+                error_feedback=options.error_feedback,
             )
         else:
             backend = LocalBackend(local, algorithm, options.timeout_seconds)

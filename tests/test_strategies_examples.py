@@ -49,29 +49,33 @@ def test_train_digits_torch(capsys):
     assert accuracy >= 0.9, capsys.readouterr().out
 
 
+def _train_multi_worker(*extra: str, **env_vars: str) -> tuple[float, str]:
+    """examples/train_digits.py --multi-worker on 2 workers; its final accuracy and output."""
+    cmd = [sys.executable, "-m", "pycollective.cli", "run", "-n", "2", "--timeout", "90"]
+    cmd += [sys.executable, str(EXAMPLES / "train_digits.py"), "--multi-worker", *extra]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(PYCOLLECTIVE_TIMEOUT="30", **env_vars)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    final = [line for line in out.splitlines() if "[rank 0] final test accuracy" in line]
+    assert final, out[-4000:]
+    return float(final[-1].split()[-1]), out
+
+
 @pytest.mark.timeout(120)
 def test_train_digits_multi_worker():
     if not hasattr(pc, "init"):
         pytest.skip("pycollective has no process groups (pycollective.init) in this build")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pycollective.cli",
-        "run",
-        "-n",
-        "2",
-        "--timeout",
-        "90",
-        sys.executable,
-        str(EXAMPLES / "train_digits.py"),
-        "--multi-worker",
-        "--epochs",
-        "2",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(PYCOLLECTIVE_TIMEOUT="30", PYCOLLECTIVE_CPU_REPLICAS="2")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    _, out = _train_multi_worker("--epochs", "2", PYCOLLECTIVE_CPU_REPLICAS="2")
     assert "[rank 0] MultiWorkerMirroredStrategy: 4 replicas" in out, out[-4000:]
-    assert "[rank 0] final test accuracy" in out, out[-4000:]
+
+
+@pytest.mark.timeout(240)
+def test_train_digits_compressed_reaches_the_uncompressed_accuracy():
+    """Over tcp (so every gradient crosses a network link as bfloat16), with error feedback."""
+    args = ("--epochs", "2")
+    env = {"PYCOLLECTIVE_CPU_REPLICAS": "1", "PYCOLLECTIVE_TRANSPORT": "tcp"}
+    plain, _ = _train_multi_worker(*args, **env)
+    compressed, out = _train_multi_worker(*args, "--compress", "bf16", "--error-feedback", **env)
+    assert compressed >= plain - 0.01, (plain, compressed, out[-3000:])

@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "reduce/wire_codec.h"
 #include "transport/frame.h"
 
 namespace pycollective {
@@ -48,6 +49,8 @@ struct CollectiveArgs {
   // through the same Exchange calls (copy, scratch, reduce), which then use DeviceOps.
   int device = -1;
   void* stream = nullptr;  // with device >= 0: the stream in/out are ordered on
+  // float32 allreduce/reduce_scatter: how values cross network links (Exchange applies it).
+  WireFormat wire = WireFormat::kNative;
   // Pairwise kinds: one entry per group rank (owned by the caller for the whole call).
   const PeerBuffer* peers = nullptr;
 };

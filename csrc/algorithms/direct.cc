@@ -77,7 +77,7 @@ class Direct : public Algorithm {
   }
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
-    const LinkCost& c = costOf(g);
+    const LinkCost c = costOf(g, a);
     const double n = g.size(), S = a.count * elementSize(a.dtype);
     // Two all-to-all rounds of tiny messages, then one read of the inputs and one write of
     // the outputs, spread over the ranks.

@@ -23,6 +23,8 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
   s.header.algo = algoIndex;
   s.header.root = args.root;
   s.header.updateRule = args.updateRule;
+  s.header.wire = static_cast<uint8_t>(args.wire);
+  s.wire = args.wire;
   bool reduces = reducesData(args.kind);
   s.dtype = args.dtype;
   s.elemSize = elementSize(args.dtype);
@@ -83,11 +85,29 @@ RequestPtr completed() {
 }
 }  // namespace
 
+bool Exchange::encodes(int peer) {
+  return state_->wire != WireFormat::kNative && group_.link(peer).isNetwork();
+}
+
+uint16_t* Exchange::wireBuffer(size_t count) {
+  state_->wireBuffers.emplace_back(new uint16_t[count]);
+  return state_->wireBuffers.back().get();
+}
+
 RequestPtr Exchange::send(int peer, const void* data, size_t bytes) {
   if (bytes == 0) return completed();
   int g = group_.globalRank(peer);
   FrameHeader h = state_->header;
   h.step = state_->sendSteps[g]++;
+  if (encodes(peer)) {
+    // Encoded now, while the data is what the algorithm means to send: the link reads the
+    // encoded copy later, at its own pace.
+    const size_t count = bytes / sizeof(float);
+    uint16_t* wire = wireBuffer(count);
+    encodeWire(state_->wire, wire, static_cast<const float*>(data), count);
+    data = wire;
+    bytes = count * sizeof(uint16_t);
+  }
   h.bytes = bytes;
   return track(g, group_.link(peer).postSend(data, bytes, h), true);
 }
@@ -106,6 +126,20 @@ RequestPtr Exchange::postRecv(int peer, void* dst, const void* accum, size_t byt
   int g = group_.globalRank(peer);
   FrameHeader h = state_->header;
   h.step = state_->recvSteps[g]++;
+  if (encodes(peer)) {
+    const size_t count = bytes / sizeof(float);
+    uint16_t* wire = wireBuffer(count);
+    RecvSpec spec;
+    spec.dst = wire;
+    spec.bytes = count * sizeof(uint16_t);
+    spec.elemSize = sizeof(uint16_t);
+    h.bytes = spec.bytes;
+    RequestPtr request = track(g, group_.link(peer).postRecv(spec, h), false);
+    state_->decodes.push_back(Decode{request, static_cast<float*>(dst),
+                                     static_cast<const float*>(accum != nullptr ? accum : dst),
+                                     wire, count, reduce});
+    return request;
+  }
   h.bytes = bytes;
   RecvSpec spec;
   spec.dst = dst;
@@ -122,6 +156,12 @@ RequestPtr Exchange::postRecv(int peer, void* dst, const void* accum, size_t byt
 
 void Exchange::reduceLocal(void* dst, const void* a, const void* b, size_t bytes) const {
   if (bytes == 0) return;
+  if (state_->wire != WireFormat::kNative) {
+    reduceRounded(state_->wire, state_->reduce, static_cast<float*>(dst),
+                  static_cast<const float*>(a), static_cast<const float*>(b),
+                  bytes / sizeof(float));
+    return;
+  }
   reduceParallel(state_->reduce, dst, a, b, bytes / state_->elemSize, state_->elemSize,
                  state_->reduceThreads);
 }
@@ -153,21 +193,35 @@ void Exchange::prune() {
       f.end());
 }
 
+void Exchange::decode(Decode& d) {
+  if (d.done) return;
+  d.done = true;
+  if (d.reduce)
+    decodeReduce(state_->wire, state_->reduce, d.dst, d.accum, d.incoming, d.count);
+  else
+    decodeWire(state_->wire, d.dst, d.incoming, d.count);
+}
+
 void Exchange::wait(const RequestPtr& request) {
-  if (request->done.load(std::memory_order_acquire)) return;
-  const Pending* mine = nullptr;
-  for (const auto& p : state_->inFlight)
-    if (p.request == request) mine = &p;
-  PC_ASSERT(mine != nullptr, "waiting for a request this call did not post");
-  Pending copy = *mine;
-  state_->comm->waitAll({copy}, state_->activeLinks, state_->deadline, state_->header);
-  prune();
+  if (!request->done.load(std::memory_order_acquire)) {
+    const Pending* mine = nullptr;
+    for (const auto& p : state_->inFlight)
+      if (p.request == request) mine = &p;
+    PC_ASSERT(mine != nullptr, "waiting for a request this call did not post");
+    Pending copy = *mine;
+    state_->comm->waitAll({copy}, state_->activeLinks, state_->deadline, state_->header);
+    prune();
+  }
+  for (Decode& d : state_->decodes)
+    if (d.request == request) decode(d);
 }
 
 void Exchange::waitAll() {
   prune();
   state_->comm->waitAll(state_->inFlight, state_->activeLinks, state_->deadline, state_->header);
   state_->inFlight.clear();
+  for (Decode& d : state_->decodes) decode(d);
+  state_->decodes.clear();
 }
 
 }  // namespace pycollective

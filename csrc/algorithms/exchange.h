@@ -2,6 +2,9 @@
 // The per-call context an algorithm uses to talk to its peers: it stamps every message with the
 // call's header (and a per-link step counter both ends count alike), remembers what is in flight
 // and waits for it under the call's deadline. Sub-groups (hierarchical) share one call state.
+// With a compressed wire format (CollectiveArgs::wire) it also encodes what it sends over
+// network links and decodes what arrives from them when the receive is waited for, so the
+// algorithms run unchanged (reduce/wire_codec.h has the rules that keep ranks identical).
 #include <cstring>
 #include <memory>
 #include <string>
@@ -9,6 +12,7 @@
 
 #include "algorithms/algorithm.h"
 #include "reduce/reduce.h"
+#include "reduce/wire_codec.h"
 
 namespace pycollective {
 
@@ -33,7 +37,8 @@ class Exchange {
   // dst = accum OP incoming (accum == nullptr: dst OP incoming).
   RequestPtr recvReduce(int peer, void* dst, const void* accum, size_t bytes);
 
-  // Local work that belongs to the call: dst = a OP b over `bytes`.
+  // Local work that belongs to the call: dst = a OP b over `bytes` (a compressed call rounds
+  // a and b to its wire format first, as it does with received data).
   void reduceLocal(void* dst, const void* a, const void* b, size_t bytes) const;
 
   // Like copy(), for results written to memory this rank will not read again (another rank's
@@ -57,10 +62,22 @@ class Exchange {
   // data[i] *= factor over `count` elements of the call's dtype (avg's final scale).
   void scale(void* data, size_t count, double factor) const;
 
+  // Completes `request` (and, for a compressed receive, decodes it into its destination).
   void wait(const RequestPtr& request);
   void waitAll();
 
  private:
+  // A compressed receive waiting to be decoded once its 16-bit payload is in.
+  struct Decode {
+    RequestPtr request;
+    float* dst;
+    const float* accum;  // with reduce: dst = round(accum) OP incoming
+    const uint16_t* incoming;
+    size_t count;
+    bool reduce;
+    bool done = false;
+  };
+
   struct CallState {
     ~CallState();  // device calls: makes the caller's device current again
     int previousDevice = -1;
@@ -77,6 +94,9 @@ class Exchange {
     std::vector<uint32_t> sendSteps, recvSteps;  // per global peer
     std::vector<Pending> inFlight;
     std::vector<Link*> activeLinks;
+    WireFormat wire = WireFormat::kNative;
+    std::vector<std::unique_ptr<uint16_t[]>> wireBuffers;  // encoded payloads, kept to the end
+    std::vector<Decode> decodes;
   };
 
   Exchange(Group group, std::shared_ptr<CallState> state)
@@ -84,6 +104,9 @@ class Exchange {
   RequestPtr track(int globalPeer, RequestPtr request, bool isSend);
   RequestPtr postRecv(int peer, void* dst, const void* accum, size_t bytes, bool reduce);
   void prune();
+  bool encodes(int peer);              // whether messages to/from `peer` use the wire format
+  uint16_t* wireBuffer(size_t count);  // a buffer for `count` encoded elements, for this call
+  void decode(Decode& d);
 
   Group group_;
   std::shared_ptr<CallState> state_;

@@ -213,7 +213,7 @@ class HalvingDoubling : public Algorithm {
   }
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
-    const LinkCost& c = costOf(g);
+    const LinkCost c = costOf(g, a);
     const int n = g.size();
     const double S = a.count * elementSize(a.dtype);
     const double p = floorPow2(n), L = log2Floor(n);

@@ -78,7 +78,7 @@ class Hierarchical : public Algorithm {
     // A layout of one host or one rank per host is just a ring: leave it to the ring.
     if (L == 1 || H == 1) return 1e30;
     const LinkCost& lc = g.comm().localCost;
-    const LinkCost& rc = H > 1 ? g.comm().remoteCost : lc;
+    const LinkCost rc = onWire(g.comm().remoteCost, a);
     const double S = a.count * elementSize(a.dtype);
     double local =
         2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * lc.beta + (L - 1) / L * S * lc.gamma;

@@ -30,7 +30,7 @@ class Pairwise : public Algorithm {
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
     // One message per peer; `count` is the largest per-peer block (bytes per message).
-    const LinkCost& c = costOf(g);
+    const LinkCost c = costOf(g, a);
     const double n = g.size(), S = a.count * elementSize(a.dtype);
     return (n - 1) * (c.alpha + S * c.beta);
   }

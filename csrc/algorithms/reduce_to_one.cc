@@ -57,7 +57,7 @@ class ReduceToOne : public Algorithm {
   std::string unsupported(const Group&, const CollectiveArgs&) const override { return ""; }
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
-    const LinkCost& c = costOf(g);
+    const LinkCost c = costOf(g, a);
     const double n = g.size(), S = a.count * elementSize(a.dtype);
     const double in = (n - 1) * (c.alpha + S * (c.beta + c.gamma));
     const double outAll = (n - 1) * (c.alpha + S * c.beta);

@@ -135,6 +135,28 @@ void checkRoot(const Group& group, const CollectiveArgs& args) {
            " is out of range for a group of ", group.size(), " ranks");
 }
 
+void checkCompressible(const Group& group, const CollectiveArgs& args) {
+  const std::string who = group.comm().who();
+  const char* format = wireFormatName(args.wire);
+  PC_CHECK(args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduceScatter,
+           who, " compress=\"", format, "\" applies to allreduce and reduce_scatter, not ",
+           collectiveName(args.kind), "; drop compress=");
+  PC_CHECK(args.dtype == DType::kFloat32, who, " compress=\"", format,
+           "\" sends float32 values as 16 bits, but this tensor is ", dtypeName(args.dtype),
+           "; drop compress= (or convert the tensor to float32)");
+  PC_CHECK(args.device < 0, who, " compress=\"", format,
+           "\" applies to host tensors on pycollective's own links; device tensors go through "
+           "NCCL: drop compress=");
+}
+
+// The output of a compressed call, rounded to the wire format on every rank (wire_codec.h).
+void roundOutput(const Group& group, const CollectiveArgs& args) {
+  const size_t count = args.kind == CollectiveKind::kAllreduce
+                           ? args.count
+                           : Chunks(args.count, group.size()).size(group.rank());
+  roundToWire(args.wire, static_cast<float*>(args.out), count);
+}
+
 }  // namespace
 
 Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo,
@@ -152,6 +174,7 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
   checkRoot(group, args);
   // Fails with InvalidType for an integer avg, before anything moves.
   if (reducesData(args.kind)) lookupReduce(args.dtype, args.op);
+  if (args.wire != WireFormat::kNative) checkCompressible(group, args);
 
   const Algorithm* algo = nullptr;
   const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);
@@ -186,6 +209,9 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
 
 void runWith(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo) {
   Exchange ex = runSchedule(group, groupId, args, algo, [&](Exchange& e) { algo.run(e, args); });
+  // Rounded before avg's scale: a value one rank kept in float32 and its rounded copy on another
+  // rank round alike, but scaled first they need not.
+  if (args.wire != WireFormat::kNative) roundOutput(group, args);
   if (args.op == ReduceOp::kAvg) {
     const double scale = 1.0 / group.size();
     switch (args.kind) {
@@ -240,11 +266,19 @@ const char* algorithmName(uint8_t index) {
 [[maybe_unused]] const bool kAlgorithmNamerRegistered =
     (registerAlgorithmNamer(&algorithmName), true);
 
-const LinkCost& costOf(const Group& group) {
+LinkCost onWire(LinkCost network, const CollectiveArgs& args) {
+  if (args.wire == WireFormat::kNative) return network;
+  const double shrink = static_cast<double>(wireElementSize(args.wire)) / sizeof(float);
+  network.beta *= shrink;
+  network.gamma *= 2;  // the reduction also decodes, and the sender encodes
+  return network;
+}
+
+LinkCost costOf(const Group& group, const CollectiveArgs& args) {
   const auto& hosts = group.comm().hostOf();
   int first = hosts[group.globalRank(0)];
   for (int i = 1; i < group.size(); ++i)
-    if (hosts[group.globalRank(i)] != first) return group.comm().remoteCost;
+    if (hosts[group.globalRank(i)] != first) return onWire(group.comm().remoteCost, args);
   return group.comm().localCost;
 }
 

@@ -22,8 +22,12 @@ double bestModelCost(const Group& group, const CollectiveArgs& args);
 // Name of the algorithm with this wire index ("?" if unknown).
 const char* algorithmName(uint8_t index);
 
-// The cost parameters of the links a group uses (remote if it spans hosts).
-const LinkCost& costOf(const Group& group);
+// The cost parameters of the links a call uses (remote if the group spans hosts), with its wire
+// format applied to remote links.
+LinkCost costOf(const Group& group, const CollectiveArgs& args);
+// A network link's cost for a call with this wire format: 16-bit values halve the bytes and add
+// an encoding and a decoding pass.
+LinkCost onWire(LinkCost network, const CollectiveArgs& args);
 
 // Checks the call, picks the algorithm ("auto" = cheapest by the cost model among those that
 // support the call; PYCOLLECTIVE_DEBUG=INFO prints the table), runs it on this rank and applies

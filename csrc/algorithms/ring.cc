@@ -218,10 +218,6 @@ void chain(Exchange& ex, int position, int prevRank, int nextRank, const char* f
   ex.waitAll();
 }
 
-double groupLinkCost(const Group& g, double LinkCost::* field) {
-  return costOf(g).*field;
-}
-
 class RingAlgorithm : public Algorithm {
  public:
   const char* name() const override { return "ring"; }
@@ -230,9 +226,8 @@ class RingAlgorithm : public Algorithm {
 
   double cost(const Group& g, const CollectiveArgs& a) const override {
     const double n = g.size(), S = a.count * elementSize(a.dtype);
-    const double alpha = groupLinkCost(g, &LinkCost::alpha);
-    const double beta = groupLinkCost(g, &LinkCost::beta);
-    const double gamma = groupLinkCost(g, &LinkCost::gamma);
+    const LinkCost c = costOf(g, a);
+    const double alpha = c.alpha, beta = c.beta, gamma = c.gamma;
     const double seg = static_cast<double>(a.segmentBytes ? a.segmentBytes : 262144);
     // Each chunk travels in segments: the pipeline hides their transfers but not one message's
     // fixed cost per segment (between threads a wake-up each: with 2 in-process replicas at

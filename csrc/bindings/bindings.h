@@ -44,8 +44,9 @@ struct CallSpec {
   int root = 0;
   std::string algo = "auto";
   uint32_t shapeHash = 0;
-  size_t segmentBytes = 0;  // 0 = PYCOLLECTIVE_SEGMENT_BYTES
-  double timeout = 0;       // seconds; 0 = the communicator's timeout
+  size_t segmentBytes = 0;                // 0 = PYCOLLECTIVE_SEGMENT_BYTES
+  double timeout = 0;                     // seconds; 0 = the communicator's timeout
+  WireFormat wire = WireFormat::kNative;  // compress=: how values cross network links
 
   // The native call on these buffers (0 for none).
   CollectiveArgs args(uintptr_t in = 0, uintptr_t out = 0) const;

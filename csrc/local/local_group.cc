@@ -134,6 +134,9 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
       runOnReplicas(args, "hierarchical");
     return;
   }
+  PC_CHECK(args[0].wire == WireFormat::kNative, "compress=\"", wireFormatName(args[0].wire),
+           "\" changes how values cross network links, and replicas in one process have "
+           "none: drop compress=");
   if (algo == kInlineAlgorithm || (algo == "auto" && inlineIsBest(args))) {
     // The checks runCollective makes before anything moves.
     Communicator& first = *comms_[0];

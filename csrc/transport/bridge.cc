@@ -107,6 +107,8 @@ class BridgeLink : public Link {
     }
   }
 
+  bool isNetwork() const override { return true; }
+
   std::string describe() const override {
     return end_->via_ + " -> rank " + std::to_string(end_->peer_);
   }

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <sstream>
 
+#include "reduce/wire_codec.h"
+
 namespace pycollective {
 
 const char* collectiveName(CollectiveKind kind) {
@@ -62,6 +64,7 @@ std::string describeCall(const FrameHeader& h) {
   if (kind == CollectiveKind::kSendRecv) os << ", from group rank " << h.root;
   if (kind == CollectiveKind::kAllreduceUpdate)
     os << ", update rule " << updateRuleName(h.updateRule);
+  if (h.wire != 0) os << ", compressed to " << wireFormatName(static_cast<WireFormat>(h.wire));
   os << ")";
   return os.str();
 }
@@ -86,6 +89,8 @@ std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got) 
   field("op", opName(static_cast<ReduceOp>(expected.op)), opName(static_cast<ReduceOp>(got.op)));
   field("root", std::to_string(expected.root), std::to_string(got.root));
   field("update rule", updateRuleName(expected.updateRule), updateRuleName(got.updateRule));
+  field("compress", wireFormatName(static_cast<WireFormat>(expected.wire)),
+        wireFormatName(static_cast<WireFormat>(got.wire)));
   std::string fields = os.str();
   if (fields.empty()) {
     // Same call: only the step or size can differ, which is a pycollective bug.

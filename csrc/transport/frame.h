@@ -55,7 +55,8 @@ struct FrameHeader {
   uint8_t algo = 0;        // index in the algorithm registry
   int32_t root = 0;        // broadcast/reduce/gather/scatter: the root; send/recv: the sender
   uint8_t updateRule = 0;  // allreduce_update: the optimizer rule (optim/replicated_update.h)
-  uint8_t reserved[3] = {0, 0, 0};
+  uint8_t wire = 0;        // how values cross network links (reduce/wire_codec.h WireFormat)
+  uint8_t reserved[2] = {0, 0};
 };
 static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
 

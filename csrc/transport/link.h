@@ -82,6 +82,10 @@ class Link {
   // True when the peer lives in this address space, so its buffers may be read and written
   // directly (the "direct" algorithm); pointers then travel as ordinary messages.
   virtual bool sharesMemory() const { return false; }
+
+  // True when bytes cross a network (tcp, the grpc bridge) rather than memory: only such links
+  // carry a compressed wire format (reduce/wire_codec.h); encoding for memory would only cost.
+  virtual bool isNetwork() const { return false; }
 };
 
 }  // namespace pycollective

@@ -75,6 +75,8 @@ class TcpLink : public Link {
     if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
   }
 
+  bool isNetwork() const override { return true; }
+
   std::string describe() const override {
     return "tcp " + address_ + " -> rank " + std::to_string(peer_);
   }

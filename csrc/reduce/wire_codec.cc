@@ -1,0 +1,94 @@
+#include "reduce/wire_codec.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "reduce/half.h"
+
+namespace pycollective {
+
+namespace {
+
+// Work in pieces that stay in L1, so a round trip through 16 bits costs one pass over memory.
+constexpr size_t kPiece = 1024;
+
+void encodePiece(WireFormat format, uint16_t* dst, const float* src, size_t n) {
+  if (format == WireFormat::kBf16)
+    floatToBf16N(dst, src, n);
+  else
+    floatToFp16N(dst, src, n);
+}
+
+void decodePiece(WireFormat format, float* dst, const uint16_t* src, size_t n) {
+  if (format == WireFormat::kBf16)
+    bf16ToFloatN(dst, src, n);
+  else
+    fp16ToFloatN(dst, src, n);
+}
+
+// dst = decode(encode(src)) for n <= kPiece elements; dst may alias src.
+void roundPiece(WireFormat format, float* dst, const float* src, size_t n) {
+  uint16_t bits[kPiece];
+  encodePiece(format, bits, src, n);
+  decodePiece(format, dst, bits, n);
+}
+
+void checkCompressed(WireFormat format) {
+  PC_ASSERT(format == WireFormat::kBf16 || format == WireFormat::kFp16,
+            "a wire codec call needs a 16-bit format, got ", wireFormatName(format));
+}
+
+}  // namespace
+
+const char* wireFormatName(WireFormat format) {
+  switch (format) {
+    case WireFormat::kNative: return "native";
+    case WireFormat::kBf16: return "bf16";
+    case WireFormat::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+void encodeWire(WireFormat format, uint16_t* dst, const float* src, size_t count) {
+  checkCompressed(format);
+  encodePiece(format, dst, src, count);
+}
+
+void decodeWire(WireFormat format, float* dst, const uint16_t* src, size_t count) {
+  checkCompressed(format);
+  decodePiece(format, dst, src, count);
+}
+
+void decodeReduce(WireFormat format, ReduceFn reduce, float* dst, const float* accum,
+                  const uint16_t* incoming, size_t count) {
+  checkCompressed(format);
+  float mine[kPiece], theirs[kPiece];
+  for (size_t i = 0; i < count; i += kPiece) {
+    const size_t n = std::min(kPiece, count - i);
+    roundPiece(format, mine, accum + i, n);
+    decodePiece(format, theirs, incoming + i, n);
+    reduce(dst + i, mine, theirs, n);
+  }
+}
+
+void reduceRounded(WireFormat format, ReduceFn reduce, float* dst, const float* a, const float* b,
+                   size_t count) {
+  checkCompressed(format);
+  float first[kPiece], second[kPiece];
+  for (size_t i = 0; i < count; i += kPiece) {
+    const size_t n = std::min(kPiece, count - i);
+    roundPiece(format, first, a + i, n);
+    roundPiece(format, second, b + i, n);
+    reduce(dst + i, first, second, n);
+  }
+}
+
+void roundToWire(WireFormat format, float* data, size_t count) {
+  checkCompressed(format);
+  for (size_t i = 0; i < count; i += kPiece) {
+    const size_t n = std::min(kPiece, count - i);
+    roundPiece(format, data + i, data + i, n);
+  }
+}
+
+}  // namespace pycollective

@@ -1,0 +1,111 @@
+"""Compressed all-reduce (``compress="bf16"``/``"fp16"``): 16-bit values on network links,
+float32 accumulation, results within the 16-bit rounding bound of the exact sum (numpy, in
+float64) and identical on every rank, under every algorithm that runs over network links."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from multiproc import run_ranks
+
+# Unit roundoff of each format (half its machine epsilon).
+ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+
+
+def _inputs(rank: int, count: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 + rank)
+    # Mixed magnitudes, so rounding matters at every element, and fp16's range is respected.
+    return (rng.standard_normal(count) * rng.choice([0.01, 1.0, 100.0], count)).astype(np.float32)
+
+
+def _representable(y: np.ndarray, fmt: str) -> bool:
+    if fmt == "bf16":
+        return bool(np.all(y.view(np.uint32) & 0xFFFF == 0))
+    return bool(np.array_equal(y.astype(np.float16).astype(np.float32), y))
+
+
+def _check_compressed(rank, n, algo, fmt, count, op):
+    """Runs one compressed all-reduce, checks it against numpy; returns its digest."""
+    import pycollective as pc
+
+    x = _inputs(rank, count)
+    y = pc.allreduce(x, op=op, algo=algo, compress=fmt)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    everyone = np.stack([_inputs(r, count).astype(np.float64) for r in range(n)])
+    exact = everyone.sum(axis=0) / (n if op == "avg" else 1)
+    magnitude = np.abs(everyone).sum(axis=0) / (n if op == "avg" else 1)
+    # Each partial sum is rounded at most once per hop, the result once more.
+    bound = (n + 2) * ROUNDOFF[fmt] * magnitude + 1e-30
+    err = np.abs(y.astype(np.float64) - exact)
+    where = f"{algo} {fmt} {op} of {count}"
+    assert np.all(err <= bound), f"{where}: worst error {float((err / bound).max()):.2f}x the bound"
+    if op == "sum":
+        assert _representable(y, fmt), f"{where}: the result is not rounded to the wire format"
+    return hashlib.sha256(y.tobytes()).hexdigest()
+
+
+# (algo, format, elements, op). 300,007 elements take the pipelined paths; 1,001 take
+# halving-doubling's whole-vector exchanges (with 3 ranks, after its fold).
+TCP_CASES = [
+    ("ring", "bf16", 300_007, "sum"),
+    ("halving_doubling", "fp16", 300_007, "avg"),
+    ("halving_doubling", "bf16", 1_001, "sum"),
+    ("reduce_to_one", "bf16", 5_000, "sum"),
+    ("auto", "fp16", 70_001, "sum"),
+]
+
+
+def _over_tcp(rank, n):
+    """Every case, then calls compress must refuse (nothing moves), then ranks that disagree
+    on compress (which fails the group, so it comes last)."""
+    import pycollective as pc
+
+    pc.init(transport="tcp")
+    try:
+        digests = [_check_compressed(rank, n, *case) for case in TCP_CASES]
+        refusals = []
+        for kwargs in (
+            {"x": np.ones(8, np.float64), "compress": "bf16"},
+            {"x": np.ones(8, np.float32), "compress": "int8"},
+        ):
+            try:
+                pc.allreduce(**kwargs)
+                refusals.append("accepted")
+            except (ValueError, pc.CollectiveError) as exc:
+                refusals.append(str(exc))
+        try:
+            pc.allreduce(np.ones(4096, np.float32), compress="bf16" if rank == 0 else None)
+            mismatch = "no error"
+        except pc.CollectiveError as exc:
+            mismatch = str(exc)
+        return digests, refusals, mismatch
+    finally:
+        pc.shutdown()
+
+
+def test_compressed_allreduce_over_tcp():
+    results = run_ranks(_over_tcp, 3, timeout=90)
+    for i, case in enumerate(TCP_CASES):
+        assert len({digests[i] for digests, _, _ in results}) == 1, f"{case}: ranks disagree"
+    for _, (float64, unknown), mismatch in results:
+        assert "float64" in float64 and "drop compress=" in float64, float64
+        assert "'bf16' or 'fp16'" in unknown, unknown
+        assert "compress" in mismatch, mismatch
+
+
+def _hierarchical(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    try:
+        return _check_compressed(rank, n, "hierarchical", "bf16", 200_003, "sum")
+    finally:
+        pc.shutdown()
+
+
+def test_compressed_hierarchical_two_hosts_of_two():
+    """Shared memory inside each host (float32), tcp between them (bf16)."""
+    hosts = [{"PYCOLLECTIVE_HOST_ID": h} for h in ("a", "a", "b", "b")]
+    digests = run_ranks(_hierarchical, 4, per_rank_env=hosts, timeout=60)
+    assert len(set(digests)) == 1, "ranks ended with different results"
