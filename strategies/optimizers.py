@@ -297,12 +297,7 @@ class Optimizer:
             and fused_update.supported(states)
         ):
             rule, hyper = fused
-            scale = (
-                1.0 / backend.num_replicas_in_sync
-                if self.gradient_aggregation == ReduceOp.MEAN
-                else 1.0
-            )
-            hyper = dataclasses.replace(hyper, grad_scale=scale)
+            hyper = self._aggregating(hyper, backend)
             backend.apply_update(
                 rule,
                 hyper,
@@ -358,15 +353,22 @@ class Optimizer:
             )
         assert fused is not None
         rule, hyper = fused
+        backend.apply_sharded_update(
+            rule,
+            self._aggregating(hyper, backend),
+            per_replica,
+            lambda i, grads: self._replicated(variables[i], grads),
+        )
+
+    def _aggregating(self, hyper: fused_update.Hyper, backend: Any) -> fused_update.Hyper:
+        """``hyper`` with the gradient scale of this optimizer's aggregation: the native
+        kernels see the sum over all replicas in sync (MEAN: times 1/N)."""
         scale = (
             1.0 / backend.num_replicas_in_sync
             if self.gradient_aggregation == ReduceOp.MEAN
             else 1.0
         )
-        hyper = dataclasses.replace(hyper, grad_scale=scale)
-        backend.apply_sharded_update(
-            rule, hyper, per_replica, lambda i, grads: self._replicated(variables[i], grads)
-        )
+        return dataclasses.replace(hyper, grad_scale=scale)
 
     def _replicated(
         self, var: DistributedVariable, grads: list[np.ndarray]
