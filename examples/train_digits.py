@@ -6,6 +6,7 @@ in numpy with the gradients written out.
     pycollective run -n 2 python examples/train_digits.py --multi-worker
     pycollective run -n 2 python examples/train_digits.py --multi-worker --compress bf16 \
         --error-feedback                                    # 16-bit gradients between workers
+    srun -n 2 python examples/train_digits.py --multi-worker        # or mpirun -n 2 ...
 
 Each step, a global batch is split across the replicas; every replica computes the gradients
 of its share of the loss (per-example losses summed and divided by the *global* batch size,
@@ -22,10 +23,12 @@ all replicas.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 
+import pycollective
 from pycollective.strategies import (
     SGD,
     Adam,
@@ -178,6 +181,10 @@ def main(argv=None) -> float:
     args = parser.parse_args(argv)
 
     if args.multi_worker:
+        if not os.environ.get("TF_CONFIG"):
+            # srun, mpirun, torchrun or a PyTorchJob: join the group their environment
+            # describes; the strategy then runs on it (docs/launching.md).
+            pycollective.init()
         strategy = MultiWorkerMirroredStrategy(
             communication_options=CommunicationOptions(
                 compress=args.compress, error_feedback=args.error_feedback
@@ -248,8 +255,6 @@ def main(argv=None) -> float:
     if chief:
         print(f"final test accuracy {accuracy:.4f}", flush=True)
     if args.multi_worker:
-        import pycollective
-
         pycollective.shutdown()  # leave the process group together
     return accuracy
 

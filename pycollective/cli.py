@@ -37,7 +37,7 @@ class Subcommand:
 
 def _subcommands() -> list[Subcommand]:
     # Imported here so that `pycollective --help` stays fast as tools are added.
-    from . import doctor, launcher
+    from . import doctor, launcher, token_cli
     from .bench import cli as bench
     from .bench import tune
 
@@ -46,6 +46,7 @@ def _subcommands() -> list[Subcommand]:
         Subcommand("bench", bench.HELP, bench.add_arguments, bench.run),
         Subcommand("tune", tune.HELP, tune.add_arguments, tune.main),
         Subcommand("doctor", doctor.HELP, doctor.add_arguments, doctor.main),
+        Subcommand("token", token_cli.HELP, token_cli.add_arguments, token_cli.main),
     ]
 
 

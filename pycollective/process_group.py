@@ -30,6 +30,7 @@ from pycollective.device import is_device_tensor
 from pycollective.errors import Aborted, CollectiveError, CollectiveTimeout, RemoteError
 from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.rendezvous import ClusterSpec, rendezvous
+from pycollective.rendezvous.job_file import SameHostJob
 from pycollective.tensors import adapt, shape_hash
 from pycollective.transports import TcpListener, bind_address, open_links
 
@@ -844,16 +845,31 @@ def init(
             announced=announce is not None,
         )
         log.set_rank(spec.rank)
-        _world = _World(
-            spec,
-            default_timeout() if timeout is None else float(timeout),
-            transport,
-            ifname,
+        forming_timeout = (
             connect_timeout
             if connect_timeout is not None
-            else env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0),
-            announce,
+            else env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0)
         )
+        same_host = None
+        if spec.job_key is not None:
+            # srun/mpirun with every rank on this host: rank 0 publishes address and token in a
+            # private file, the others read it (rendezvous/job_file.py).
+            same_host = SameHostJob.join(spec, forming_timeout)
+            spec = same_host.spec
+            if spec.rank == 0:
+                announce = same_host.publish
+        try:
+            _world = _World(
+                spec,
+                default_timeout() if timeout is None else float(timeout),
+                transport,
+                ifname,
+                forming_timeout,
+                announce,
+            )
+        finally:
+            if same_host is not None:
+                same_host.finish()  # every rank has registered (or init failed)
         return _world.world
 
 

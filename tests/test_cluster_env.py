@@ -245,8 +245,15 @@ def test_slurm_variables_and_nodelist_master():
     s = spec(SLURM_ENV)
     assert (s.rank, s.world_size, s.local_rank, s.local_size) == (5, 6, 1, 2)
     assert s.master_addr == "node1"
-    assert s.master_port == 20000 + 123456 % 10000
+    assert s.master_port == 20000 + (123456 % 1000) * 10  # step 0
     assert "SLURM_JOB_ID" in s.source
+
+
+def test_slurm_port_differs_per_step_and_the_step_node_list_names_rank_0():
+    step = {**SLURM_ENV, "SLURM_STEP_ID": "3", "SLURM_STEP_NODELIST": "node[2-3]"}
+    s = spec(step)
+    assert s.master_port == 20000 + (123456 % 1000) * 10 + 3
+    assert s.master_addr == "node2"
 
 
 def test_slurm_master_addr_beats_nodelist():

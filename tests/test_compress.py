@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pytest
 from multiproc import run_ranks
 
 # Unit roundoff of each format (half its machine epsilon).
@@ -109,3 +110,30 @@ def test_compressed_hierarchical_two_hosts_of_two():
     hosts = [{"PYCOLLECTIVE_HOST_ID": h} for h in ("a", "a", "b", "b")]
     digests = run_ranks(_hierarchical, 4, per_rank_env=hosts, timeout=60)
     assert len(set(digests)) == 1, "ranks ended with different results"
+
+
+def _bf16_by_numpy(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even on the upper 16 bits (what bfloat16 keeps), in numpy."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def test_round_to_wire_matches_numpy_and_error_feedback_keeps_the_rest():
+    import pycollective as pc
+
+    x = _inputs(0, 10_001)
+    assert np.array_equal(pc.round_to_wire(x.copy(), "bf16"), _bf16_by_numpy(x))
+    assert np.array_equal(
+        pc.round_to_wire(x.copy(), "fp16"), x.astype(np.float16).astype(np.float32)
+    )
+    feedback = pc.ErrorFeedback("bf16")
+    g = x.copy()
+    feedback.add_residue("g", g)  # first step: nothing to add yet
+    assert np.array_equal(g, x)
+    residue = g - _bf16_by_numpy(g)
+    g2 = x.copy()
+    feedback.add_residue("g", g2)  # second step: last step's residue is added
+    assert np.allclose(g2, x + residue, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="float32"):
+        pc.round_to_wire(np.ones(4), "bf16")

@@ -60,6 +60,7 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
 }
 
 Exchange::CallState::~CallState() {
+  if (wireArena != nullptr) wireArena->release();
   if (device >= 0 && previousDevice >= 0) {
     if (cuda::DeviceOps* ops = cuda::deviceOps()) ops->endCall(previousDevice);
   }
@@ -90,8 +91,11 @@ bool Exchange::encodes(int peer) {
 }
 
 uint16_t* Exchange::wireBuffer(size_t count) {
-  state_->wireBuffers.emplace_back(new uint16_t[count]);
-  return state_->wireBuffers.back().get();
+  CallState& s = *state_;
+  if (s.wireArena == nullptr && s.wireBuffers.empty()) s.wireArena = WireArena::acquire();
+  if (s.wireArena != nullptr) return s.wireArena->take(count);
+  s.wireBuffers.emplace_back(new uint16_t[count]);
+  return s.wireBuffers.back().get();
 }
 
 RequestPtr Exchange::send(int peer, const void* data, size_t bytes) {
@@ -176,6 +180,10 @@ void Exchange::store(void* dst, const void* src, size_t bytes) const {
 void* Exchange::scratch(int slot, size_t bytes) {
   if (state_->device < 0) return state_->comm->scratch(slot, bytes);
   return state_->comm->deviceScratch(slot, bytes, state_->device);
+}
+
+void Exchange::roundToWire(void* data, size_t count) const {
+  if (compressed()) pycollective::roundToWire(state_->wire, static_cast<float*>(data), count);
 }
 
 void Exchange::scale(void* data, size_t count, double factor) const {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "algorithms/algorithm.h"
+#include "algorithms/wire_arena.h"
 #include "reduce/reduce.h"
 #include "reduce/wire_codec.h"
 
@@ -59,6 +60,16 @@ class Exchange {
   // reused across calls; `slot` keeps two buffers apart.
   void* scratch(int slot, size_t bytes);
 
+  // Whether this call sends values over network links in a 16-bit wire format.
+  bool compressed() const { return state_->wire != WireFormat::kNative; }
+  // A compressed call's values rounded in place to its wire format (reduce/wire_codec.h).
+  void roundToWire(void* data, size_t count) const;
+  // Said by an algorithm whose schedule already rounded every element of a compressed call's
+  // output (the ring rounds each chunk where it is finished, before passing it on): the final
+  // rounding pass of the whole output is then skipped.
+  void markOutputRounded() { state_->outputRounded = true; }
+  bool outputRounded() const { return state_->outputRounded; }
+
   // data[i] *= factor over `count` elements of the call's dtype (avg's final scale).
   void scale(void* data, size_t count, double factor) const;
 
@@ -95,7 +106,9 @@ class Exchange {
     std::vector<Pending> inFlight;
     std::vector<Link*> activeLinks;
     WireFormat wire = WireFormat::kNative;
-    std::vector<std::unique_ptr<uint16_t[]>> wireBuffers;  // encoded payloads, kept to the end
+    bool outputRounded = false;
+    WireArena* wireArena = nullptr;  // this thread's, for the encoded payloads (wire_arena.h)
+    std::vector<std::unique_ptr<uint16_t[]>> wireBuffers;  // when another call holds the arena
     std::vector<Decode> decodes;
   };
 

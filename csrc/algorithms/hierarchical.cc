@@ -115,6 +115,9 @@ class Hierarchical : public Algorithm {
     ring::reduceScatter(localEx, in, out, shard, a.count);
     ring::allreduce(crossEx, shard, shard, shards.size(localIndex));
     ring::allgather(localEx, out, a.count);
+    // The cross-host ring rounded every shard of a compressed call where it was finished, and
+    // the local allgather copied those values.
+    if (cross.size() > 1) ex.markOutputRounded();
   }
 };
 

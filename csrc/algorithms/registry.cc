@@ -211,7 +211,7 @@ void runWith(Group& group, int groupId, const CollectiveArgs& args, const Algori
   Exchange ex = runSchedule(group, groupId, args, algo, [&](Exchange& e) { algo.run(e, args); });
   // Rounded before avg's scale: a value one rank kept in float32 and its rounded copy on another
   // rank round alike, but scaled first they need not.
-  if (args.wire != WireFormat::kNative) roundOutput(group, args);
+  if (args.wire != WireFormat::kNative && !ex.outputRounded()) roundOutput(group, args);
   if (args.op == ReduceOp::kAvg) {
     const double scale = 1.0 / group.size();
     switch (args.kind) {

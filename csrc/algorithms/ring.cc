@@ -163,6 +163,12 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
   }
   std::vector<Step> steps;
   addReduceScatterSteps(steps, n, r, in, out, out + chunks.offset(r) * ex.elemSize());
+  // Compressed: each segment of this rank's finished chunk is rounded to the wire format before
+  // the allgather sends it, so every rank ends with the same, rounded, values.
+  const ChunkFn round = [&ex](const char* finished, size_t, size_t count) {
+    ex.roundToWire(const_cast<char*>(finished), count);
+  };
+  if (ex.compressed()) steps.back().onArrived = &round;
   addAllgatherSteps(steps, n, r, out);
   runSteps(ex, chunks, steps);
 }
@@ -255,7 +261,10 @@ class RingAlgorithm : public Algorithm {
     const char* in = static_cast<const char*>(a.in);
     char* out = static_cast<char*>(a.out);
     switch (a.kind) {
-      case CollectiveKind::kAllreduce: allreduce(ex, in, out, a.count); return;
+      case CollectiveKind::kAllreduce:
+        allreduce(ex, in, out, a.count);
+        if (n > 1) ex.markOutputRounded();
+        return;
       case CollectiveKind::kReduceScatter: {
         char* work = static_cast<char*>(ex.scratch(0, a.count * es));
         reduceScatter(ex, in, work, out, a.count);

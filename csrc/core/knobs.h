@@ -32,6 +32,9 @@ namespace knobs {
     "Network interface (or address) TCP links bind to.")                                          \
   X(kToken, "PYCOLLECTIVE_TOKEN", "str", "",                                                      \
     "Cluster token every control and data connection must carry (a secret).")                     \
+  X(kTokenFile, "PYCOLLECTIVE_TOKEN_FILE", "str", "",                                             \
+    "File holding the cluster token when PYCOLLECTIVE_TOKEN is unset (default "                   \
+    "~/.config/pycollective/token; owner-only, see `pycollective token`).")                       \
   X(kHostId, "PYCOLLECTIVE_HOST_ID", "str", "",                                                   \
     "Overrides this host's identity (tests fake several hosts on one machine).")                  \
   X(kTuning, "PYCOLLECTIVE_TUNING", "str", "",                                                    \

@@ -33,6 +33,19 @@ void roundPiece(WireFormat format, float* dst, const float* src, size_t n) {
   decodePiece(format, dst, bits, n);
 }
 
+// dst = A OP B piece by piece, each operand's piece made by its loader (load(buffer, start, n))
+// into a buffer that stays in L1.
+template <typename LoadA, typename LoadB>
+void reducePieces(ReduceFn reduce, float* dst, size_t count, LoadA loadA, LoadB loadB) {
+  float a[kPiece], b[kPiece];
+  for (size_t i = 0; i < count; i += kPiece) {
+    const size_t n = std::min(kPiece, count - i);
+    loadA(a, i, n);
+    loadB(b, i, n);
+    reduce(dst + i, a, b, n);
+  }
+}
+
 void checkCompressed(WireFormat format) {
   PC_ASSERT(format == WireFormat::kBf16 || format == WireFormat::kFp16,
             "a wire codec call needs a 16-bit format, got ", wireFormatName(format));
@@ -62,25 +75,19 @@ void decodeWire(WireFormat format, float* dst, const uint16_t* src, size_t count
 void decodeReduce(WireFormat format, ReduceFn reduce, float* dst, const float* accum,
                   const uint16_t* incoming, size_t count) {
   checkCompressed(format);
-  float mine[kPiece], theirs[kPiece];
-  for (size_t i = 0; i < count; i += kPiece) {
-    const size_t n = std::min(kPiece, count - i);
-    roundPiece(format, mine, accum + i, n);
-    decodePiece(format, theirs, incoming + i, n);
-    reduce(dst + i, mine, theirs, n);
-  }
+  reducePieces(
+      reduce, dst, count,
+      [&](float* mine, size_t i, size_t n) { roundPiece(format, mine, accum + i, n); },
+      [&](float* theirs, size_t i, size_t n) { decodePiece(format, theirs, incoming + i, n); });
 }
 
 void reduceRounded(WireFormat format, ReduceFn reduce, float* dst, const float* a, const float* b,
                    size_t count) {
   checkCompressed(format);
-  float first[kPiece], second[kPiece];
-  for (size_t i = 0; i < count; i += kPiece) {
-    const size_t n = std::min(kPiece, count - i);
-    roundPiece(format, first, a + i, n);
-    roundPiece(format, second, b + i, n);
-    reduce(dst + i, first, second, n);
-  }
+  reducePieces(
+      reduce, dst, count,
+      [&](float* first, size_t i, size_t n) { roundPiece(format, first, a + i, n); },
+      [&](float* second, size_t i, size_t n) { roundPiece(format, second, b + i, n); });
 }
 
 void roundToWire(WireFormat format, float* data, size_t count) {

@@ -17,19 +17,27 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .token_file import read_token_file
+
 # Torch owns MASTER_PORT: torchrun's agent already serves a TCPStore on it
 # (TORCHELASTIC_USE_AGENT_STORE) and torch.distributed binds it on rank 0.
 # Our coordinator takes the next port so both can live in one job.
 TORCH_MASTER_PORT_OFFSET = 1
 
-# Slurm gives no port; every rank derives the same one from the job id.
+# Slurm gives no port; every rank derives the same one from the job and step ids: 10 ports per
+# job (one per step, so the steps of a job may run at once) for 1000 jobs in a row.
 SLURM_PORT_BASE = 20000
-SLURM_PORT_SPAN = 10000
+SLURM_PORT_JOBS = 1000
+SLURM_PORT_STEPS = 10
+
+# Where a same-host launch's coordinator listens: loopback, on a port rank 0's OS picks.
+SAME_HOST_MASTER = "127.0.0.1"
 
 _TOKEN_HINT = (
-    "set PYCOLLECTIVE_TOKEN to the same secret on every rank "
-    "(e.g. export PYCOLLECTIVE_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')), "
-    "or launch with `pycollective run`, which generates one"
+    "write a token file once with `pycollective token --create` (readable by you alone; on a "
+    "cluster with shared home directories every node then finds it), or set PYCOLLECTIVE_TOKEN "
+    "to the same secret on every rank, or launch with `pycollective run`, which generates one "
+    "(docs/launching.md)"
 )
 
 _PYCOLLECTIVE_SOURCE = "pycollective launcher environment (PYCOLLECTIVE_*)"
@@ -65,6 +73,10 @@ class ClusterSpec:
         source: Where the values came from, for error messages and logs.
         announced: Rank 0 tells the others the coordinator's address itself (``init(announce=)``,
             e.g. through torch.distributed's store), so its port may be 0 (the OS picks one).
+        job_key: Set when every rank of a launcher's job runs on this host and nobody named a
+            coordinator: rank 0 then publishes the coordinator's address (and a fresh token,
+            unless one is configured) in a private file named by this key
+            (``rendezvous/job_file.py``), so port and token may be unknown until then.
     """
 
     rank: int
@@ -77,6 +89,7 @@ class ClusterSpec:
     token: str | None
     source: str
     announced: bool = False
+    job_key: str | None = None
 
     def __post_init__(self) -> None:
         where = f"(from {self.source})"
@@ -103,12 +116,13 @@ class ClusterSpec:
             self.master_port == 0
             and self.world_size > 1
             and not (self.announced and self.rank == 0)
+            and self.job_key is None
         ):
             raise ValueError(
                 f"master_port is 0 but world_size is {self.world_size} {where}: the other "
                 "ranks cannot find an OS-chosen port; give every rank the same port"
             )
-        if self.token is None and self.world_size > 1:
+        if self.token is None and self.world_size > 1 and self.job_key is None:
             raise ValueError(
                 f"no cluster token for a group of {self.world_size} ranks {where}: {_TOKEN_HINT}"
             )
@@ -184,13 +198,36 @@ class ClusterSpec:
                 "TF_CONFIG, torchrun, mpirun, srun)"
             )
 
-        master_addr, master_port, master_note = _resolve_master(
-            env, found, master, final_world, source
-        )
-        if master_note:
-            source = f"{source}; {master_note}"
-
         final_token = token if token is not None else env.get("PYCOLLECTIVE_TOKEN") or None
+        if final_token is None and final_world > 1:
+            try:
+                from_file = read_token_file(env)
+            except ValueError as exc:
+                raise ValueError(f"rank {final_rank} of {final_world} ({source}): {exc}") from None
+            if from_file is not None:
+                final_token = from_file[0]
+                source = f"{source}; token from {from_file[1]}"
+
+        job_key = None
+        if (
+            master is None
+            and final_world > 1
+            and (final_rank, final_world) == (found.rank, found.world_size)
+            and _same_host_job(env, found)
+        ):
+            job_key = found.job_key
+            master_addr, master_port = SAME_HOST_MASTER, 0
+            source = (
+                f"{source}; every rank on this host: rank 0 publishes the coordinator's "
+                "address on loopback in a private file"
+            )
+        else:
+            master_addr, master_port, master_note = _resolve_master(
+                env, found, master, final_world, source
+            )
+            if master_note:
+                source = f"{source}; {master_note}"
+
         # A rank or world size that differs from the launcher's makes the
         # launcher's local numbers meaningless: leave them unknown.
         local_rank, local_size = found.local_rank, found.local_size
@@ -208,6 +245,7 @@ class ClusterSpec:
             token=final_token,
             source=source,
             announced=announced,
+            job_key=job_key,
         )
 
 
@@ -226,6 +264,11 @@ class _Found:
     master_note: str = ""
     # True when no launcher environment was found at all.
     is_default: bool = False
+    # The launcher's id for this job (and step), unique among the jobs running on a host; None
+    # when the launcher has none. Names the same-host launch file.
+    job_key: str | None = None
+    # The launcher says every rank of the job runs on this host.
+    single_host: bool = False
 
 
 def _detect(env: Mapping[str, str]) -> _Found:
@@ -388,7 +431,7 @@ def _from_torchrun(env: Mapping[str, str]) -> _Found:
 
 
 def _from_open_mpi(env: Mapping[str, str]) -> _Found:
-    return _from_launcher_vars(
+    found = _from_launcher_vars(
         env,
         "Open MPI environment (OMPI_COMM_WORLD_*)",
         "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 (set by mpirun)",
@@ -397,6 +440,11 @@ def _from_open_mpi(env: Mapping[str, str]) -> _Found:
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_SIZE",
     )
+    # The job's id: PMIx's namespace (Open MPI 4 and 5), else ORTE's job id (Open MPI 4).
+    job = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")
+    found.job_key = f"ompi-{job}" if job else None
+    found.single_host = found.local_size is not None and found.local_size == found.world_size
+    return found
 
 
 def _from_slurm(env: Mapping[str, str]) -> _Found:
@@ -415,23 +463,46 @@ def _from_slurm(env: Mapping[str, str]) -> _Found:
         local_size=_slurm_local_size(env, source),
     )
     _read_torch_master(env, found, source)
-    if found.master_addr is None and env.get("SLURM_JOB_NODELIST"):
-        found.master_addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
-    if found.master_port is None and "SLURM_JOB_ID" in env:
+    # Rank 0 runs on the step's first node (srun places tasks in node list order).
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if found.master_addr is None and nodelist:
+        found.master_addr = first_slurm_host(nodelist)
+    # srun sets the step id; a batch script itself has none (and is no step of srun's).
+    step_text = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
+    step_id = int(step_text) if step_text.isdigit() else 0
+    if "SLURM_JOB_ID" in env:
         job_id = _require_int(env, "SLURM_JOB_ID", source, "SLURM_JOB_ID=12345")
-        found.master_port = SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
-        found.master_note = (
-            f"port {found.master_port} derived from SLURM_JOB_ID "
-            "(set PYCOLLECTIVE_MASTER_PORT to choose another)"
-        )
+        if step_text.isdigit():
+            found.job_key = f"slurm-{job_id}.{step_id}"
+        if found.master_port is None:
+            found.master_port = slurm_port(job_id, step_id)
+            found.master_note = (
+                f"port {found.master_port} derived from SLURM_JOB_ID and SLURM_STEP_ID "
+                "(set PYCOLLECTIVE_MASTER_PORT to choose another)"
+            )
+    nodes = _optional_int(env, "SLURM_STEP_NUM_NODES", source)
+    if nodes is None:
+        nodes = _optional_int(env, "SLURM_NNODES", source)
+    found.single_host = nodes == 1
     return found
 
 
+def slurm_port(job_id: int, step_id: int) -> int:
+    """The coordinator port every rank of a Slurm job step derives on its own."""
+    return (
+        SLURM_PORT_BASE + (job_id % SLURM_PORT_JOBS) * SLURM_PORT_STEPS + step_id % SLURM_PORT_STEPS
+    )
+
+
 def _slurm_local_size(env: Mapping[str, str], source: str) -> int | None:
-    """Tasks on this node: SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE."""
+    """Tasks on this node: SLURM_NTASKS_PER_NODE, else the step's (srun's) or the job's
+    per-node layout, SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE."""
     if "SLURM_NTASKS_PER_NODE" in env:
         return _optional_int(env, "SLURM_NTASKS_PER_NODE", source)
-    layout = env.get("SLURM_TASKS_PER_NODE")
+    name = "SLURM_STEP_TASKS_PER_NODE"
+    if not env.get(name):
+        name = "SLURM_TASKS_PER_NODE"
+    layout = env.get(name)
     if not layout:
         return None
     # Compressed per-node counts, e.g. "2(x3),1" = nodes 0-2 run 2 tasks, node 3 runs 1.
@@ -440,8 +511,7 @@ def _slurm_local_size(env: Mapping[str, str], source: str) -> int | None:
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if match is None:
             raise ValueError(
-                f"SLURM_TASKS_PER_NODE={layout!r} is malformed (from {source}); "
-                'expected e.g. "2(x3),1"'
+                f'{name}={layout!r} is malformed (from {source}); expected e.g. "2(x3),1"'
             )
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     if len(set(counts)) == 1:
@@ -463,6 +533,13 @@ def _read_torch_master(env: Mapping[str, str], found: _Found, source: str) -> No
             f"port MASTER_PORT+{TORCH_MASTER_PORT_OFFSET}={found.master_port}, because "
             "torch.distributed owns MASTER_PORT (set PYCOLLECTIVE_MASTER_PORT to choose another)"
         )
+
+
+def _same_host_job(env: Mapping[str, str], found: _Found) -> bool:
+    """Whether rank 0 should publish the coordinator through a private file on this host:
+    every rank is here, the launcher names the job, and nobody named a coordinator."""
+    named = ("PYCOLLECTIVE_MASTER_ADDR", "PYCOLLECTIVE_MASTER_PORT", "MASTER_ADDR", "MASTER_PORT")
+    return found.single_host and found.job_key is not None and not any(env.get(n) for n in named)
 
 
 def _resolve_master(
@@ -515,6 +592,11 @@ def _resolve_master(
             "PYCOLLECTIVE_MASTER_ADDR and PYCOLLECTIVE_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) "
             "to rank 0's host and a free port, the same on every rank, e.g. "
             "PYCOLLECTIVE_MASTER_ADDR=node1 PYCOLLECTIVE_MASTER_PORT=29400"
+            + (
+                " (mpirun across hosts: pass them with -x; on one host nothing is needed)"
+                if found.source.startswith("Open MPI")
+                else ""
+            )
         )
     return addr, port, note
 
