@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-try:
-    import ml_dtypes
-
-    _BF16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover
-    _BF16 = None
+from pycollective.tensors import bf16_dtype
 
 
 def np_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
-        if _BF16 is None:
+        bf16 = bf16_dtype()  # imported on first use: most of a second per process
+        if bf16 is None:
             raise SystemExit("bfloat16 needs ml_dtypes: pip install ml_dtypes")
-        return _BF16
+        return bf16
     return np.dtype(name)
 
 

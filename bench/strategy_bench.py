@@ -3,11 +3,17 @@
 
     python -m bench.strategy_bench                      # 4 CPU replicas (MirroredStrategy)
     pycollective run -n 2 python -m bench.strategy_bench --multi-worker
+    pycollective run -n 2 python -m bench.strategy_bench --multi-worker --sharded --adam
 
 The optimizer step includes the update arithmetic (SGD: one multiply-add over the variables;
-``--momentum 0.9``: momentum SGD, which also reads and writes a slot), so the ratio measures the
-strategy's overhead plus the work an optimizer must do anyway. The two are timed alternately,
-step by step, and the medians compared.
+``--momentum 0.9``: momentum SGD, which also reads and writes a slot; ``--adam``: two slots),
+so the ratio measures the strategy's overhead plus the work an optimizer must do anyway. The
+two are timed alternately, step by step, and the medians compared.
+
+``--sharded`` (multi-worker): three steps side by side, interleaved -- the bare allreduce, the
+step of a ``MultiWorkerMirroredStrategy()`` and that of a
+``MultiWorkerMirroredStrategy(shard_optimizer_state=True)`` (ZeRO-1) on the same gradients --
+with both ratios and each one's optimizer-state bytes per worker.
 """
 
 from __future__ import annotations
@@ -22,21 +28,98 @@ import numpy as np
 def _side_by_side(a, b, iters: int) -> tuple[float, float]:
     """Median seconds of ``a`` and of ``b``, sampled alternately (a, b, a, b, ...) so that the
     machine's noise hits both alike."""
-    a()
-    b()
-    samples: tuple[list[float], list[float]] = ([], [])
+    t_a, t_b = _interleaved([a, b], iters)
+    return t_a, t_b
+
+
+def _interleaved(fns, iters: int) -> list[float]:
+    """Median seconds of each of ``fns``, sampled in turn (f0, f1, ..., f0, f1, ...)."""
+    for fn in fns:
+        fn()
+    samples: list[list[float]] = [[] for _ in fns]
     for _ in range(iters):
-        for fn, out in ((a, samples[0]), (b, samples[1])):
+        for fn, out in zip(fns, samples):
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
-    return statistics.median(samples[0]), statistics.median(samples[1])
+    return [statistics.median(s) for s in samples]
+
+
+def _sharded_comparison(args, count: int) -> None:
+    """Bare allreduce, unsharded step and sharded step, interleaved (multi-worker)."""
+    import pycollective as pc
+    from pycollective.strategies import MultiWorkerMirroredStrategy, Variable
+    from pycollective.strategies.sharded_state import optimizer_state_bytes
+
+    flat = np.ones(count * args.variables, np.float32)
+    out = np.empty_like(flat)
+    grads = [np.ones(count, np.float32) for _ in range(args.variables)]
+    steps, state = [], []
+    for shard in (False, True):
+        strategy = MultiWorkerMirroredStrategy(shard_optimizer_state=shard)
+        with strategy.scope():
+            variables = [Variable(np.zeros(count, np.float32)) for _ in range(args.variables)]
+            opt = _optimizer(args)
+
+        def step(strategy=strategy, opt=opt, variables=variables):
+            strategy.run(lambda: opt.apply_gradients(zip(grads, variables)))
+
+        step()  # creates the slots
+        steps.append(step)
+        state.append(optimizer_state_bytes(opt))
+    # The floor on a host whose all-reduce is bound by memory bandwidth: the update kernel on
+    # this worker's 1/N of the state alone (what the sharded step adds to the all-reduce).
+    update_alone = _shard_update(args, count * args.variables // pc.world_size())
+    t_bare, t_plain, t_sharded, t_update = _interleaved(
+        [lambda: pc.allreduce(flat, out=out), *steps, update_alone], args.iters
+    )
+    if pc.rank() == 0:
+        print(
+            f"{args.mib} MiB of gradients in {args.variables} tensors, {pc.world_size()} "
+            f"workers, {_rule(args)}, {args.iters} interleaved samples: bare allreduce "
+            f"{t_bare * 1e3:.1f} ms; unsharded step {t_plain * 1e3:.1f} ms = "
+            f"{t_plain / t_bare:.2f}x, optimizer state {state[0] / 2**20:.2f} MiB per worker; "
+            f"sharded step {t_sharded * 1e3:.1f} ms = {t_sharded / t_bare:.2f}x, optimizer "
+            f"state {state[1] / 2**20:.2f} MiB per worker ({state[1] / max(state[0], 1):.3f} "
+            f"of unsharded); the update of 1/{pc.world_size()} of the state alone "
+            f"{t_update * 1e3:.1f} ms = {t_update / t_bare:.2f}x",
+            flush=True,
+        )
+
+
+def _shard_update(args, count: int):
+    """The native update (pycollective.fused_update.apply) of ``count`` elements of state."""
+    from pycollective import fused_update
+
+    grad, var = np.ones(count, np.float32), np.zeros(count, np.float32)
+    if args.adam:
+        rule = "adam"
+        hyper = fused_update.Hyper(lr=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
+    else:
+        rule = "momentum" if args.momentum else "sgd"
+        hyper = fused_update.Hyper(lr=0.01, momentum=args.momentum)
+    slots = [[np.zeros(count, np.float32)] for _ in fused_update.RULES[rule][1]]
+    tensor = fused_update.ReplicatedTensor([grad], [var], slots)
+    return lambda: fused_update.apply(rule, hyper, [tensor])
+
+
+def _optimizer(args):
+    from pycollective.strategies import SGD, Adam
+
+    if args.adam:
+        return Adam(learning_rate=0.001)
+    return SGD(learning_rate=0.01, momentum=args.momentum)
+
+
+def _rule(args) -> str:
+    if args.adam:
+        return "Adam"
+    return f"SGD with momentum {args.momentum}" if args.momentum else "plain SGD"
 
 
 def main(argv: list[str] | None = None) -> int:
     import pycollective as pc
     from pycollective.strategies import (
-        SGD,
         MirroredStrategy,
         MultiWorkerMirroredStrategy,
         Variable,
@@ -48,10 +131,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (0: plain SGD)")
+    p.add_argument("--adam", action="store_true", help="Adam instead of SGD")
     p.add_argument("--multi-worker", action="store_true")
+    p.add_argument(
+        "--sharded",
+        action="store_true",
+        help="multi-worker: also time the step with shard_optimizer_state=True (ZeRO-1)",
+    )
     args = p.parse_args(argv)
+    if args.sharded and not args.multi_worker:
+        p.error("--sharded needs --multi-worker (sharding is across worker processes)")
 
     count = args.mib * (1 << 20) // 4 // args.variables
+    if args.sharded:
+        _sharded_comparison(args, count)
+        pc.shutdown()
+        return 0
     if args.multi_worker:
         strategy = MultiWorkerMirroredStrategy()
         bare = lambda: pc.allreduce(flat, out=out)  # noqa: E731
@@ -65,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         bare = lambda: comm.allreduce(flats, out=outs)  # noqa: E731
     with strategy.scope():
         variables = [Variable(np.zeros(count, np.float32)) for _ in range(args.variables)]
-        opt = SGD(learning_rate=0.01, momentum=args.momentum)
+        opt = _optimizer(args)
     grads = [np.ones(count, np.float32) for _ in range(args.variables)]
 
     def step():
@@ -75,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         strategy.run(replica_fn)
 
     t_bare, t_step = _side_by_side(bare, step, args.iters)
-    where = "2 workers" if args.multi_worker else f"{args.replicas} CPU replicas"
+    where = f"{pc.world_size()} workers" if args.multi_worker else f"{args.replicas} CPU replicas"
     if not args.multi_worker or pc.rank() == 0:
-        rule = f"SGD with momentum {args.momentum}" if args.momentum else "plain SGD"
+        rule = _rule(args)
         print(
             f"{args.mib} MiB of gradients in {args.variables} tensors, {where}, {rule}: "
             f"bare allreduce "

@@ -278,9 +278,9 @@ def empty_like(buf: DeviceBuffer, shape: tuple[int, ...], where: str) -> DeviceB
     if buf.kind in ("pc", "cai"):  # our own allocation (no CuPy needed)
         import numpy as np
 
-        from pycollective.tensors import _BF16
+        from pycollective.tensors import bf16_dtype
 
-        dtype = _BF16 if buf.code == 1 else np.dtype(DTYPE_NAMES[buf.code])
+        dtype = bf16_dtype() if buf.code == 1 else np.dtype(DTYPE_NAMES[buf.code])
         if dtype is None:
             raise TypeError(f"{where}: bfloat16 results need `pip install ml_dtypes`")
         return adapt_device(DeviceArray(shape, dtype, buf.device), where)

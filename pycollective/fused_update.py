@@ -11,6 +11,10 @@ arrays.
 Only float32 and float64 C-contiguous, aligned numpy arrays qualify: :func:`supported` says
 whether a set of arrays does, so callers keep their own arithmetic for everything else. The
 state arrays (copies and slots) must not overlap one another or the gradients.
+
+Sharded optimizer state (ZeRO stage 1): ``allreduce_apply(..., sharded_slots=True)`` takes, for
+every slot, one array holding only this rank's chunk of it (:func:`shard_bounds`); each rank
+keeps 1/N of the slots and only the variable is allgathered.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from pycollective._calls import chunk_bounds
 from pycollective._ext import _C
 
 _SLOTS = {"sgd": (), "momentum": ("momentum",), "nesterov": ("momentum",), "adam": ("m", "v")}
@@ -52,6 +57,16 @@ class ReplicatedTensor:
     grads: Sequence[np.ndarray]
     copies: Sequence[np.ndarray]
     slots: Sequence[Sequence[np.ndarray]] = ()
+
+
+def shard_bounds(count: int, size: int, rank: int) -> tuple[int, int]:
+    """The element range ``[start, stop)`` of a ``count``-element tensor that rank ``rank`` of
+    ``size`` owns in :func:`allreduce_apply` with ``sharded_slots=True`` (its chunk of the
+    reduce-scatter: the first ``count % size`` ranks own one element more; a rank may own none).
+    """
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"shard_bounds: rank {rank} is not in a group of {size}")
+    return chunk_bounds(count, size, rank)
 
 
 def _arrays_qualify(
@@ -110,6 +125,7 @@ def allreduce_apply(
     group: Any = None,
     timeout: float | None = None,
     check: bool = True,
+    sharded_slots: bool = False,
 ) -> None:
     """Optimizer steps across the processes of a group (``pycollective.init``): for every
     tensor, each rank passes its gradient (``grads``: one array, e.g. the sum of its local
@@ -120,22 +136,32 @@ def allreduce_apply(
     reduce-scatter, update, allgather as one pipelined ring): each rank updates only the chunk
     of the state whose sum it owns, as the sum arrives, and the ring then carries the new
     state (variable and slots) instead of the summed gradient
-    (csrc/optim/allreduce_update.h). One collective per tensor, in order: every rank of the
-    group must make the same call, in the same order as its other collectives.
+    (csrc/optim/allreduce_update.h). All tensors of a call run as ONE collective (one
+    pipelined ring, each tensor chunked on its own): every rank of the group must make the same
+    call, with the same tensors in the same order, in the same order as its other collectives.
     ``group``: a ``pycollective.new_group`` group (default: all ranks); ``check`` as for
     :func:`apply`.
+
+    ``sharded_slots=True`` (ZeRO stage 1): every slot of a tensor is ONE array (whatever the
+    number of copies) of this rank's chunk of that slot, ``shard_bounds(count, group size,
+    group rank)``, 1-D, of the variable's dtype; the chunk is updated where it is reduced and
+    only the variable is allgathered. Every rank must pass the same flag (the frame header
+    carries it: a rank that does not gets a ProtocolError).
     """
     from pycollective import process_group
     from pycollective.tensors import shape_hash
 
-    code, dtype_code, items = _native_items(rule, tensors, check)
+    pg = process_group._group(group)
+    if sharded_slots:
+        code, dtype_code, items = _sharded_items(rule, tensors, pg.rank, pg.size, check)
+    else:
+        code, dtype_code, items = _native_items(rule, tensors, check)
     for i, t in enumerate(tensors):
         if len(t.grads) != 1:
             raise ValueError(
                 f"allreduce_apply: tensor {i} has {len(t.grads)} gradients; pass "
                 "this rank's one gradient (sum the local replicas' first)"
             )
-    pg = process_group._group(group)
     pg._run_native(
         _C.allreduce_update,
         comm=pg._world.comm,
@@ -147,11 +173,43 @@ def allreduce_apply(
         timeout=pg._timeout(timeout),
         members=pg.members,
         group_id=pg.group_id,
+        sharded_slots=sharded_slots,
     )
 
 
 def _hyper_tuple(hyper: Hyper) -> tuple[float, ...]:
     return (hyper.lr, hyper.momentum, hyper.beta_1, hyper.beta_2, hyper.epsilon, hyper.grad_scale)
+
+
+def _sharded_items(
+    rule: str, tensors: Sequence[ReplicatedTensor], rank: int, size: int, check: bool
+) -> tuple[int, int, list[tuple[Any, ...]]]:
+    """``_native_items`` for sharded slots: the variable's copies and gradient as usual, every
+    slot one writable 1-D array of this rank's chunk (checked always: the native side cannot
+    see an array's size, and a short shard would be written past its end)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown update rule {rule!r}; known: {', '.join(RULES)}")
+    slot_names = RULES[rule][1]
+    for i, t in enumerate(tensors):
+        if len(t.slots) != len(slot_names):
+            raise ValueError(
+                f"tensor {i}: rule {rule!r} keeps slots {slot_names}, got {len(t.slots)} slot(s)"
+            )
+    code, dtype_code, items = _native_items(
+        rule, [ReplicatedTensor(t.grads, t.copies, [[]] * len(t.slots)) for t in tensors], check
+    )
+    for i, t in enumerate(tensors):
+        ref = t.copies[0]
+        start, stop = shard_bounds(ref.size, size, rank)
+        for name, shard in zip(slot_names, t.slots):
+            if len(shard) != 1 or not _arrays_qualify(shard, ref.dtype, (stop - start,), True):
+                raise ValueError(
+                    f"tensor {i}: with sharded_slots, slot {name!r} must be one writable "
+                    f"C-contiguous {ref.dtype} array of shape ({stop - start},) (rank {rank} "
+                    f"of {size} owns elements [{start}, {stop}) of {ref.size})"
+                )
+        items[i] = (*items[i][:3], [list(shard) for shard in t.slots])
+    return code, dtype_code, items
 
 
 def _native_items(

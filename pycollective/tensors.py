@@ -17,14 +17,6 @@ import numpy as np
 
 from pycollective._ext import _C
 
-try:  # bfloat16 numpy arrays
-    import ml_dtypes
-
-    _BF16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
-    ml_dtypes = None
-    _BF16 = None
-
 # Native dtype code -> name, as the extension numbers them (csrc/core/dtype.h).
 DTYPE_NAMES: dict[int, str] = {code: name for name, code in _C.enum_codes()["dtype"].items()}
 BFLOAT16 = _C.enum_codes()["dtype"]["bfloat16"]
@@ -32,8 +24,22 @@ BFLOAT16 = _C.enum_codes()["dtype"]["bfloat16"]
 _CODES: dict[np.dtype, int] = {
     np.dtype(name): code for code, name in DTYPE_NAMES.items() if name != "bfloat16"
 }
-if _BF16 is not None:
-    _CODES[_BF16] = BFLOAT16
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_dtype() -> np.dtype | None:
+    """numpy's bfloat16 (``ml_dtypes.bfloat16``), or None without ml_dtypes. Imported on first
+    use, not with pycollective: the import takes most of a second, which every process of a job
+    would pay at start-up (a program holding bfloat16 arrays has imported it already)."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+        return None
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    _CODES[dtype] = BFLOAT16
+    return dtype
+
+
 SUPPORTED = "float16, bfloat16, float32, float64, int8, uint8, int32, int64"
 
 
@@ -78,7 +84,8 @@ def _from_torch(t: Any, where: str) -> Buffer:
     t = t.detach()
     if t.dtype == torch.bfloat16:
         raw = t.view(torch.int16).numpy().view(np.uint16)
-        arr = raw.view(_BF16) if _BF16 is not None else raw
+        bf16 = bf16_dtype()
+        arr = raw.view(bf16) if bf16 is not None else raw
 
         def wrap(a: np.ndarray) -> Any:
             return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
@@ -95,6 +102,8 @@ def _from_torch(t: Any, where: str) -> Buffer:
 
 def _code_of(dtype: np.dtype, where: str) -> int:
     code = _CODES.get(np.dtype(dtype))
+    if code is None and "bfloat16" in str(dtype) and bf16_dtype() is not None:
+        code = _CODES.get(np.dtype(dtype))
     if code is None:
         hint = " (bfloat16 needs `pip install ml_dtypes`)" if "bfloat16" in str(dtype) else ""
         raise TypeError(f"{where}: unsupported dtype {dtype}; supported: {SUPPORTED}{hint}")

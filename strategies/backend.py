@@ -223,6 +223,19 @@ class CollectiveBackend:
                 check=False,
             )
 
+    def apply_sharded_update(
+        self,
+        rule: str,
+        hyper: fused_update.Hyper,
+        per_replica: Sequence[Sequence[np.ndarray]],
+        replicated: Replicated,
+    ) -> None:
+        """Sharded optimizer state exists across workers only (MultiWorkerBackend)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no sharded optimizer state: it is a "
+            "MultiWorkerMirroredStrategy option for several workers"
+        )
+
     def gather(self, values: Sequence[Any], axis: int) -> list[Any]:
         """Concatenates every replica's value along ``axis`` (sizes along ``axis`` may differ
         between replicas); every local replica gets the result."""
@@ -526,6 +539,29 @@ class MultiWorkerBackend(CollectiveBackend):
                 offset += first[i].size
             fused_update.apply(rule, hyper, tensors, check=False)
 
+    def apply_sharded_update(
+        self,
+        rule: str,
+        hyper: fused_update.Hyper,
+        per_replica: Sequence[Sequence[np.ndarray]],
+        replicated: Replicated,
+    ) -> None:
+        """One optimizer step with sharded optimizer state (ZeRO stage 1): ``replicated(i,
+        grads)`` gives variable i's copies and, for every slot, this worker's shard of it
+        (``fused_update.shard_bounds``). The tensors of a dtype, small or large, are one
+        collective (``fused_update.allreduce_apply(..., sharded_slots=True)``, one pipelined
+        ring): it reduce-scatters each gradient, this worker applies the rule to its chunk as
+        the sum arrives, and the ring allgathers the new variable. A tensor's chunks are its
+        own (not a pack's), so which worker owns an element does not depend on which tensors a
+        step updates, and nothing is copied into a pack.
+
+        With several local replicas, their gradients are summed into scratch first and every
+        local copy of the variable gets the new value; the slot shard is the worker's, one for
+        all its replicas."""
+        first = per_replica[0]
+        for group in _by_dtype(first):
+            self._allreduce_apply(rule, hyper, per_replica, replicated, group, sharded_slots=True)
+
     def _allreduce_apply(
         self,
         rule: str,
@@ -533,6 +569,7 @@ class MultiWorkerBackend(CollectiveBackend):
         per_replica: Sequence[Sequence[np.ndarray]],
         replicated: Replicated,
         indices: list[int],
+        sharded_slots: bool = False,
     ) -> None:
         """Tensors ``indices`` (one dtype) through ``fused_update.allreduce_apply``, in one
         native call; with several local replicas, their sums are made in scratch first."""
@@ -556,6 +593,7 @@ class MultiWorkerBackend(CollectiveBackend):
                 [replicated(i, [g]) for i, g in zip(indices, grads)],
                 timeout=self.timeout,
                 check=False,
+                sharded_slots=sharded_slots,
             )
 
     def _scratch_for(self, dtype: np.dtype, count: int) -> np.ndarray:

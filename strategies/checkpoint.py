@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -110,11 +111,21 @@ class Checkpoint:
             _COUNTER_KEY: np.array(self.save_counter, dtype=np.int64),
         }
         var_paths = {id(v): p for p, v in variables.items()}
+        for opt in optimizers.values():
+            opt.iterations  # noqa: B018 - binds an optimizer not used yet to its strategy
+        writes = _should_write(variables, optimizers)
+        # Every worker computes every value (some are collectives: sync-on-read variables,
+        # sharded optimizer slots); only the writer keeps them, so a worker that does not
+        # write holds one gathered slot at a time.
         for path, var in variables.items():
-            arrays[path] = var._checkpoint_value()
+            value = var._checkpoint_value()
+            if writes:
+                arrays[path] = value
         for path, opt in optimizers.items():
-            arrays.update(_optimizer_state(path, opt, var_paths))
-        if _should_write(variables, optimizers):
+            for key, value in _optimizer_state(path, opt, var_paths):
+                if writes:
+                    arrays[key] = value
+        if writes:
             _atomic_savez(file_path, arrays)
         return file_path
 
@@ -228,12 +239,14 @@ def _walk(
                 _walk(value, f"{path}/{key}", variables, optimizers, seen, depth + 1)
 
 
-def _optimizer_state(path: str, opt: Optimizer, var_paths: dict[int, str]) -> dict[str, np.ndarray]:
-    out = {f"{path}/iterations": opt.iterations._checkpoint_value()}
+def _optimizer_state(
+    path: str, opt: Optimizer, var_paths: dict[int, str]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(key, value) of the optimizer's state, one value at a time."""
+    yield f"{path}/iterations", opt.iterations._checkpoint_value()
     for var, slot_name, slot in opt._slot_order:
         var_path = var_paths.get(id(var), var.name)
-        out[f"{path}/slots/{var_path}/{slot_name}"] = slot._checkpoint_value()
-    return out
+        yield f"{path}/slots/{var_path}/{slot_name}", slot._checkpoint_value()
 
 
 def _restore_optimizer(

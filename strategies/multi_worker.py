@@ -67,6 +67,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         communication_options: optional CommunicationOptions: the implementation (RING, NCCL
             -- which falls back to the ring on CPU replicas -- or AUTO), ``timeout_seconds``,
             and ``bytes_per_pack`` for fused all-reduces.
+        shard_optimizer_state: ZeRO stage 1 (default False). Each worker keeps only its
+            1/N chunk of every optimizer slot (SGD's momentum, Adam's m and v), and each step
+            reduce-scatters the gradients, updates this worker's chunk of the variables and
+            slots, and allgathers the variables: one pipelined ring per step, costing about
+            what the all-reduce of the gradients costs. For mirrored float32/float64 variables with
+            SGD or Adam (a TypeError says so otherwise). Checkpoints hold whole slots and
+            restore sharded or not, under any number of workers. With one worker it changes
+            nothing. Every worker must pass the same value.
 
     With several workers, this process joins pycollective's process group (``pycollective.init``
     from the environment that ``pycollective run`` or TF_CONFIG describes) unless it is
@@ -81,7 +89,12 @@ class MultiWorkerMirroredStrategy(Strategy):
         self,
         cluster_resolver: ClusterResolver | None = None,
         communication_options: CommunicationOptions | None = None,
+        shard_optimizer_state: bool = False,
     ) -> None:
+        if not isinstance(shard_optimizer_state, bool):
+            raise TypeError(
+                f"shard_optimizer_state must be True or False, got {shard_optimizer_state!r}"
+            )
         resolver = cluster_resolver if cluster_resolver is not None else TFConfigClusterResolver()
         options = (
             communication_options if communication_options is not None else CommunicationOptions()
@@ -138,17 +151,18 @@ class MultiWorkerMirroredStrategy(Strategy):
             backend = LocalBackend(local, algorithm, options.timeout_seconds)
         job = task_type or "worker"
         devices = tuple(canonical_cpu_device(i, job=job, task=task_id or 0) for i in range(local))
-        super().__init__(
-            CollectiveAllReduceExtended(
-                self, backend, AlgorithmAllReduce(algorithm), devices, options
-            )
+        extended = CollectiveAllReduceExtended(
+            self, backend, AlgorithmAllReduce(algorithm), devices, options
         )
+        extended._shard_optimizer_state = shard_optimizer_state and num_workers > 1
+        super().__init__(extended)
         logger.info(
-            "MultiWorkerMirroredStrategy: worker %d of %d, %d local replicas, algorithm %s",
+            "MultiWorkerMirroredStrategy: worker %d of %d, %d local replicas, algorithm %s%s",
             rank,
             num_workers,
             local,
             algorithm,
+            ", optimizer state sharded" if extended._shard_optimizer_state else "",
         )
 
     @staticmethod

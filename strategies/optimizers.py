@@ -14,6 +14,12 @@ applied inside the all-reduce, and everything else is all-reduced once per bucke
 frameworks take the general path: one fused collective per bucket, then each replica's update
 in numpy.
 
+With ``MultiWorkerMirroredStrategy(shard_optimizer_state=True)`` (ZeRO stage 1) each worker
+keeps only its chunk of every slot (:mod:`.sharded_state`) and a step is one native collective
+per dtype: the reduce-scatter of every gradient, the update of this worker's chunk of each
+variable and its slots, and the allgather of the new variables, pipelined as one ring
+(``fused_update.allreduce_apply(..., sharded_slots=True)``).
+
 Gradients are numpy arrays or torch CPU tensors; the math is the Keras optimizers' (SGD with
 momentum/Nesterov, Adam with bias correction folded into the step size).
 """
@@ -32,6 +38,7 @@ from pycollective import fused_update
 from . import _context, _tensors
 from .communication import CommunicationOptions
 from .reduce_util import ReduceOp, parse_reduce_op
+from .sharded_state import ShardedSlot
 from .values import DistributedValues, Mirrored, select_replica
 from .variables import (
     DistributedVariable,
@@ -83,8 +90,9 @@ class Optimizer:
         # Created in a strategy's scope: that strategy (tf's optimizers capture it too).
         self._scope_strategy = _context.get_strategy() if _context.has_strategy() else None
         self._iterations: DistributedVariable | None = None
-        self._slots: dict[int, dict[str, DistributedVariable]] = {}
-        self._slot_order: list[tuple[DistributedVariable, str, DistributedVariable]] = []
+        # A slot is a mirrored variable, or this worker's shard of it (ShardedSlot).
+        self._slots: dict[int, dict[str, Any]] = {}
+        self._slot_order: list[tuple[DistributedVariable, str, Any]] = []
         self._lock = threading.Lock()
 
     # State --------------------------------------------------------------------------------------
@@ -104,7 +112,9 @@ class Optimizer:
     def get_slot_names(self) -> list[str]:
         return list(self._slot_names)
 
-    def get_slot(self, var: DistributedVariable, slot_name: str) -> DistributedVariable:
+    def get_slot(self, var: DistributedVariable, slot_name: str) -> Any:
+        """The slot variable; with sharded optimizer state, this worker's ShardedSlot (its
+        ``shard``; ``numpy()`` gathers the whole slot, a collective)."""
         try:
             return self._slots[id(var)][slot_name]
         except KeyError:
@@ -139,13 +149,23 @@ class Optimizer:
                     "optimizer per strategy"
                 )
 
+    def _sharded(self) -> bool:
+        """True when this optimizer's strategy shards optimizer state over its workers."""
+        return bool(getattr(self._strategy.extended, "_shard_optimizer_state", False))
+
     def _create_slots(self, var_list: Iterable[DistributedVariable]) -> None:
         with self._lock:
+            sharded = self._sharded()
             for var in var_list:
                 if id(var) in self._slots:
                     continue
-                slots = {}
+                slots: dict[str, Any] = {}
                 for slot_name in self._slot_names:
+                    if sharded:
+                        shard = ShardedSlot(var, slot_name, self._strategy.extended.backend)
+                        slots[slot_name] = shard
+                        self._slot_order.append((var, slot_name, shard))
+                        continue
                     slot = self._strategy.extended._create_variable(
                         np.zeros(var.shape, var.dtype),
                         name=f"{var.name}/{slot_name}",
@@ -259,6 +279,11 @@ class Optimizer:
         step = int(self.iterations._arrays[0])
         fused = self._fused(step)
         backend = strategy.extended.backend
+        if self._sharded():
+            self._apply_sharded(backend, fused, per_replica, variables)
+            for copy in self.iterations._arrays:
+                copy[...] = step + 1
+            return [None] * len(payloads)
         # The kernel computes from copy 0 and writes every copy: only for mirrored state,
         # whose copies are identical (a sync-on-read variable's copies differ on purpose).
         states = (
@@ -272,12 +297,7 @@ class Optimizer:
             and fused_update.supported(states)
         ):
             rule, hyper = fused
-            scale = (
-                1.0 / backend.num_replicas_in_sync
-                if self.gradient_aggregation == ReduceOp.MEAN
-                else 1.0
-            )
-            hyper = dataclasses.replace(hyper, grad_scale=scale)
+            hyper = self._aggregating(hyper, backend)
             backend.apply_update(
                 rule,
                 hyper,
@@ -301,12 +321,66 @@ class Optimizer:
                 self._apply_on_replica(index, grads, variables)
         return [None] * len(payloads)
 
+    def _apply_sharded(
+        self,
+        backend: Any,
+        fused: tuple[str, fused_update.Hyper] | None,
+        per_replica: list[list[np.ndarray]],
+        variables: list[DistributedVariable],
+    ) -> None:
+        """ZeRO-1: every tensor's gradient is reduce-scattered, this worker's chunk of the
+        variable and of its slot shards updated by the native kernel, and the variable
+        allgathered, as one pipelined ring (``backend.apply_sharded_update``)."""
+        why = None
+        if fused is None:
+            why = (
+                f"{type(self).__name__} has no native update rule (only SGD and Adam, without "
+                "an overridden _update_step, do)"
+            )
+        else:
+            for v in variables:
+                if not isinstance(v, MirroredVariable) or v.dtype not in (
+                    np.float32,
+                    np.float64,
+                ):
+                    why = f"variable {v.name!r} is a {type(v).__name__} of {v.dtype}"
+                    break
+        if why is not None:
+            raise TypeError(
+                f"worker {backend.worker_index}: sharded optimizer state updates mirrored "
+                f"float32/float64 variables with the native SGD and Adam rules, but {why}; "
+                "create the strategy without shard_optimizer_state=True for this model"
+            )
+        assert fused is not None
+        rule, hyper = fused
+        backend.apply_sharded_update(
+            rule,
+            self._aggregating(hyper, backend),
+            per_replica,
+            lambda i, grads: self._replicated(variables[i], grads),
+        )
+
+    def _aggregating(self, hyper: fused_update.Hyper, backend: Any) -> fused_update.Hyper:
+        """``hyper`` with the gradient scale of this optimizer's aggregation: the native
+        kernels see the sum over all replicas in sync (MEAN: times 1/N)."""
+        scale = (
+            1.0 / backend.num_replicas_in_sync
+            if self.gradient_aggregation == ReduceOp.MEAN
+            else 1.0
+        )
+        return dataclasses.replace(hyper, grad_scale=scale)
+
     def _replicated(
         self, var: DistributedVariable, grads: list[np.ndarray]
     ) -> fused_update.ReplicatedTensor:
         slots = self._slots[id(var)]
         return fused_update.ReplicatedTensor(
-            grads, var._arrays, [slots[name]._arrays for name in self._slot_names]
+            grads,
+            var._arrays,
+            [
+                [slot.shard] if isinstance(slot, ShardedSlot) else slot._arrays
+                for slot in (slots[name] for name in self._slot_names)
+            ],
         )
 
     @staticmethod
@@ -330,6 +404,14 @@ class Optimizer:
         self, index: int, grads: list[Any], variables: list[DistributedVariable]
     ) -> None:
         """Replica ``index`` applies its (already reduced) gradients to its own copies."""
+        if self._sharded():
+            raise RuntimeError(
+                f"{self.name}: with sharded optimizer state a worker holds only its shard of "
+                "each slot, so it cannot apply gradients it did not reduce with the other "
+                "workers (skip_gradients_aggregation=True, or plain gradients in a "
+                "cross-replica context); pass PerReplica gradients or call apply_gradients "
+                "inside strategy.run, or create the strategy without shard_optimizer_state"
+            )
         iterations = self.iterations
         step = int(iterations._arrays[index])
         lr = self._lr(step)

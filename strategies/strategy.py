@@ -391,6 +391,9 @@ class Strategy:
 class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware.
 
+    ``_shard_optimizer_state``: optimizers keep only this worker's shard of their slots
+    (MultiWorkerMirroredStrategy(shard_optimizer_state=True) with several workers).
+
     Args:
         container_strategy: the Strategy this belongs to.
         backend: the collective backend (LocalBackend, MultiWorkerBackend).
@@ -410,6 +413,7 @@ class StrategyExtended:
         if len(devices) != backend.num_local_replicas:
             raise ValueError(f"{len(devices)} devices for {backend.num_local_replicas} replicas")
         self._init_common(container_strategy, devices, options)
+        self._shard_optimizer_state = False
         self._backend = backend
         self._cross_device_ops = cross_device_ops
         self._timeout = self._options.timeout_seconds or backend.timeout

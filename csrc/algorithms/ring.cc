@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "algorithms/chunking.h"
@@ -42,19 +43,44 @@ void arrived(const Step& st, const Chunks& chunks, size_t m, size_t j, size_t es
   (*st.onArrived)(data, chunks.offset(st.recvChunk) + seg.offset(j), seg.size(j));
 }
 
-void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps) {
+// One buffer set of a coalesced schedule: its chunking, its segments per chunk and its steps.
+// The plans of one schedule have the same number of steps with the same chunk indices: only
+// the buffers and the chunk sizes differ.
+struct Plan {
+  Chunks chunks;
+  size_t segments;
+  std::vector<Step> steps;
+};
+
+// Runs the plans as one pipelined ring: every step of every plan, segment by segment, in the
+// same order on every rank. A plan's segment j at step s goes out once its segment j of step
+// s-1 arrived, so several tensors keep the pipeline full from the first to the last (one
+// collective's fill and drain for all of them, not one per tensor).
+void runPlans(Exchange& ex, const std::vector<Plan>& plans) {
   const int n = ex.size(), r = ex.rank();
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const size_t es = ex.elemSize();
-  const size_t m = segmentsFor(chunks.size(0), es, ex.segmentBytes());
-  std::vector<RequestPtr> recvs(steps.size() * m), sends(steps.size() * m);
+  struct Unit {
+    size_t plan, segment;
+  };
+  std::vector<Unit> units;
+  for (size_t p = 0; p < plans.size(); ++p)
+    for (size_t j = 0; j < plans[p].segments; ++j) units.push_back({p, j});
+  const size_t perStep = units.size();
+  const size_t numSteps = plans.empty() ? 0 : plans[0].steps.size();
+  for (const Plan& plan : plans)
+    PC_ASSERT(plan.steps.size() == numSteps, "coalesced ring plans with different step counts");
+  std::vector<RequestPtr> recvs(numSteps * perStep), sends(numSteps * perStep);
   for (size_t k = 0; k < recvs.size(); ++k) {
-    const size_t s = k / m, j = k % m;
-    const Step& st = steps[s];
+    const size_t s = k / perStep, u = k % perStep;
+    const Plan& plan = plans[units[u].plan];
+    const Chunks& chunks = plan.chunks;
+    const size_t m = plan.segments, j = units[u].segment;
+    const Step& st = plan.steps[s];
     // The chunk sent at step s is the one received at step s-1 (same segment).
-    if (k >= m) {
-      ex.wait(recvs[k - m]);
-      if (steps[s - 1].onArrived != nullptr) arrived(steps[s - 1], chunks, m, j, es);
+    if (s > 0) {
+      ex.wait(recvs[k - perStep]);
+      if (plan.steps[s - 1].onArrived != nullptr) arrived(plan.steps[s - 1], chunks, m, j, es);
     }
     Chunks sendSeg(chunks.size(st.sendChunk), m);
     sends[k] = ex.send(right, st.sendBase + (chunks.offset(st.sendChunk) + sendSeg.offset(j)) * es,
@@ -62,9 +88,9 @@ void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps
     // A send may still be reading the region this step receives into (an in-place allreduce
     // overwrites in the allgather what it sent in the reduce-scatter): let it finish first.
     for (size_t t = 0; t < s; ++t)
-      if (steps[t].sendChunk == st.recvChunk && steps[t].sendBase == st.recvBase &&
+      if (plan.steps[t].sendChunk == st.recvChunk && plan.steps[t].sendBase == st.recvBase &&
           st.recvChunkDst == nullptr)
-        ex.wait(sends[t * m + j]);
+        ex.wait(sends[t * perStep + u]);
     Chunks recvSeg(chunks.size(st.recvChunk), m);
     size_t off = chunks.offset(st.recvChunk) + recvSeg.offset(j);
     char* dst = st.recvChunkDst != nullptr ? st.recvChunkDst + recvSeg.offset(j) * es
@@ -74,6 +100,11 @@ void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps
                                        : ex.recv(left, dst, bytes);
   }
   ex.waitAll();
+}
+
+void runSteps(Exchange& ex, const Chunks& chunks, const std::vector<Step>& steps) {
+  runPlans(ex,
+           {Plan{chunks, segmentsFor(chunks.size(0), ex.elemSize(), ex.segmentBytes()), steps}});
 }
 
 int mod(int a, int n) {
@@ -143,21 +174,27 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count) {
   runSteps(ex, chunks, steps);
 }
 
-void reduceApplyAllgather(Exchange& ex, const char* in, char* work, char* reduced,
-                          const std::vector<char*>& gather, size_t count, const ChunkFn& apply) {
+void reduceApplyAllgather(Exchange& ex, const std::vector<ApplyBuffers>& tensors) {
   const int n = ex.size(), r = ex.rank();
   if (n == 1) {
-    if (count > 0) apply(in, 0, count);
+    for (const ApplyBuffers& t : tensors)
+      if (t.count > 0) (*t.apply)(t.in, 0, t.count);
     return;
   }
-  PC_ASSERT(!gather.empty(), "reduceApplyAllgather needs a buffer to gather");
-  std::vector<Step> steps;
-  addReduceScatterSteps(steps, n, r, in, work, reduced);
-  // Every segment of this rank's chunk is applied as it arrives, before the allgather's first
-  // step sends that segment of gather[0] on: the state crosses the ring once, already updated.
-  steps.back().onArrived = &apply;
-  for (char* buf : gather) addAllgatherSteps(steps, n, r, buf);
-  runSteps(ex, Chunks(count, n), steps);
+  std::vector<Plan> plans;
+  for (const ApplyBuffers& t : tensors) {
+    PC_ASSERT(!t.gather.empty(), "reduceApplyAllgather needs a buffer to gather");
+    Plan plan{Chunks(t.count, n), 0, {}};
+    plan.segments = segmentsFor(plan.chunks.size(0), ex.elemSize(), ex.segmentBytes());
+    addReduceScatterSteps(plan.steps, n, r, t.in, t.work, t.reduced);
+    // Every segment of this rank's chunk is applied as it arrives, before the allgather's
+    // first step sends that segment of gather[0] on: the state crosses the ring once, already
+    // updated.
+    plan.steps.back().onArrived = t.apply;
+    for (char* buf : t.gather) addAllgatherSteps(plan.steps, n, r, buf);
+    plans.push_back(std::move(plan));
+  }
+  runPlans(ex, plans);
 }
 
 namespace {

@@ -21,14 +21,26 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count);
 
 // apply(reduced, offset, n): elements [offset, offset + n) of the reduction, at `reduced`.
 using ChunkFn = std::function<void(const char* reduced, size_t offset, size_t n)>;
+// One tensor of reduceApplyAllgather: `in` (count elements) is reduced; `reduced` (chunk-sized)
+// receives this rank's chunk of the sum; `apply` turns each of its segments into chunk `rank`
+// of every buffer in `gather` (full size, count elements each; every tensor of a call gathers
+// as many buffers); `work` is a full-size scratch for partial sums (unused, may be null, with
+// two ranks).
+struct ApplyBuffers {
+  const char* in;
+  char* work;
+  char* reduced;
+  std::vector<char*> gather;
+  size_t count;
+  const ChunkFn* apply;
+};
 // An allreduce whose result is consumed where it is made (ZeRO's reduce-scatter, update,
-// allgather, as one pipelined schedule): the reduce-scatter delivers this rank's chunk of the
-// reduction of `in` into `reduced` (chunk-sized), segment by segment; `apply` turns each segment
-// into chunk `rank` of every buffer in `gather` (full size, count elements each); then every
-// buffer is allgathered, so all ranks end with every chunk of every buffer. `work` is a
-// full-size scratch for partial sums (unused, may be null, with two ranks). One rank: apply(in).
-void reduceApplyAllgather(Exchange& ex, const char* in, char* work, char* reduced,
-                          const std::vector<char*>& gather, size_t count, const ChunkFn& apply);
+// allgather, as one pipelined schedule): the reduce-scatter delivers this rank's chunk of each
+// tensor's reduction segment by segment, `apply` updates it, then every gathered buffer is
+// allgathered, so all ranks end with every chunk of every buffer. All tensors run as ONE ring
+// (each chunked on its own, Chunks(count, size)), keeping the pipeline full across them. One
+// rank: apply(in) for each.
+void reduceApplyAllgather(Exchange& ex, const std::vector<ApplyBuffers>& tensors);
 
 }  // namespace ring
 }  // namespace pycollective

@@ -74,7 +74,7 @@ void bindOptim(py::module_& m) {
       "allreduce_update",
       [](Communicator& comm, int rule, int dtype, const HyperTuple& h,
          const std::vector<TensorTuple>& items, const std::vector<uint32_t>& shapeHashes,
-         double timeout, const std::vector<int>& members, int groupId) {
+         double timeout, const std::vector<int>& members, int groupId, bool shardedSlots) {
         std::vector<ReplicatedTensor> tensors;
         for (const TensorTuple& item : items) tensors.push_back(tensorOf(item));
         const UpdateRule r = ruleOf(rule);
@@ -82,16 +82,18 @@ void bindOptim(py::module_& m) {
         const UpdateHyper hyper = hyperOf(h);
         py::gil_scoped_release release;
         comm.executor().run([&] {
-          allreduceUpdate(comm, members, groupId, r, d, hyper, tensors, shapeHashes, timeout);
+          allreduceUpdate(comm, members, groupId, r, d, hyper, tensors, shapeHashes, timeout,
+                          shardedSlots);
         });
       },
       py::kw_only(), py::arg("comm"), py::arg("rule"), py::arg("dtype"), py::arg("hyper"),
       py::arg("tensors"), py::arg("shape_hashes"), py::arg("timeout"), py::arg("members"),
-      py::arg("group_id"),
+      py::arg("group_id"), py::arg("sharded_slots") = false,
       "Optimizer steps across a process group, each fused into the all-reduce of its gradient "
-      "(optim/allreduce_update.h), one collective per tensor in order; tensors = [(count, [this "
-      "rank's gradient], copies, [slot copies, ...])]. Runs after any queued async work; GIL "
-      "released.");
+      "(optim/allreduce_update.h), all tensors as one pipelined ring; tensors = [(count, [this "
+      "rank's gradient], copies, [slot copies, ...])]. sharded_slots: each slot is [this rank's "
+      "chunk] (ZeRO-1) and only the variable is allgathered. Runs after any queued async work; "
+      "GIL released.");
 }
 
 }  // namespace bindings

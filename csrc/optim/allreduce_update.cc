@@ -11,48 +11,87 @@ namespace pycollective {
 
 namespace {
 
-// The state arrays of copy `c`: the variable, then its slots in the rule's order.
-std::vector<char*> stateOf(const ReplicatedTensor& t, size_t c) {
+// The state arrays of copy `c` that cross the ring and reach every local copy: the variable,
+// then (unless the slots are sharded, and so stay where they are) its slots in the rule's order.
+std::vector<char*> stateOf(const ReplicatedTensor& t, size_t c, bool shardedSlots) {
   std::vector<char*> state{static_cast<char*>(t.copies[c])};
-  for (const auto& slot : t.slots) state.push_back(static_cast<char*>(slot[c]));
+  if (!shardedSlots)
+    for (const auto& slot : t.slots) state.push_back(static_cast<char*>(slot[c]));
   return state;
 }
 
-// One tensor's collective (arguments already checked).
-void updateOne(Group& group, int groupId, UpdateRule rule, DType dtype, const UpdateHyper& hyper,
-               const ReplicatedTensor& tensor, uint32_t shapeHash, double timeoutSeconds) {
+// The shape hashes of a call's tensors as one (the header carries one): ranks that pass
+// different tensors, or the same ones in another order, disagree on it.
+uint32_t combinedShapeHash(const std::vector<uint32_t>& shapeHashes) {
+  uint32_t h = 2166136261u;  // FNV-1a over the hashes
+  for (uint32_t x : shapeHashes) {
+    h ^= x;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+// Every tensor of the call as one collective (arguments already checked).
+void updateAll(Group& group, int groupId, UpdateRule rule, DType dtype, const UpdateHyper& hyper,
+               const std::vector<ReplicatedTensor>& tensors,
+               const std::vector<uint32_t>& shapeHashes, double timeoutSeconds, bool shardedSlots) {
+  size_t total = 0;
+  for (const ReplicatedTensor& t : tensors) total += t.count;
   CollectiveArgs args;
   args.kind = CollectiveKind::kAllreduceUpdate;
-  args.in = tensor.grads[0];
-  args.out = tensor.copies[0];
-  args.count = tensor.count;
+  args.in = tensors[0].grads[0];
+  args.out = tensors[0].copies[0];
+  args.count = total;
   args.dtype = dtype;
   args.op = ReduceOp::kSum;
-  args.updateRule = static_cast<uint8_t>(rule);
-  args.shapeHash = shapeHash;
+  args.updateRule =
+      static_cast<uint8_t>(static_cast<uint8_t>(rule) | (shardedSlots ? kShardedStateFlag : 0));
+  args.shapeHash = combinedShapeHash(shapeHashes);
   args.timeoutSeconds = timeoutSeconds;
 
   const size_t es = elementSize(dtype);
-  const std::vector<char*> state = stateOf(tensor, 0);
+  const int nSlots = static_cast<int>(tensors[0].slots.size());
   const UpdateBlockFn update = lookupUpdateBlock(dtype);
   runSchedule(group, groupId, args, ring::algorithm(), [&](Exchange& ex) {
-    const Chunks chunks(tensor.count, ex.size());
-    char* work = ex.size() > 2 ? static_cast<char*>(ex.scratch(0, tensor.count * es)) : nullptr;
-    char* reduced = static_cast<char*>(ex.scratch(1, chunks.size(ex.rank()) * es));
-    ring::reduceApplyAllgather(
-        ex, static_cast<const char*>(tensor.grads[0]), work, reduced, state, tensor.count,
-        // Per segment, on the ring's critical path: the kernel alone (the arguments were
-        // checked once, before anything moved; a segment is small enough for one thread).
-        [&](const char* sum, size_t offset, size_t n) {
-          void* slots[kMaxSlots] = {nullptr, nullptr};
-          for (size_t k = 1; k < state.size(); ++k) slots[k - 1] = state[k] + offset * es;
-          update(rule, hyper, sum, state[0] + offset * es, slots, n);
-        });
+    const int n = ex.size(), r = ex.rank();
+    // One scratch for every tensor's partial sums (more than two ranks) and one for every
+    // tensor's reduced chunk, carved in tensor order.
+    size_t reducedTotal = 0;
+    for (const ReplicatedTensor& t : tensors) reducedTotal += Chunks(t.count, n).size(r);
+    char* work = n > 2 ? static_cast<char*>(ex.scratch(0, total * es)) : nullptr;
+    char* reduced = static_cast<char*>(ex.scratch(1, reducedTotal * es));
+    std::vector<ring::ChunkFn> applies;
+    applies.reserve(tensors.size());  // never reallocated: the buffers point into it
+    std::vector<ring::ApplyBuffers> buffers;
+    for (const ReplicatedTensor& t : tensors) {
+      const Chunks chunks(t.count, n);
+      const std::vector<char*> state = stateOf(t, 0, shardedSlots);
+      const size_t chunkOffset = chunks.offset(r);
+      // Per segment, on the ring's critical path: the kernel alone (the arguments were
+      // checked once, before anything moved; a segment is small enough for one thread).
+      applies.push_back([&t, state, chunkOffset, nSlots, shardedSlots, es, update, rule, &hyper](
+                            const char* sum, size_t offset, size_t count) {
+        void* slots[kMaxSlots] = {nullptr, nullptr};
+        // A sharded slot starts at this rank's chunk; a replicated one at element 0.
+        const size_t slotOffset = shardedSlots ? offset - chunkOffset : offset;
+        for (int k = 0; k < nSlots; ++k)
+          slots[k] = static_cast<char*>(t.slots[k][0]) + slotOffset * es;
+        update(rule, hyper, sum, state[0] + offset * es, slots, count);
+      });
+      buffers.push_back(
+          {static_cast<const char*>(t.grads[0]), work, reduced, state, t.count, &applies.back()});
+      if (work != nullptr) work += t.count * es;
+      reduced += chunks.size(r) * es;
+    }
+    ring::reduceApplyAllgather(ex, buffers);
   });
   // The other local copies are written, not read, before the next step: streaming stores.
-  for (size_t c = 1; c < tensor.copies.size(); ++c) {
-    const std::vector<char*> copy = stateOf(tensor, c);
-    for (size_t k = 0; k < state.size(); ++k) streamCopy(copy[k], state[k], tensor.count * es);
+  for (const ReplicatedTensor& t : tensors) {
+    const std::vector<char*> state = stateOf(t, 0, shardedSlots);
+    for (size_t c = 1; c < t.copies.size(); ++c) {
+      const std::vector<char*> copy = stateOf(t, c, shardedSlots);
+      for (size_t k = 0; k < state.size(); ++k) streamCopy(copy[k], state[k], t.count * es);
+    }
   }
 }
 
@@ -61,18 +100,19 @@ void updateOne(Group& group, int groupId, UpdateRule rule, DType dtype, const Up
 void allreduceUpdate(Communicator& comm, const std::vector<int>& members, int groupId,
                      UpdateRule rule, DType dtype, const UpdateHyper& hyper,
                      const std::vector<ReplicatedTensor>& tensors,
-                     const std::vector<uint32_t>& shapeHashes, double timeoutSeconds) {
+                     const std::vector<uint32_t>& shapeHashes, double timeoutSeconds,
+                     bool shardedSlots) {
   PC_CHECK(tensors.size() == shapeHashes.size(), comm.who(), " allreduce_update: ", tensors.size(),
            " tensors but ", shapeHashes.size(), " shape hashes");
-  checkReplicatedUpdate(rule, dtype, tensors);
+  checkReplicatedUpdate(rule, dtype, tensors, shardedSlots);
   for (size_t i = 0; i < tensors.size(); ++i)
     PC_CHECK(tensors[i].grads.size() == 1, comm.who(), " allreduce_update: tensor ", i, " has ",
              tensors[i].grads.size(),
              " gradients; pass this rank's one gradient (sum the "
              "local replicas' first)");
+  if (tensors.empty()) return;
   Group group(comm, members);
-  for (size_t i = 0; i < tensors.size(); ++i)
-    updateOne(group, groupId, rule, dtype, hyper, tensors[i], shapeHashes[i], timeoutSeconds);
+  updateAll(group, groupId, rule, dtype, hyper, tensors, shapeHashes, timeoutSeconds, shardedSlots);
 }
 
 }  // namespace pycollective

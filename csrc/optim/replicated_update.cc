@@ -13,7 +13,13 @@ namespace pycollective {
 
 const char* updateRuleName(uint8_t rule) {
   static const char* const kNames[kNumUpdateRules] = {"sgd", "momentum", "nesterov", "adam"};
-  return rule < kNumUpdateRules ? kNames[rule] : "an unknown rule";
+  static const char* const kSharded[kNumUpdateRules] = {
+      "sgd, sharded state", "momentum, sharded state", "nesterov, sharded state",
+      "adam, sharded state"};
+  const bool sharded = (rule & kShardedStateFlag) != 0;
+  const uint8_t base = static_cast<uint8_t>(rule & ~kShardedStateFlag);
+  if (base >= kNumUpdateRules) return "an unknown rule";
+  return sharded ? kSharded[base] : kNames[base];
 }
 
 namespace {
@@ -97,7 +103,7 @@ int slotCount(UpdateRule rule) {
 }
 
 void checkReplicatedUpdate(UpdateRule rule, DType dtype,
-                           const std::vector<ReplicatedTensor>& tensors) {
+                           const std::vector<ReplicatedTensor>& tensors, bool shardedSlots) {
   const int nSlots = slotCount(rule);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ReplicatedTensor& t = tensors[i];
@@ -105,9 +111,14 @@ void checkReplicatedUpdate(UpdateRule rule, DType dtype,
              " needs at least one gradient and one copy");
     PC_CHECK(static_cast<int>(t.slots.size()) == nSlots, "replicated update: tensor ", i, " has ",
              t.slots.size(), " slots, the rule keeps ", nSlots);
-    for (const auto& copies : t.slots)
-      PC_CHECK(copies.size() == t.copies.size(), "replicated update: tensor ", i, " has ",
-               t.copies.size(), " copies but a slot with ", copies.size());
+    for (const auto& copies : t.slots) {
+      if (shardedSlots)
+        PC_CHECK(copies.size() == 1, "sharded update: tensor ", i, " has a slot with ",
+                 copies.size(), " arrays; pass this rank's one shard of each slot");
+      else
+        PC_CHECK(copies.size() == t.copies.size(), "replicated update: tensor ", i, " has ",
+                 t.copies.size(), " copies but a slot with ", copies.size());
+    }
   }
   if (dtype != DType::kFloat32 && dtype != DType::kFloat64)
     throw InvalidType(

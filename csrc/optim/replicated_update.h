@@ -28,7 +28,12 @@ enum class UpdateRule : int {
                   // w -= lr * m / (sqrt(v) + epsilon)   (lr: the bias-corrected step size)
 };
 constexpr int kNumUpdateRules = 4;
-// "sgd", "momentum", "nesterov", "adam" (what Python passes by name).
+// Set in a frame header's update rule when the slots are sharded (allreduce_update.h): ranks
+// that disagree about sharding then fail with a ProtocolError instead of exchanging mismatched
+// schedules.
+constexpr uint8_t kShardedStateFlag = 0x10;
+// "sgd", "momentum", "nesterov", "adam" (what Python passes by name); with kShardedStateFlag,
+// "momentum, sharded state" and so on.
 const char* updateRuleName(uint8_t rule);
 
 struct UpdateHyper {
@@ -55,9 +60,10 @@ int slotCount(UpdateRule rule);
 constexpr int kMaxSlots = 2;  // Adam's m and v
 
 // InvalidArgument when a tensor has no gradient, no copy, or the wrong number of slots;
-// InvalidType for dtypes other than float32 and float64.
+// InvalidType for dtypes other than float32 and float64. Every slot has one array per copy, or,
+// with `shardedSlots` (allreduce_update.h), exactly one: this rank's shard.
 void checkReplicatedUpdate(UpdateRule rule, DType dtype,
-                           const std::vector<ReplicatedTensor>& tensors);
+                           const std::vector<ReplicatedTensor>& tensors, bool shardedSlots = false);
 
 // Applies the rule to every tensor, split over the shared reduction thread pool. float32 and
 // float64 only (InvalidType otherwise: callers fall back to their own arithmetic); InvalidArgument
