@@ -19,6 +19,7 @@ with both ratios and each one's optimizer-state bytes per worker.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -143,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--sharded needs --multi-worker (sharding is across worker processes)")
 
     count = args.mib * (1 << 20) // 4 // args.variables
+    if args.multi_worker and not os.environ.get("TF_CONFIG"):
+        # torchrun, srun, mpirun or bench/netns_cluster.sh: join the group their environment
+        # describes; the strategy then runs on it.
+        pc.init()
     if args.sharded:
         _sharded_comparison(args, count)
         pc.shutdown()
