@@ -4,6 +4,7 @@
 // build runs everywhere. Results do not depend on the SIMD level or on how work is split across
 // threads: every kernel is elementwise, so the same inputs give the same bits.
 #include <cstddef>
+#include <cstdint>
 
 #include "core/dtype.h"
 
@@ -14,6 +15,14 @@ using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count)
 
 // dst = src over `bytes`: std::memcpy for host buffers; device buffers use DeviceOps::copyFn().
 using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+
+// float32 arrays to 16-bit ones and back (round to nearest even, see half.h), for the
+// compressed wire formats: the kernels of this CPU's SIMD level (F16C for float16 when present).
+using NarrowFn = void (*)(uint16_t* dst, const float* src, size_t count);
+using WidenFn = void (*)(float* dst, const uint16_t* src, size_t count);
+// dtype: kBFloat16 or kFloat16.
+NarrowFn lookupNarrow(DType dtype);
+WidenFn lookupWiden(DType dtype);
 
 // Looked up once per collective, never per element. kAvg returns the kSum kernel (the caller
 // scales once at the end). Integer dtype with kAvg -> throws InvalidType ("avg is not defined for

@@ -27,6 +27,9 @@ static_assert(static_cast<int>(ReduceOp::kSum) == 0 && static_cast<int>(ReduceOp
 struct KernelTable {
   ReduceFn reduce[kNumDTypes][kNumKernelOps];
   ScaleFn scale[kNumDTypes];  // nullptr for integer dtypes
+  // float32 <-> 16-bit arrays, index 0 bfloat16, 1 float16 (compressed wire formats).
+  NarrowFn narrow[2];
+  WidenFn widen[2];
 };
 
 namespace generic {
@@ -239,9 +242,26 @@ ScaleFn scaleFor(DType dtype) {
   }
 }
 
+void narrowBf16(uint16_t* dst, const float* src, size_t n) {
+  floatToBf16N(dst, src, n);
+}
+void narrowFp16(uint16_t* dst, const float* src, size_t n) {
+  floatToFp16N(dst, src, n);
+}
+void widenBf16(float* dst, const uint16_t* src, size_t n) {
+  bf16ToFloatN(dst, src, n);
+}
+void widenFp16(float* dst, const uint16_t* src, size_t n) {
+  fp16ToFloatN(dst, src, n);
+}
+
 }  // namespace
 
 void fillKernelTable(KernelTable* table) {
+  table->narrow[0] = &narrowBf16;
+  table->narrow[1] = &narrowFp16;
+  table->widen[0] = &widenBf16;
+  table->widen[1] = &widenFp16;
   for (int d = 0; d < kNumDTypes; ++d) {
     const DType dtype = static_cast<DType>(d);
     table->reduce[d][static_cast<int>(ReduceOp::kSum)] = kernelFor<SumOp>(dtype);

@@ -133,6 +133,22 @@ ReduceFn lookupReduce(DType dtype, ReduceOp op) {
   return fn;
 }
 
+namespace {
+int halfIndex(DType dtype) {
+  PC_ASSERT(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+            "16-bit conversions are for bfloat16 and float16, not ", dtypeName(dtype));
+  return dtype == DType::kBFloat16 ? 0 : 1;
+}
+}  // namespace
+
+NarrowFn lookupNarrow(DType dtype) {
+  return selection().table.narrow[halfIndex(dtype)];
+}
+
+WidenFn lookupWiden(DType dtype) {
+  return selection().table.widen[halfIndex(dtype)];
+}
+
 void scaleInPlace(void* data, size_t count, DType dtype, double factor) {
   checkDType(dtype);
   if (!isFloating(dtype)) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "reduce/half.h"
 
 namespace pycollective {
 
@@ -12,18 +11,17 @@ namespace {
 // Work in pieces that stay in L1, so a round trip through 16 bits costs one pass over memory.
 constexpr size_t kPiece = 1024;
 
+DType halfType(WireFormat format) {
+  return format == WireFormat::kBf16 ? DType::kBFloat16 : DType::kFloat16;
+}
+
+// This CPU's conversion kernels (reduce.h): F16C for float16 where the CPU has it.
 void encodePiece(WireFormat format, uint16_t* dst, const float* src, size_t n) {
-  if (format == WireFormat::kBf16)
-    floatToBf16N(dst, src, n);
-  else
-    floatToFp16N(dst, src, n);
+  lookupNarrow(halfType(format))(dst, src, n);
 }
 
 void decodePiece(WireFormat format, float* dst, const uint16_t* src, size_t n) {
-  if (format == WireFormat::kBf16)
-    bf16ToFloatN(dst, src, n);
-  else
-    fp16ToFloatN(dst, src, n);
+  lookupWiden(halfType(format))(dst, src, n);
 }
 
 // dst = decode(encode(src)) for n <= kPiece elements; dst may alias src.
