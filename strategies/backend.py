@@ -455,10 +455,12 @@ class MultiWorkerBackend(CollectiveBackend):
             f"{self.num_local_replicas} local replicas, algorithm={self.algorithm!r})"
         )
 
-    def _kw(self, dtype: np.dtype | None = None) -> dict[str, Any]:
-        """Keywords of the cross-worker calls; ``compress`` for float32 data."""
+    def _kw(self, gradients: np.dtype | None = None) -> dict[str, Any]:
+        """Keywords of the cross-worker calls. ``gradients``: the dtype of an optimizer's
+        gradient bucket, which travels compressed when it is float32 and ``compress`` is set;
+        nothing else does (metrics, variable reads and assignments keep float32 precision)."""
         kw: dict[str, Any] = {"timeout": self.timeout} if self._timeout_kw else {}
-        if self.compress is not None and dtype == np.float32:
+        if self.compress is not None and gradients == np.float32:
             kw["compress"] = self.compress
         return kw
 
@@ -481,12 +483,9 @@ class MultiWorkerBackend(CollectiveBackend):
     ) -> list[np.ndarray]:
         native = "avg" if op == ReduceOp.MEAN else "sum"
         if self.num_local_replicas > 1:
-            compress = self._kw(arrays[0].dtype).get("compress")
-            return self.replica_group.allreduce(
-                list(arrays), op=native, inplace=owned, compress=compress
-            )
+            return self.replica_group.allreduce(list(arrays), op=native, inplace=owned)
         x = _tensors.contiguous(arrays[0])
-        out = pc.allreduce(x, op=native, algo=self._cross_algo, inplace=owned, **self._kw(x.dtype))
+        out = pc.allreduce(x, op=native, algo=self._cross_algo, inplace=owned, **self._kw())
         return [_tensors.to_numpy(out)]
 
     def apply_update(
@@ -531,7 +530,10 @@ class MultiWorkerBackend(CollectiveBackend):
         ]
         for pack in packs:
             buf = self._scratch_for(first[pack[0]].dtype, sum(first[i].size for i in pack))
-            self._sum_into(buf, [[ts[i] for i in pack] for ts in per_replica], key=pack[0])
+            # The bucket's error-feedback residue is keyed by its variables (replica 0's
+            # arrays, the same objects every step), never by position in this call's list.
+            key = tuple(id(replicated(i, []).copies[0]) for i in pack)
+            self._sum_into(buf, [[ts[i] for i in pack] for ts in per_replica], key=key)
             tensors, offset = [], 0
             for i in pack:
                 view = buf[offset : offset + first[i].size].reshape(first[i].shape)

@@ -95,6 +95,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             raise TypeError(
                 f"shard_optimizer_state must be True or False, got {shard_optimizer_state!r}"
             )
+        if shard_optimizer_state and communication_options is not None:
+            if communication_options.compress is not None:
+                raise ValueError(
+                    "shard_optimizer_state=True sends each worker's updated variables, not "
+                    "gradients, in one fused collective that has no compressed form: drop "
+                    "CommunicationOptions(compress=...) or shard_optimizer_state"
+                )
         resolver = cluster_resolver if cluster_resolver is not None else TFConfigClusterResolver()
         options = (
             communication_options if communication_options is not None else CommunicationOptions()

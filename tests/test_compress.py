@@ -65,6 +65,7 @@ def _over_tcp(rank, n):
     pc.init(transport="tcp")
     try:
         digests = [_check_compressed(rank, n, *case) for case in TCP_CASES]
+        probe = float(pc.allreduce(_wire_probe(rank), algo="ring", compress="bf16")[0])
         refusals = []
         for kwargs in (
             {"x": np.ones(8, np.float64), "compress": "bf16"},
@@ -80,16 +81,27 @@ def _over_tcp(rank, n):
             mismatch = "no error"
         except pc.CollectiveError as exc:
             mismatch = str(exc)
-        return digests, refusals, mismatch
+        return digests, refusals, mismatch, probe
     finally:
         pc.shutdown()
 
 
+def _wire_probe(rank: int) -> np.ndarray:
+    """Inputs whose compressed sum tells whether they crossed the wire as bfloat16. Sent as
+    bf16, 1 + 3*2^-9 arrives as 1 + 2^-7 and the sum with -2^-9 rounds to 1 + 2^-7; summed in
+    float32 and rounded once at the end (links in memory), 1 + 2^-8 rounds to even: 1.0."""
+    return np.array([[1 + 3 * 2.0**-9, -(2.0**-9)][rank] if rank < 2 else 0.0], np.float32)
+
+
+BF16_ON_THE_WIRE = 1 + 2.0**-7
+
+
 def test_compressed_allreduce_over_tcp():
     results = run_ranks(_over_tcp, 3, timeout=90)
+    assert {r[3] for r in results} == {BF16_ON_THE_WIRE}, "tcp payloads were not bf16"
     for i, case in enumerate(TCP_CASES):
-        assert len({digests[i] for digests, _, _ in results}) == 1, f"{case}: ranks disagree"
-    for _, (float64, unknown), mismatch in results:
+        assert len({digests[i] for digests, _, _, _ in results}) == 1, f"{case}: ranks disagree"
+    for _, (float64, unknown), mismatch, _ in results:
         assert "float64" in float64 and "drop compress=" in float64, float64
         assert "'bf16' or 'fp16'" in unknown, unknown
         assert "compress" in mismatch, mismatch
@@ -100,7 +112,14 @@ def _hierarchical(rank, n):
 
     pc.init()
     try:
-        return _check_compressed(rank, n, "hierarchical", "bf16", 200_003, "sum")
+        digest = _check_compressed(rank, n, "hierarchical", "bf16", 200_003, "sum")
+        # Ranks 0 and 1 share a host: between them the sum stays in float32, rounded once at
+        # the end (every rank calls new_group; ranks 2 and 3 get None).
+        host_a = pc.new_group([0, 1])
+        if host_a is None:
+            return digest, None
+        probe = pc.allreduce(_wire_probe(rank), algo="ring", compress="bf16", group=host_a)
+        return digest, float(probe[0])
     finally:
         pc.shutdown()
 
@@ -108,8 +127,10 @@ def _hierarchical(rank, n):
 def test_compressed_hierarchical_two_hosts_of_two():
     """Shared memory inside each host (float32), tcp between them (bf16)."""
     hosts = [{"PYCOLLECTIVE_HOST_ID": h} for h in ("a", "a", "b", "b")]
-    digests = run_ranks(_hierarchical, 4, per_rank_env=hosts, timeout=60)
-    assert len(set(digests)) == 1, "ranks ended with different results"
+    results = run_ranks(_hierarchical, 4, per_rank_env=hosts, timeout=60)
+    assert len({digest for digest, _ in results}) == 1, "ranks ended with different results"
+    probes = [probe for _, probe in results]
+    assert probes == [1.0, 1.0, None, None], "shared-memory links compressed their data"
 
 
 def _bf16_by_numpy(x: np.ndarray) -> np.ndarray:

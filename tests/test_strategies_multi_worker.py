@@ -393,3 +393,36 @@ def test_fused_update_across_workers_matches_numpy(momentum, local_replicas):
         assert res["calls"] == want, res
         assert res["max_error"] < 1e-5, res
         assert res["copies_equal"], res
+
+
+def _compressed_gradients_only(rank, n):
+    """compress= applies to the optimizer's gradient buckets (with error feedback), never to
+    other float32 reductions: a reduced 1001.0 per worker must read back exactly."""
+    import pycollective as pc
+    from pycollective import strategies as ds
+
+    pc.init()
+    options = ds.CommunicationOptions(compress="bf16", error_feedback=True)
+    strategy = ds.MultiWorkerMirroredStrategy(communication_options=options)
+    with strategy.scope():
+        weights = ds.Variable(np.ones(1000, np.float32))
+        opt = ds.SGD(0.5, momentum=0.5)
+    grad = np.full(1000, 1 + 3 * 2.0**-9, np.float32)  # not a bfloat16 value
+
+    def step():
+        opt.apply_gradients([(grad, weights)])
+        return np.float32(1001.0)
+
+    totals = [float(strategy.reduce(ds.ReduceOp.SUM, strategy.run(step), axis=None))]
+    feedback = strategy.extended.backend._feedback
+    residues = {k: float(v[0]) for k, v in feedback._residues.items()}
+    pc.shutdown()
+    return totals, list(residues.values())
+
+
+def test_compress_applies_to_gradients_only():
+    env = {"PYCOLLECTIVE_CPU_REPLICAS": "1", "PYCOLLECTIVE_TRANSPORT": "tcp"}
+    for totals, residues in run_ranks(_compressed_gradients_only, 2, timeout=60, env=env):
+        assert totals == [2002.0]  # bfloat16 would have made it 2000.0
+        # One bucket, keyed by its variable; its residue is the gradient's rounding: g - R(g).
+        assert residues == [3 * 2.0**-9 - 4 * 2.0**-9]

@@ -2,9 +2,11 @@
 // Memory for a compressed call's encoded payloads (Exchange, reduce/wire_codec.h). A call needs a
 // buffer per message it encodes or receives encoded; allocating them fresh every call would
 // page-fault tens of megabytes of new memory per large all-reduce. The blocks are kept by the
-// thread that ran the call and handed out again to its next compressed call: each communicator
-// runs its calls on one executor thread, so a training loop reuses the same blocks every step.
-// They stay allocated for the thread's lifetime, as large as its largest call's payloads.
+// thread that ran the call and handed out again to its next compressed call on that thread (a
+// communicator's executor thread, or the caller's thread for a call it runs inline), so a
+// training loop reuses the same blocks every step. A call's CallState takes the arena and gives
+// it back on the same thread (it is made and destroyed where the call runs). The blocks stay
+// allocated for the thread's lifetime, as large as its largest call's payloads.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
