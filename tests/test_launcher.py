@@ -136,7 +136,11 @@ def test_output_is_prefixed_per_line_and_streams_stay_apart():
 
 @pytest.mark.timeout(60)
 def test_no_tag_output():
-    result = run("-n", "2", "--no-tag-output", sys.executable, "-c", "print('plain')")
+    # Untagged, the ranks write straight to the launcher's stdout, as mpirun's do: a line is
+    # whole when written in one call (print() writes text and newline apart, which two
+    # unbuffered ranks can interleave: PYTHONUNBUFFERED=1 in the environment).
+    line = "import sys; sys.stdout.write('plain\\n')"
+    result = run("-n", "2", "--no-tag-output", sys.executable, "-c", line)
     assert result.returncode == 0
     assert result.stdout.splitlines() == ["plain", "plain"]
 
