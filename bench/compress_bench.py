@@ -3,7 +3,7 @@ side by side in one run, interleaved. Run it in every rank of a job whose ranks 
 hosts (or the multi-host namespace cluster, bench/netns_cluster.sh):
 
     pycollective run -n 4 --host-ids a,a,b,b python -m pycollective.bench.compress_bench
-    bench/netns_cluster.sh 2 2 1gbit -- python -m pycollective.bench.compress_bench
+    sudo bench/netns_cluster.sh 2 2 1gbit -- "$(command -v python)" -m pycollective.bench.compress_bench
 
 Rank 0 prints a markdown table: median milliseconds per float32 all-reduce (the slowest rank's
 time, over interleaved rounds), each compressed row's speed-up over the uncompressed row of the

@@ -136,8 +136,18 @@ void checkRoot(const Group& group, const CollectiveArgs& args) {
            " is out of range for a group of ", group.size(), " ranks");
 }
 
-void checkCompressible(const Group& group, const CollectiveArgs& args) {
-  const std::string who = group.comm().who();
+// The output of a compressed call, rounded to the wire format on every rank (wire_codec.h).
+void roundOutput(const Group& group, const CollectiveArgs& args) {
+  const size_t count = args.kind == CollectiveKind::kAllreduce
+                           ? args.count
+                           : Chunks(args.count, group.size()).size(group.rank());
+  roundToWire(args.wire, static_cast<float*>(args.out), count);
+}
+
+}  // namespace
+
+void checkCompressible(const std::string& who, const CollectiveArgs& args) {
+  if (args.wire == WireFormat::kNative) return;
   const char* format = wireFormatName(args.wire);
   PC_CHECK(args.kind == CollectiveKind::kAllreduce || args.kind == CollectiveKind::kReduceScatter,
            who, " compress=\"", format, "\" applies to allreduce and reduce_scatter, not ",
@@ -149,16 +159,6 @@ void checkCompressible(const Group& group, const CollectiveArgs& args) {
            "\" applies to host tensors on pycollective's own links; device tensors go through "
            "NCCL: drop compress=");
 }
-
-// The output of a compressed call, rounded to the wire format on every rank (wire_codec.h).
-void roundOutput(const Group& group, const CollectiveArgs& args) {
-  const size_t count = args.kind == CollectiveKind::kAllreduce
-                           ? args.count
-                           : Chunks(args.count, group.size()).size(group.rank());
-  roundToWire(args.wire, static_cast<float*>(args.out), count);
-}
-
-}  // namespace
 
 Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo,
                      const std::function<void(Exchange&)>& schedule) {
@@ -175,7 +175,7 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
   checkRoot(group, args);
   // Fails with InvalidType for an integer avg, before anything moves.
   if (reducesData(args.kind)) lookupReduce(args.dtype, args.op);
-  if (args.wire != WireFormat::kNative) checkCompressible(group, args);
+  checkCompressible(comm.who(), args);
 
   const Algorithm* algo = nullptr;
   const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);

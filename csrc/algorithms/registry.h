@@ -39,6 +39,10 @@ void runCollective(Communicator& comm, const CollectiveArgs& args, const std::st
 void runCollective(Communicator& comm, const std::vector<int>& members, int groupId,
                    const CollectiveArgs& args, const std::string& algo);
 
+// A compressed call (args.wire) that cannot be compressed -- not a float32 allreduce or
+// reduce_scatter of host buffers -- throws InvalidArgument saying why; `who` names the rank.
+void checkCompressible(const std::string& who, const CollectiveArgs& args);
+
 // The algorithm a call runs: by name, or auto's choice (the tuned table, else the cost model).
 // Checks the call (root, integer avg, whether the algorithm can run it) and throws
 // InvalidArgument/InvalidType before anything moves.

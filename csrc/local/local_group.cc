@@ -114,10 +114,8 @@ void LocalGroup::checkCrossProcessCall(const CollectiveArgs& args, const std::st
            algo, "': pass 'hierarchical' or 'auto'");
   PC_CHECK(args.device < 0, "a group of replicas across processes takes host buffers only");
   // Checked before anything moves: the small path reduces the local replicas before its
-  // cross-process call would refuse the dtype, and a refusal there aborts the group.
-  PC_CHECK(args.wire == WireFormat::kNative || args.dtype == DType::kFloat32, "compress=\"",
-           wireFormatName(args.wire), "\" sends float32 values as 16 bits, but this tensor is ",
-           dtypeName(args.dtype), "; drop compress= (or convert the tensor to float32)");
+  // cross-process call would refuse the call, and a refusal there aborts the group.
+  checkCompressible(comms_[0]->who(), args);
 }
 
 bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
