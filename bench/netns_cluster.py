@@ -308,7 +308,9 @@ class NetnsCluster:
                         env=self.rank_environment(r, token, base),
                         stdout=out,
                         stderr=subprocess.STDOUT if out else None,
-                        start_new_session=True,
+                        # A process group of its own in this session, as
+                        # pycollective._spawn.own_process_group (why: there).
+                        preexec_fn=lambda: os.setpgid(0, 0),
                     )
                 )
                 if out is not None:

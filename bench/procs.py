@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from pycollective._ports import PortReservation
-from pycollective._spawn import child_environment, python_module_command
+from pycollective._spawn import child_environment, own_process_group, python_module_command
 
 from .rows import Row
 
@@ -59,7 +59,7 @@ def _run_ranks(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                start_new_session=True,
+                preexec_fn=own_process_group(),
             )
         ]
     else:
@@ -83,7 +83,7 @@ def _run_ranks(
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
-                    start_new_session=True,
+                    preexec_fn=own_process_group(),
                 )
             )
     log: list[str] = []

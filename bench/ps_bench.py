@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from pycollective._spawn import child_environment, python_module_command
+from pycollective._spawn import child_environment, own_process_group, python_module_command
 from pycollective.bench.ceilings import loopback_tcp_bandwidth
 from pycollective.launcher import _die_with_parent
 from pycollective.strategies import (
@@ -66,8 +66,7 @@ class Task:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=own_process_group(then=_die_with_parent(os.getpid())),
         )  # never outlive the benchmark
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pycollective._ext import PACKAGE_DIR_VARIABLE
 
@@ -41,3 +41,26 @@ def python_module_command(module: str, *args: str) -> list[str]:
     """The argv that runs ``python -m module args...`` with this interpreter, except that the
     current directory is not put on ``sys.path``."""
     return [sys.executable, "-c", _RUN_MODULE, module, *args]
+
+
+def own_process_group(then: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A ``preexec_fn`` that puts the child in a process group of its own, in this session, then
+    runs ``then`` (another preexec step, or None).
+
+    The group lets a launcher signal a rank and whatever the rank started (``os.killpg``). Not a
+    session of its own (``start_new_session=True``): on kernels with autogroup scheduling
+    (``/proc/sys/kernel/sched_autogroup_enabled``, on by default in most distributions' kernels)
+    each session is scheduled as one unit, fairly against the others, and ``sched_yield()`` only
+    hands the core to threads of the same unit. A rank that waits for a peer yields so that the
+    peer can run; with every rank in a session of its own that hand-off never happens, and where
+    ranks outnumber cores each wait lasts until the scheduler's tick. Measured on 2 cores: a
+    4-rank 8-byte all-reduce took 0.4-2 ms instead of 15-60 us, and Open MPI's own ranks,
+    started under ``setsid``, slowed down alike (docs/benchmarks.md, "Ranks in one session").
+    """
+
+    def preexec() -> None:
+        os.setpgid(0, 0)
+        if then is not None:
+            then()
+
+    return preexec

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from pycollective._ports import PortReservation
-from pycollective._spawn import child_environment, python_module_command
+from pycollective._spawn import child_environment, own_process_group, python_module_command
 
 HELP = "start N ranks of a program on this machine"
 
@@ -338,8 +338,7 @@ class _RankGroup:
             stderr=pipe,
             # Own process group: the launcher decides who gets which signal,
             # and stopping a rank also stops whatever the rank started.
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=own_process_group(then=_die_with_parent(os.getpid())),
         )
         entry = _Rank(rank, process)
         self.ranks.append(entry)

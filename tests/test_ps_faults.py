@@ -25,6 +25,7 @@ import time
 import numpy as np
 import pytest
 
+from pycollective._spawn import own_process_group
 from pycollective.launcher import _die_with_parent
 from pycollective.strategies import (
     SGD,
@@ -68,8 +69,7 @@ class Task:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=own_process_group(then=_die_with_parent(os.getpid())),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []

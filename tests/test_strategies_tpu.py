@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from pycollective import strategies as ds
+from pycollective._spawn import own_process_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -811,6 +812,7 @@ NO_JAX_SCRIPT = textwrap.dedent("""
     import numpy as np
     import pycollective
     from pycollective import strategies as ds
+from pycollective._spawn import own_process_group
     s = ds.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out = s.run(lambda: ds.get_replica_context().all_reduce("SUM", np.ones(2)))
     assert np.asarray(s.experimental_local_results(out)[0]).tolist() == [2.0, 2.0]
@@ -885,6 +887,7 @@ WORKER_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import numpy as np
     from pycollective import strategies as ds
+from pycollective._spawn import own_process_group
     import tpu_models as tm
 
     s = ds.TPUStrategy()
@@ -937,7 +940,7 @@ def test_two_processes_with_pycollective_run_form_one_mesh(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
         cwd=str(tmp_path),
-        start_new_session=True,
+        preexec_fn=own_process_group(),
     )
     [output] = _communicate_all([proc], deadline=time.monotonic() + 120)
     assert proc.returncode == 0, output[-6000:]
@@ -953,6 +956,7 @@ def test_two_processes_with_pycollective_run_form_one_mesh(tmp_path):
 LIGHT_SCRIPT = textwrap.dedent("""
     import numpy as np
     from pycollective import strategies as ds
+from pycollective._spawn import own_process_group
 
     s = ds.TPUStrategy()
     rank = s.cluster_resolver.task_id
@@ -1060,7 +1064,7 @@ def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                start_new_session=True,
+                preexec_fn=own_process_group(),
             )
         )
     outputs = _communicate_all(procs, deadline=time.monotonic() + 70)  # mark: 90 s

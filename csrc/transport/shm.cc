@@ -243,10 +243,15 @@ class ShmLink : public Link {
 
   bool progress() override {
     if (sends_.empty() && recvs_.empty()) return false;
-    throwIfFailed();
+    // Messages already in the ring were sent before any abort of the peer, so they are
+    // delivered first: a peer that finished this call and failed in its next one (a mismatch
+    // there) must not fail this one here. This side's own abort stops everything at once.
+    throwIfAborted(mine(), rank_);
     bool moved = false;
-    if (!sends_.empty()) moved |= pushSends();
     if (!recvs_.empty()) moved |= pullRecvs();
+    if (sends_.empty() && recvs_.empty()) return moved;
+    throwIfAborted(theirs(), peer_);
+    if (!sends_.empty()) moved |= pushSends();
     if (moved) {
       stalled_ = false;
     } else if (!sends_.empty() || !recvs_.empty()) {
@@ -435,11 +440,12 @@ class ShmLink : public Link {
 
   // Failures that end every pending request: an abort on either side.
   void throwIfFailed() {
-    if (mine().state.load(std::memory_order_acquire) == kAborted)
-      throw RemoteError("rank " + std::to_string(rank_) + " aborted: " + loadReason(mine().reason));
-    if (theirs().state.load(std::memory_order_acquire) == kAborted)
-      throw RemoteError("rank " + std::to_string(peer_) +
-                        " aborted: " + loadReason(theirs().reason));
+    throwIfAborted(mine(), rank_);
+    throwIfAborted(theirs(), peer_);
+  }
+  static void throwIfAborted(SideBlock& side, int rank) {
+    if (side.state.load(std::memory_order_acquire) == kAborted)
+      throw RemoteError("rank " + std::to_string(rank) + " aborted: " + loadReason(side.reason));
   }
 
   [[noreturn]] void throwClosed() {
