@@ -72,6 +72,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="procs mode: pretend the ranks sit on this many hosts (consecutive "
         "ranks per host), to exercise hierarchical on one machine",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="procs mode: run ours and the peers this many times, alternating, and report the "
+        "median of the rounds (fair ratios on a machine whose load drifts)",
+    )
     p.add_argument("--inplace", action="store_true", help="in place instead of out= buffers")
     p.add_argument(
         "--new-outputs",
@@ -187,7 +194,10 @@ def run(args: argparse.Namespace) -> int:
     if "loopback_tcp_Bps" in ceilings:
         print(f"# ceiling: loopback TCP, one stream: {ceilings['loopback_tcp_Bps'] / 1e9:.2f} GB/s")
     notes: list[str] = []
-    total = len(sweep) * (len(algos) * (len(transports) if procs_mode else 1) + len(peers))
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    rounds = args.rounds if procs_mode else 1
+    total = len(sweep) * (len(algos) * (len(transports) if procs_mode else 1) + len(peers)) * rounds
     progress = Progress(total)
     if procs_mode:
         host_ids = (
@@ -209,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
             notes,
             host_ids,
             new_outputs=args.new_outputs,
+            rounds=rounds,
         )
     else:
         rows = inproc.run(

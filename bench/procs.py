@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -150,7 +151,12 @@ def run(
     notes: list[str],
     host_ids: list[str] | None = None,
     new_outputs: bool = False,
+    rounds: int = 1,
 ) -> list[Row]:
+    """Rows of every algorithm over every transport, then of every peer. With ``rounds`` > 1
+    the launches alternate (ours, the peers, ours, ...) and each row gives the median of its
+    rounds' medians, the lowest p10 and the highest p90: a machine whose load drifts over
+    minutes then weighs on both sides of a ratio alike, not on whichever ran last."""
     job = {
         "collective": collective,
         "sizes": sizes,
@@ -166,44 +172,56 @@ def run(
     # take longer than budget_s / ROUNDS per call.
     deadline = 120 + 8 * budget_s * len(sizes) * max(1, len(algos))
     rows: list[Row] = []
+    # (transport, is_peer, nbytes, algo) -> the raw result of each round
+    results: dict[tuple[str, bool, int, str], list[dict]] = {}
 
     def add(raw: list[dict], transport: str, peer: bool) -> None:
         for d in raw:
-            rows.append(
-                Row(
-                    collective,
-                    d["nbytes"],
-                    d["count"],
-                    dtype,
-                    d["algo"],
-                    transport,
-                    world,
-                    d["median_s"],
-                    d["p10_s"],
-                    d["p90_s"],
-                    d["wrong"],
-                    peer=peer,
-                    extra={"chose": d["chose"]} if d.get("chose") else {},
-                )
-            )
+            results.setdefault((transport, peer, d["nbytes"], d["algo"]), []).append(d)
 
-    for transport in transports:
-        raw = _spawn_ranks(
-            dict(job, backend="pycollective", transport=transport, algos=algos, host_ids=host_ids),
-            world,
-            deadline,
-            progress,
-        )
-        add(raw, transport, False)
+    runnable: list[str] = []
     for peer in peers:
         why = peer_status(peer)
-        if why is not None:
+        if why is None:
+            runnable.append(peer)
+        else:
             notes.append(f"peer {peer} skipped: {why}")
-            continue
-        try:
-            raw = _spawn_ranks(dict(job, backend=peer, algos=[peer]), world, deadline, progress)
-        except RuntimeError as exc:
-            notes.append(f"peer {peer} failed: {str(exc).splitlines()[0]}")
-            continue
-        add(raw, {"gloo": "tcp", "tensorflow": "grpc"}.get(peer, "shm"), True)
+    for _ in range(rounds):
+        for transport in transports:
+            raw = _spawn_ranks(
+                dict(
+                    job, backend="pycollective", transport=transport, algos=algos, host_ids=host_ids
+                ),
+                world,
+                deadline,
+                progress,
+            )
+            add(raw, transport, False)
+        for peer in list(runnable):
+            try:
+                raw = _spawn_ranks(dict(job, backend=peer, algos=[peer]), world, deadline, progress)
+            except RuntimeError as exc:
+                notes.append(f"peer {peer} failed: {str(exc).splitlines()[0]}")
+                runnable.remove(peer)
+                continue
+            add(raw, {"gloo": "tcp", "tensorflow": "grpc"}.get(peer, "shm"), True)
+    for (transport, peer, _, _), runs in results.items():
+        first = runs[0]
+        rows.append(
+            Row(
+                collective,
+                first["nbytes"],
+                first["count"],
+                dtype,
+                first["algo"],
+                transport,
+                world,
+                statistics.median(d["median_s"] for d in runs),
+                min(d["p10_s"] for d in runs),
+                max(d["p90_s"] for d in runs),
+                sum(d["wrong"] for d in runs),
+                peer=peer,
+                extra={"chose": first["chose"]} if first.get("chose") else {},
+            )
+        )
     return rows

@@ -64,6 +64,25 @@ def test_processes_over_both_transports_with_peers():
         assert f"{peer} (peer)" in res.stdout or f"peer {peer} skipped:" in res.stdout, peer
 
 
+@pytest.mark.timeout(240)
+def test_rounds_alternate_ours_and_the_peers(tmp_path):
+    """--rounds 2: ours and a peer run twice each, alternating; each row is one row of the
+    rounds (no duplicates), checked like the others."""
+    j = tmp_path / "r.json"
+    res = run(
+        ["--world", "2", *TINY, "--algos", "ring,auto", "--peers", "mpi", "--rounds", "2"]
+        + ["--json", str(j)]
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(j.read_text())["rows"]
+    keys = [(r["algo"], r["nbytes"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    ours = {k for k in keys if k[0] in ("ring", "auto")}
+    assert ours == {(a, n) for a in ("ring", "auto") for n in (1024, 4096)}
+    assert all(r["wrong"] == 0 and 0 < r["p10_s"] <= r["median_s"] <= r["p90_s"] for r in rows)
+    assert "mpi (peer)" in res.stdout or "peer mpi skipped:" in res.stdout
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["inproc", "procs"])
 def test_new_outputs_and_the_prepared_row(mode):
