@@ -167,6 +167,18 @@ class CoordinationService:
                 self._state.cond.wait(remaining)
         return True
 
+    def local_items(self, prefix: str) -> dict[str, bytes]:
+        """The key-value entries under ``prefix``, read in this process (no RPC): for a host
+        process that drives the store itself (the elastic rendezvous in the launcher)."""
+        with self._state.cond:
+            return {k: v for k, v in self._state.kv.items() if k.startswith(prefix)}
+
+    def local_set(self, key: str, value: bytes) -> None:
+        """Sets ``key`` from this process, waking the ranks waiting for it in ``get``."""
+        with self._state.cond:
+            self._state.kv[key] = bytes(value)
+            self._state.cond.notify_all()
+
     def __enter__(self) -> CoordinationService:
         self.start()
         return self
