@@ -821,6 +821,8 @@ _lock = threading.Lock()
 # This process's rank in the last group it joined (-1: none yet): an elastic re-formation keeps
 # survivors in their order.
 _previous_rank = -1
+# Whether this process, new to an elastic job, joined a group that re-formed (is_replacement()).
+_replacement = False
 
 
 def init(
@@ -857,7 +859,7 @@ def init(
     then ``init()`` (or :func:`reinit`) forms a new group with the processes still alive and
     any replacements the launcher started (docs/launching.md, "Elastic jobs").
     """
-    global _world, _previous_rank
+    global _world, _previous_rank, _replacement
     with _lock:
         if _world is not None:
             raise RuntimeError(
@@ -886,9 +888,10 @@ def init(
                     "init(announce=...) names rank 0's channel for the coordinator's address, "
                     f"but {elastic.ENV_STORE} is set: the elastic rendezvous is that channel"
                 )
-            rank, world_size, master, announce, store_client = _join_elastic(
+            rank, world_size, master, announce, store_client, joined_round = _join_elastic(
                 store, token, min_size, forming_timeout
             )
+            _replacement = _previous_rank < 0 and joined_round > 1
         try:
             spec = ClusterSpec.from_env(
                 rank=rank,
@@ -928,10 +931,18 @@ def init(
         return _world.world
 
 
+def is_replacement() -> bool:
+    """Whether this process joined an elastic job late: it was started to replace a failed
+    process, and its group is a re-formed one, whose other members have trained ahead of it
+    (they restore a checkpoint, and so must it). False outside elastic jobs."""
+    return _replacement
+
+
 def _join_elastic(
     store: str, token: str | None, min_size: int | None, timeout: float
-) -> tuple[int, int, str, Callable[[str], None] | None, Any]:
-    """Joins the elastic rendezvous: (rank, world_size, master, announce, store client)."""
+) -> tuple[int, int, str, Callable[[str], None] | None, Any, int]:
+    """Joins the elastic rendezvous: (rank, world_size, master, announce, store client,
+    round)."""
     secret = token or config.text("PYCOLLECTIVE_TOKEN")
     if not secret:
         raise ValueError(
@@ -952,12 +963,13 @@ def _join_elastic(
                 elastic.coordinator_bind(store),
                 lambda address: elastic.publish_coordinator(client, round_number, address),
                 client,
+                round_number,
             )
         master = elastic.coordinator_of(client, placed.round, timeout)
     except BaseException:
         client.close()
         raise
-    return placed.rank, placed.world_size, master, None, client
+    return placed.rank, placed.world_size, master, None, client, placed.round
 
 
 def reinit(

@@ -47,6 +47,7 @@ from .communication import (
     CommunicationImplementation,
     CommunicationOptions,
 )
+from .fault_tolerance import BackupAndRestore
 from .cross_device_ops import (
     AlgorithmAllReduce,
     CrossDeviceOps,
@@ -82,6 +83,7 @@ __all__ = [
     "SGD",
     "Adam",
     "AlgorithmAllReduce",
+    "BackupAndRestore",
     "Checkpoint",
     "CheckpointLoadStatus",
     "ClusterResolver",
