@@ -615,6 +615,8 @@ def _rank_count(text: str) -> tuple[int, int]:
         counts = (int(low), int(high)) if sep else (int(text), int(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or MIN:MAX, got {text!r}") from None
+    if not sep and counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {counts[0]}")
     if not 1 <= counts[0] <= counts[1]:
         raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
     return counts
