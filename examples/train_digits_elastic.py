@@ -9,7 +9,12 @@ alive (and the replacement the launcher starts with ``--max-restarts``), restore
 backup and go on from its step. Step s trains on a global batch drawn from (seed, s) alone, split
 over the workers of the moment, so a resumed run repeats the lost steps exactly.
 
-``--kill-at S --kill-rank R`` makes worker R SIGKILL itself at step S, once (for tests).
+``--handler preemption`` drives the loop with ``PreemptionCheckpointHandler`` instead (tf's
+preemption API): a SIGTERM to any worker makes every worker save at the same step and exit 42;
+the next launch resumes from that checkpoint.
+
+``--kill-at S --kill-rank R`` makes worker R SIGKILL itself at step S, once (for tests);
+``--term-at S --term-rank R`` sends it SIGTERM instead (a preemption notice).
 ``--resume-from FILE`` trains from that checkpoint's step instead (a reference run).
 ``--out FILE``: the chief writes the final parameters and the recoveries there (.npz, .json).
 """
@@ -30,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pycollective as pc  # noqa: E402
 from pycollective.strategies import (  # noqa: E402
     SGD,
+    experimental,
     BackupAndRestore,
     Checkpoint,
     MultiWorkerMirroredStrategy,
@@ -49,6 +55,9 @@ def main(argv=None) -> None:
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--kill-rank", type=int, default=0)
+    parser.add_argument("--term-at", type=int, default=None)
+    parser.add_argument("--term-rank", type=int, default=0)
+    parser.add_argument("--handler", choices=["backup", "preemption"], default="backup")
     parser.add_argument("--out", default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -68,6 +77,8 @@ def main(argv=None) -> None:
     def step_fn(step: int) -> None:
         if step == args.kill_at and pc.rank() == args.kill_rank and _first_time(args):
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.term_at and pc.rank() == args.term_rank and _first_time(args):
+            os.kill(os.getpid(), signal.SIGTERM)
         rng = np.random.default_rng((args.seed, step))
         chosen = rng.choice(len(x_train), args.batch_size, replace=False)
         mine = np.array_split(chosen, pc.world_size())[pc.rank()]
@@ -79,6 +90,13 @@ def main(argv=None) -> None:
         for step in range(start, args.steps):
             step_fn(step)
         history: list = []
+    elif args.handler == "preemption":
+        handler = experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver, checkpoint, args.backup_dir, min_workers=args.min_workers
+        )
+        while handler.total_run_calls < args.steps:
+            handler.run(step_fn, handler.total_run_calls)
+        history = [r.__dict__ for r in handler.history]
     else:
         backup = BackupAndRestore(
             checkpoint,

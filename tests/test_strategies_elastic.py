@@ -76,3 +76,29 @@ def test_training_survives_a_sigkill(tmp_path, launch_args, world_after):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=what)
     # ... and training did something: the parameters moved off their zero start.
     assert np.abs(want["p0"]).max() > 0.01
+
+
+def test_preemption_saves_at_one_step_and_the_restart_finishes_the_same(tmp_path):
+    """A SIGTERM to one worker: both save at the same step and exit 42 (tf's restart code);
+    the next launch resumes there; the result equals an uninterrupted run's."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    common = ["--handler", "preemption", "--backup-dir", str(ckpt)]
+    preempted = launch("-n", "2", trainer_args=common + ["--term-at", "23", "--term-rank", "1"])
+    assert preempted.returncode == 42, preempted.stderr[-4000:]
+    saved = sorted(p.name for p in ckpt.glob("ckpt-*.npz"))
+    assert "ckpt-24.npz" in saved, saved  # step 23 ran, then every worker saved before 24
+    resumed = launch("-n", "2", trainer_args=common + ["--out", str(tmp_path / "resumed")])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    fresh_dir = tmp_path / "fresh"
+    fresh_dir.mkdir()
+    fresh = launch(
+        "-n",
+        "2",
+        trainer_args=["--handler", "preemption", "--backup-dir", str(fresh_dir)]
+        + ["--out", str(tmp_path / "fresh")],
+    )
+    assert fresh.returncode == 0, fresh.stderr[-4000:]
+    got, want = np.load(tmp_path / "resumed.npz"), np.load(tmp_path / "fresh.npz")
+    for name in want.files:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7)
