@@ -64,12 +64,14 @@ def test_replacements_rejoin_and_nothing_leaks(tmp_path):
     coordinator_lost = longest["groups"][4]["error"]
     assert "coordinator" in coordinator_lost and "rank 0" in coordinator_lost, coordinator_lost
     # Threads and file descriptors after each re-formation: steady per role (rank 0 hosts the
-    # coordinator). gRPC's own threads come and go by one.
+    # coordinator, whose gRPC pool starts threads as calls come and lets the old service's go
+    # while the next group forms: up to 2 more). A leak of one link or thread per re-formation
+    # would grow by 5 over the longest-lived process's groups.
     for log in logs:
         for role in (True, False):
             seen = [g for g in log["groups"] if (g["rank"] == 0) is role]
             if len(seen) >= 2:
-                assert max(g["threads"] for g in seen) - seen[0]["threads"] <= 1, log
+                assert max(g["threads"] for g in seen) - seen[0]["threads"] <= 2, log
                 assert max(g["fds"] for g in seen) - seen[0]["fds"] <= 1, log
 
 

@@ -78,6 +78,7 @@ class ElasticStore:
             joined, if that is at least the minimum (a live process that never joins, e.g. a
             hung one, cannot hold the others forever).
         host, port: Where the store listens (loopback and a port the OS picks by default).
+        on_round: Called with each round's number and size as it forms.
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class ElasticStore:
         last_call: float = 30.0,
         host: str = "127.0.0.1",
         port: int = 0,
+        on_round: Callable[[int, int], None] | None = None,
     ) -> None:
         if not 1 <= min_size <= max_size:
             raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}:{max_size}")
@@ -99,6 +101,7 @@ class ElasticStore:
         self.last_call = last_call
         self.rounds: list[tuple[int, list[int]]] = []  # (round, member pids), for reports
         self._live_count = live_count
+        self._on_round = on_round
         self._service = CoordinationService(1, token, host=host, port=port)
         self._joiners: dict[str, _Joiner] = {}
         self._first_wait: float | None = None
@@ -183,6 +186,8 @@ class ElasticStore:
             len(members),
             [j.pid for j in members],
         )
+        if self._on_round is not None:
+            self._on_round(round_number, len(members))
         return Assignment(round_number, 0, len(members))
 
 
@@ -282,3 +287,46 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def serve(argv: list[str] | None = None) -> int:
+    """``python -m pycollective.elastic_store MIN MAX LAST_CALL``: hosts the store in a
+    process of its own, for the elastic launcher. The token comes from PYCOLLECTIVE_TOKEN. Prints
+    ``address host:port`` once it listens and ``round N SIZE`` as each round forms; reads the
+    job's live process count, one number a line, from stdin; exits when stdin closes (the
+    launcher is gone) or on SIGTERM.
+
+    Why a process of its own: the launcher forks the ranks, and a process that forks while gRPC
+    runs threads in it gets children that gRPC's fork handlers may abort before they exec."""
+    import signal
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    min_size, max_size, last_call = int(args[0]), int(args[1]), float(args[2])
+    token = os.environ.get("PYCOLLECTIVE_TOKEN", "")
+    live = [max_size]
+    out_lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with out_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    store = ElasticStore(
+        token,
+        min_size,
+        max_size,
+        live_count=lambda: live[0],
+        last_call=last_call,
+        on_round=lambda number, size: say(f"round {number} {size}"),
+    )
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.stdin.close())
+    with store:
+        say(f"address {store.address}")
+        try:
+            for line in sys.stdin:
+                if line.strip():
+                    live[0] = int(line)
+        except (ValueError, OSError):
+            pass
+    return 0
