@@ -32,16 +32,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from train_digits import SoftmaxRegression, load_data  # noqa: E402
+
 import pycollective as pc  # noqa: E402
 from pycollective.strategies import (  # noqa: E402
     SGD,
-    experimental,
     BackupAndRestore,
     Checkpoint,
     MultiWorkerMirroredStrategy,
     ReduceOp,
+    experimental,
 )
-from train_digits import SoftmaxRegression, load_data  # noqa: E402
 
 
 def main(argv=None) -> None:

@@ -52,9 +52,10 @@ def launch_elastic(
     group = _RankGroup(tag_output=tag_output, grace=grace)
     base = child_environment(None)
     token = base.get("PYCOLLECTIVE_TOKEN") or secrets.token_hex(16)
-    with _StoreProcess(token, min_size, max_size, last_call) as store, _supervision(
-        group
-    ) as received:
+    with (
+        _StoreProcess(token, min_size, max_size, last_call) as store,
+        _supervision(group) as received,
+    ):
         env = dict(base)
         # No RANK/WORLD_SIZE/TF_CONFIG: rank and world size come from the rendezvous, round by
         # round; a fixed environment would be wrong after the first failure.

@@ -873,9 +873,7 @@ def init(
             else env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0)
         )
         store = config.text(elastic.ENV_STORE)
-        if min_size is not None and (
-            not store or (rank, world_size, master) != (None, None, None)
-        ):
+        if min_size is not None and (not store or (rank, world_size, master) != (None, None, None)):
             raise ValueError(
                 f"init(min_size={min_size}) needs an elastic rendezvous: launch with "
                 "`pycollective run -n MIN:MAX` (which sets PYCOLLECTIVE_ELASTIC_STORE) and give "

@@ -47,7 +47,6 @@ from .communication import (
     CommunicationImplementation,
     CommunicationOptions,
 )
-from .fault_tolerance import BackupAndRestore
 from .cross_device_ops import (
     AlgorithmAllReduce,
     CrossDeviceOps,
@@ -55,6 +54,7 @@ from .cross_device_ops import (
     NcclAllReduce,
     ReductionToOneDevice,
 )
+from .fault_tolerance import BackupAndRestore
 from .input_lib import (
     DistributedDataset,
     DistributedIterator,

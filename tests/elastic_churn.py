@@ -9,7 +9,7 @@ itself at once, while the others wait in an all-reduce: they get the failure, ca
 launcher started. After the last kill, every process checks one more all-reduce and exits 0.
 
 Each process writes OUTDIR/pid-<pid>.json: per group it was in, its rank, the world size, its
-thread and file-descriptor counts after joining, and (as a survivor) the seconds from the kill to
+thread, coordinator-pool thread and file-descriptor counts after joining, and (as a survivor) the seconds from the kill to
 its error, the error's text, and the seconds from the kill to the re-formed group.
 """
 
@@ -27,8 +27,12 @@ import numpy as np
 import pycollective as pc
 
 
-def counts() -> tuple[int, int]:
-    return threading.active_count(), len(os.listdir("/proc/self/fd"))
+def counts() -> tuple[int, int, int]:
+    """Python threads (but the coordinator's gRPC pool, which starts workers lazily as calls
+    overlap, up to its bound), the pool's workers, and open file descriptors."""
+    names = [t.name for t in threading.enumerate()]
+    pool = sum(1 for n in names if n.startswith("pc-coord_"))
+    return len(names) - pool, pool, len(os.listdir("/proc/self/fd"))
 
 
 def main() -> None:
@@ -43,8 +47,9 @@ def main() -> None:
 
     group = pc.init(timeout=30.0)
     while True:
-        threads, fds = counts()
+        threads, pool, fds = counts()
         entry = {"rank": group.rank, "size": group.size, "threads": threads, "fds": fds}
+        entry["pool"] = pool
         log["groups"].append(entry)
         save()
         killed = pc.broadcast(np.array([_kills(outdir)]), root=0)

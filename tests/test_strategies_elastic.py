@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_launcher import launcher_env
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "examples" / "train_digits_elastic.py")

@@ -170,9 +170,9 @@ class ElasticStore:
         if not due:
             return None
         # Survivors keep their order (so rank 0 stays rank 0 while it lives); newcomers last.
-        members = sorted(
-            waiting, key=lambda j: (j.previous_rank < 0, j.previous_rank, j.arrival)
-        )[: self.max_size]
+        members = sorted(waiting, key=lambda j: (j.previous_rank < 0, j.previous_rank, j.arrival))[
+            : self.max_size
+        ]
         round_number = len(self.rounds) + 1
         for rank, j in enumerate(members):
             j.placed = True
