@@ -795,25 +795,17 @@ class _World:
         # thread) now, not when the garbage collector breaks the group <-> world cycle: a
         # next init() in this process must not find the old group's resources still held.
         # (A PreparedCall made on it keeps it alive until that call is dropped.)
-        self.comm = _ShutDownCommunicator(self.spec.rank, self.spec.world_size)
-
-
-class _ShutDownCommunicator:
-    """Stands in for a shut-down group's native communicator: any use says what happened."""
-
-    aborted = True
-
-    def __init__(self, rank: int, size: int) -> None:
-        self._what = f"rank {rank} of {size}"
-
-    def abort(self, reason: str) -> None:
-        pass
+        del self.comm
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(
-            f"{self._what}: this process group was shut down (pycollective.shutdown() or "
-            "reinit()); use the group that the last pycollective.init() or reinit() returned"
-        )
+        # Only reached for attributes that are missing: `comm` once the group was shut down.
+        if name == "comm":
+            raise RuntimeError(
+                f"rank {self.spec.rank} of {self.spec.world_size}: this process group was shut "
+                "down (pycollective.shutdown() or reinit()); use the group that the last "
+                "pycollective.init() or reinit() returned"
+            )
+        raise AttributeError(name)
 
 
 _world: _World | None = None
