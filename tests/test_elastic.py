@@ -41,6 +41,7 @@ def survivors_entries(logs: list[dict]) -> list[tuple[dict, dict]]:
     return [(log, g) for log in logs for g in log["groups"] if "error" in g]
 
 
+@pytest.mark.timeout(120)
 def test_replacements_rejoin_and_nothing_leaks(tmp_path):
     # Ranks 0 and 1 outlive five kills of the last rank; the fifth kill takes rank 0 (the
     # coordinator's host) instead, so the rank-0 role moves to the old rank 1.
@@ -76,6 +77,7 @@ def test_replacements_rejoin_and_nothing_leaks(tmp_path):
             assert all(g["pool"] <= 4 * 3 + 8 for g in seen), log
 
 
+@pytest.mark.timeout(120)
 def test_group_shrinks_when_rank_0_dies_without_restarts(tmp_path):
     proc, logs = run_churn(tmp_path, "-n", "2:3", victims="0")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -89,6 +91,7 @@ def test_group_shrinks_when_rank_0_dies_without_restarts(tmp_path):
     assert sorted(log["groups"][1]["rank"] for log, _ in entries) == [0, 1]
 
 
+@pytest.mark.timeout(120)
 def test_job_fails_below_the_minimum(tmp_path):
     proc, logs = run_churn(tmp_path, "-n", "2:3", victims="0,0")
     assert proc.returncode == 128 + 9, proc.stderr[-3000:]
@@ -140,6 +143,7 @@ def test_min_size_needs_an_elastic_launcher(monkeypatch):
     assert not pc.is_initialized()
 
 
+@pytest.mark.timeout(60)
 def test_launcher_rejects_bad_elastic_counts():
     proc = subprocess.run(
         [sys.executable, "-m", "pycollective.cli", "run", "-n", "3:2", "true"],

@@ -37,6 +37,7 @@ def launch(*launch_args: str, trainer_args: list[str], timeout: float = 120):
     )
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "launch_args, world_after",
     [(("-n", "2:3"), 2), (("-n", "3", "--max-restarts", "1"), 3)],
@@ -77,6 +78,7 @@ def test_training_survives_a_sigkill(tmp_path, launch_args, world_after):
     assert np.abs(want["p0"]).max() > 0.01
 
 
+@pytest.mark.timeout(400)
 def test_preemption_saves_at_one_step_and_the_restart_finishes_the_same(tmp_path):
     """A SIGTERM to one worker: both save at the same step and exit 42 (tf's restart code);
     the next launch resumes there; the result equals an uninterrupted run's."""

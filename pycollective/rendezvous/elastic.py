@@ -303,7 +303,9 @@ def serve(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     min_size, max_size, last_call = int(args[0]), int(args[1]), float(args[2])
-    token = os.environ.get("PYCOLLECTIVE_TOKEN", "")
+    from pycollective import config
+
+    token = config.text("PYCOLLECTIVE_TOKEN")
     live = [max_size]
     out_lock = threading.Lock()
 
