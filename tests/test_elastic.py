@@ -154,3 +154,39 @@ def test_launcher_rejects_bad_elastic_counts():
     )
     assert proc.returncode == 2 and "MIN <= MAX" in proc.stderr
     assert os.path.exists(CHURN)
+
+
+def _timeout_then_reinit(rank, n):
+    import time
+
+    import numpy as np
+
+    import pycollective as pc
+
+    pc.init(timeout=30)
+    outcomes = []
+    for _ in range(3):  # fail and re-form three times in the same processes
+        if rank == 0:
+            try:
+                pc.allreduce(np.ones(4), timeout=0.5)  # rank 1 is not calling it yet
+            except pc.CollectiveError as exc:
+                outcomes.append(type(exc).__name__)
+        else:
+            time.sleep(1.0)
+            try:
+                pc.allreduce(np.ones(4))  # the group was aborted meanwhile
+            except pc.CollectiveError as exc:
+                outcomes.append(type(exc).__name__)
+        group = pc.reinit()  # a plain launch: the same ranks, the same coordinator address
+        outcomes.append(float(group.allreduce(np.full(4, rank + 1.0))[0]))
+    pc.shutdown()
+    return outcomes
+
+
+@pytest.mark.timeout(120)
+def test_all_ranks_alive_reinit_after_a_timeout_without_an_elastic_launcher():
+    from multiproc import run_ranks
+
+    res = run_ranks(_timeout_then_reinit, 2, timeout=90)
+    assert res[0] == ["CollectiveTimeout", 3.0] * 3, res
+    assert res[1][1::2] == [3.0] * 3 and all(isinstance(e, str) for e in res[1][::2]), res
