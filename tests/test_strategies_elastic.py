@@ -21,6 +21,10 @@ import numpy as np
 import pytest
 from test_launcher import launcher_env
 
+pytest.importorskip(
+    "sklearn", reason="the digits trainer needs scikit-learn (pip install scikit-learn)"
+)
+
 TRAINER = str(Path(__file__).resolve().parents[1] / "examples" / "train_digits_elastic.py")
 STEPS, SAVE_FREQ = 60, 10
 
