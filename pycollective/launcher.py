@@ -42,7 +42,30 @@ _PR_SET_PDEATHSIG = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declares the ``run`` subcommand's options."""
     parser.add_argument(
-        "-n", "--nprocs", type=_positive_int, default=None, help="number of ranks to start"
+        "-n",
+        "--nprocs",
+        type=_rank_count,
+        default=None,
+        metavar="N|MIN:MAX",
+        help="number of ranks to start; MIN:MAX makes an elastic job: MAX processes start, and "
+        "while at least MIN live, a failed one does not stop the others, who re-form the group "
+        "(pycollective.reinit()); see docs/launching.md",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="elastic job: start a replacement for up to N failed processes in all; each "
+        "joins the re-formed group (default 0; implies an elastic job)",
+    )
+    parser.add_argument(
+        "--rdzv-last-call",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="elastic job: a re-forming group waits at most S seconds for a live process that "
+        "does not join (e.g. a hung one) once MIN have joined (default 30)",
     )
     parser.add_argument(
         "--ps",
@@ -102,6 +125,9 @@ def main(args: argparse.Namespace) -> int:
     if not command:
         _say("no program given; e.g. pycollective run -n 4 python train.py")
         return 2
+    elastic = args.nprocs is not None and (
+        args.nprocs[0] != args.nprocs[1] or args.max_restarts > 0
+    )
     if args.ps is not None or args.workers is not None:
         if args.ps is None or args.workers is None or args.nprocs is not None:
             _say(
@@ -123,15 +149,32 @@ def main(args: argparse.Namespace) -> int:
             "(or --ps N --workers M for a parameter-server cluster)"
         )
         return 2
-    if args.host_ids is not None and len(args.host_ids) != args.nprocs:
+    min_size, nprocs = args.nprocs
+    if elastic:
+        if args.host_ids is not None:
+            _say("--host-ids fixes a host per rank; an elastic job re-ranks: drop one of them")
+            return 2
+        from pycollective.elastic_launch import launch_elastic
+
+        return launch_elastic(
+            command,
+            min_size,
+            nprocs,
+            max_restarts=args.max_restarts,
+            last_call=args.rdzv_last_call,
+            timeout=args.timeout,
+            tag_output=args.tag_output,
+            grace=args.grace,
+        )
+    if args.host_ids is not None and len(args.host_ids) != nprocs:
         _say(
-            f"--host-ids lists {len(args.host_ids)} host id(s) but -n is {args.nprocs}; "
+            f"--host-ids lists {len(args.host_ids)} host id(s) but -n is {nprocs}; "
             "give one host id per rank, e.g. --host-ids a,a,b,b for -n 4"
         )
         return 2
     return launch(
         command,
-        args.nprocs,
+        nprocs,
         host_ids=args.host_ids,
         timeout=args.timeout,
         tag_output=args.tag_output,
@@ -555,6 +598,27 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _rank_count(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` (an elastic job) as (min, max)."""
+    low, sep, high = text.partition(":")
+    try:
+        counts = (int(low), int(high)) if sep else (int(text), int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN:MAX, got {text!r}") from None
+    if not sep and counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {counts[0]}")
+    if not 1 <= counts[0] <= counts[1]:
+        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return counts
 
 
 def _positive_float(text: str) -> float:

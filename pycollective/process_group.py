@@ -29,7 +29,7 @@ from pycollective.config import default_timeout, env_float, env_int
 from pycollective.device import is_device_tensor
 from pycollective.errors import Aborted, CollectiveError, CollectiveTimeout, RemoteError
 from pycollective.reduce_op import ReduceOp, parse_op
-from pycollective.rendezvous import ClusterSpec, rendezvous
+from pycollective.rendezvous import ClusterSpec, elastic, rendezvous
 from pycollective.rendezvous.job_file import SameHostJob
 from pycollective.tensors import adapt, shape_hash
 from pycollective.transports import TcpListener, bind_address, open_links
@@ -768,20 +768,22 @@ class _World:
         return exc
 
     def close(self, timeout: float) -> None:
-        if self.comm.aborted:
-            # A failed group's ranks may be gone or never reach shutdown: waiting for them
-            # would only delay this rank's exit (and destroy_process_group()) by `timeout`.
-            timeout = min(timeout, 1.0)
-        try:
-            self.client.barrier("pycollective/shutdown", timeout=timeout)
-        except Exception:  # a failed group still shuts down; peers may be gone
-            pass
+        failed = self.comm.aborted
+        if not failed:
+            try:
+                self.client.barrier("pycollective/shutdown", timeout=timeout)
+            except Exception:  # a failed group still shuts down; peers may be gone
+                failed = True
+        # A failed group's ranks may be gone (a dead one never arrives at the barrier nor
+        # leaves) and every survivor already got the abort: waiting for them would only delay
+        # this rank's exit, or its next init(), by `timeout`.
         self.client.close()
         if self.service is not None:
-            # Stop only once everyone left: a stopped service reads as a failure to a rank
-            # still connected to it.
-            self.service.wait_until_left(timeout)
-            self.service.stop(grace=0.5)
+            if not failed:
+                # Stop only once everyone left: a stopped service reads as a failure to a rank
+                # still connected to it.
+                self.service.wait_until_left(timeout)
+            self.service.stop(grace=0 if failed else 0.5)
         self.comm.abort("the group was shut down")
         for callback in self._abort_callbacks:
             callback("the group was shut down")
@@ -789,10 +791,30 @@ class _World:
         getattr(self, "nccl_comms", {}).clear()  # destroyed (flushed, bounded) when unreferenced
         if self.grpc_plane is not None:
             self.grpc_plane.close()
+        # Release the native communicator (its links, sockets, shared memory and executor
+        # thread) now, not when the garbage collector breaks the group <-> world cycle: a
+        # next init() in this process must not find the old group's resources still held.
+        # (A PreparedCall made on it keeps it alive until that call is dropped.)
+        del self.comm
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes that are missing: `comm` once the group was shut down.
+        if name == "comm":
+            raise RuntimeError(
+                f"rank {self.spec.rank} of {self.spec.world_size}: this process group was shut "
+                "down (pycollective.shutdown() or reinit()); use the group that the last "
+                "pycollective.init() or reinit() returned"
+            )
+        raise AttributeError(name)
 
 
 _world: _World | None = None
 _lock = threading.Lock()
+# This process's rank in the last group it joined (-1: none yet): an elastic re-formation keeps
+# survivors in their order.
+_previous_rank = -1
+# Whether this process, new to an elastic job, joined a group that re-formed (is_replacement()).
+_replacement = False
 
 
 def init(
@@ -805,6 +827,7 @@ def init(
     ifname: str | None = None,
     connect_timeout: float | None = None,
     announce: Callable[[str], None] | None = None,
+    min_size: int | None = None,
 ) -> ProcessGroup:
     """Joins the default process group and returns it.
 
@@ -820,8 +843,15 @@ def init(
     service then listens on ``master``'s port, which may be 0 (the OS picks a free one), and
     ``announce("host:port")`` is called before rank 0 waits for the others, who pass that
     address as ``master`` (pycollective.torch does this through torch.distributed's store).
+
+    Under an elastic launcher (``pycollective run -n MIN:MAX``, which sets
+    ``PYCOLLECTIVE_ELASTIC_STORE``), the group is whoever joins the launcher's rendezvous: rank
+    and world size are assigned there (survivors of an earlier group keep their order), and
+    ``min_size`` is the smallest group this process accepts. So after a failure, ``shutdown()``
+    then ``init()`` (or :func:`reinit`) forms a new group with the processes still alive and
+    any replacements the launcher started (docs/launching.md, "Elastic jobs").
     """
-    global _world
+    global _world, _previous_rank, _replacement
     with _lock:
         if _world is not None:
             raise RuntimeError(
@@ -829,19 +859,42 @@ def init(
                 "pycollective.shutdown() first"
             )
         config.reload()  # a group's start-up: the variables as they are now, on both sides
-        spec = ClusterSpec.from_env(
-            rank=rank,
-            world_size=world_size,
-            master=master,
-            token=token,
-            announced=announce is not None,
-        )
-        log.set_rank(spec.rank)
         forming_timeout = (
             connect_timeout
             if connect_timeout is not None
             else env_float("PYCOLLECTIVE_CONNECT_TIMEOUT", 60.0)
         )
+        store = config.text(elastic.ENV_STORE)
+        if min_size is not None and (not store or (rank, world_size, master) != (None, None, None)):
+            raise ValueError(
+                f"init(min_size={min_size}) needs an elastic rendezvous: launch with "
+                "`pycollective run -n MIN:MAX` (which sets PYCOLLECTIVE_ELASTIC_STORE) and give "
+                "no rank, world_size or master"
+            )
+        store_client = None
+        if store and (rank, world_size, master) == (None, None, None):
+            if announce is not None:
+                raise ValueError(
+                    "init(announce=...) names rank 0's channel for the coordinator's address, "
+                    f"but {elastic.ENV_STORE} is set: the elastic rendezvous is that channel"
+                )
+            rank, world_size, master, announce, store_client, joined_round = _join_elastic(
+                store, token, min_size, forming_timeout
+            )
+            _replacement = _previous_rank < 0 and joined_round > 1
+        try:
+            spec = ClusterSpec.from_env(
+                rank=rank,
+                world_size=world_size,
+                master=master,
+                token=token,
+                announced=announce is not None,
+            )
+        except BaseException:
+            if store_client is not None:
+                store_client.close()
+            raise
+        log.set_rank(spec.rank)
         same_host = None
         if spec.job_key is not None:
             # srun/mpirun with every rank on this host: rank 0 publishes address and token in a
@@ -862,12 +915,71 @@ def init(
         finally:
             if same_host is not None:
                 same_host.finish()  # every rank has registered (or init failed)
+            if store_client is not None:
+                store_client.close()
+        _previous_rank = spec.rank
         return _world.world
+
+
+def is_replacement() -> bool:
+    """Whether this process joined an elastic job late: it was started to replace a failed
+    process, and its group is a re-formed one, whose other members have trained ahead of it
+    (they restore a checkpoint, and so must it). False outside elastic jobs."""
+    return _replacement
+
+
+def _join_elastic(
+    store: str, token: str | None, min_size: int | None, timeout: float
+) -> tuple[int, int, str, Callable[[str], None] | None, Any, int]:
+    """Joins the elastic rendezvous: (rank, world_size, master, announce, store client,
+    round)."""
+    secret = token or config.text("PYCOLLECTIVE_TOKEN")
+    if not secret:
+        raise ValueError(
+            f"{elastic.ENV_STORE} is set but no cluster token is: the elastic launcher sets "
+            "PYCOLLECTIVE_TOKEN for every process it starts; set the same one here"
+        )
+    if min_size is not None and min_size < 1:
+        raise ValueError(f"min_size must be >= 1, got {min_size}")
+    placed, client = elastic.join(
+        store, secret, previous_rank=_previous_rank, min_size=min_size or 1, timeout=timeout
+    )
+    try:
+        if placed.rank == 0:
+            round_number = placed.round
+            return (
+                0,
+                placed.world_size,
+                elastic.coordinator_bind(store),
+                lambda address: elastic.publish_coordinator(client, round_number, address),
+                client,
+                round_number,
+            )
+        master = elastic.coordinator_of(client, placed.round, timeout)
+    except BaseException:
+        client.close()
+        raise
+    return placed.rank, placed.world_size, master, None, client, placed.round
+
+
+def reinit(
+    min_size: int | None = None,
+    timeout: float | None = None,
+    connect_timeout: float | None = None,
+    shutdown_timeout: float = 30.0,
+) -> ProcessGroup:
+    """Leaves the current group (at once if it failed) and joins a new one with the processes
+    still alive: ``shutdown()`` then ``init(min_size=...)``. Needs an elastic launcher
+    (``pycollective run -n MIN:MAX``); the new group's ranks are re-numbered from 0 (survivors
+    keep their order). ``min_size``: fail (RendezvousError) rather than form a smaller group."""
+    shutdown(shutdown_timeout)
+    return init(timeout=timeout, connect_timeout=connect_timeout, min_size=min_size)
 
 
 def shutdown(timeout: float = 30.0) -> None:
     """Leaves the group: waits (up to `timeout`) for every rank to call shutdown, then closes
-    links and the coordination service."""
+    links and the coordination service. After a failure it does not wait: the group's links,
+    threads and service are released at once, and ``init()`` may form a new group."""
     global _world
     with _lock:
         if _world is None:

@@ -54,6 +54,7 @@ from .cross_device_ops import (
     NcclAllReduce,
     ReductionToOneDevice,
 )
+from .fault_tolerance import BackupAndRestore
 from .input_lib import (
     DistributedDataset,
     DistributedIterator,
@@ -82,6 +83,7 @@ __all__ = [
     "SGD",
     "Adam",
     "AlgorithmAllReduce",
+    "BackupAndRestore",
     "Checkpoint",
     "CheckpointLoadStatus",
     "ClusterResolver",

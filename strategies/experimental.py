@@ -1,5 +1,5 @@
-"""tf.distribute.experimental names: the older MultiWorkerMirroredStrategy constructor and the
-communication options."""
+"""tf.distribute.experimental names: the older MultiWorkerMirroredStrategy constructor, the
+communication options, and the preemption handler."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from .communication import (
     CommunicationImplementation,
     CommunicationOptions,
 )
+from .fault_tolerance import PreemptionCheckpointHandler, TerminationConfig
 from .multi_worker import _ExperimentalMultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
 
 __all__ = [
@@ -15,4 +16,6 @@ __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
+    "PreemptionCheckpointHandler",
+    "TerminationConfig",
 ]

@@ -118,6 +118,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         members = collective_members(spec)
         task_type, task_id = resolver.task_type, resolver.task_id
         num_workers = max(len(members), 1)
+        _config.reload()  # a strategy's start-up: the variables as they are now
+        if (
+            num_workers == 1
+            and cluster_resolver is None
+            and not _process_group_ready()
+            and _config.text("PYCOLLECTIVE_ELASTIC_STORE")
+        ):
+            pc.init()  # an elastic job (pycollective run -n MIN:MAX): whoever joins is the group
         adopt_group = (
             num_workers == 1
             and cluster_resolver is None
@@ -145,6 +153,12 @@ class MultiWorkerMirroredStrategy(Strategy):
         if num_workers > 1:
             if not adopt_group:
                 self._join_process_group(resolver, spec, members, rank, num_workers, options)
+        joining_running_job = False
+        if num_workers > 1 or adopt_group:
+            # A replacement joining an elastic job's re-formed group: the others' variables are
+            # ahead of its own initial values and come from their checkpoint (BackupAndRestore,
+            # PreemptionCheckpointHandler), which the survivors do not broadcast again.
+            joining_running_job = pc.is_replacement()
             backend = MultiWorkerBackend(
                 local,
                 algorithm,
@@ -162,6 +176,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             self, backend, AlgorithmAllReduce(algorithm), devices, options
         )
         extended._shard_optimizer_state = shard_optimizer_state and num_workers > 1
+        extended._broadcast_initial_values = not joining_running_job
         super().__init__(extended)
         logger.info(
             "MultiWorkerMirroredStrategy: worker %d of %d, %d local replicas, algorithm %s%s",
@@ -207,6 +222,34 @@ class MultiWorkerMirroredStrategy(Strategy):
     def cluster_resolver(self) -> ClusterResolver:
         """Returns the cluster resolver associated with this strategy."""
         return self._cluster_resolver
+
+    def _rejoin(self, min_workers: int) -> None:
+        """After a worker was lost: leaves the failed process group, joins the one the
+        survivors (and any replacement) form (``pycollective.reinit``), and runs on it from
+        now on, with its world size and this worker's new index. Variables keep their values;
+        the caller restores a checkpoint next (strategies/fault_tolerance.py)."""
+        extended = self.extended
+        if extended._shard_optimizer_state:
+            raise RuntimeError(
+                "a sharded optimizer state (shard_optimizer_state=True) is split over the "
+                "workers that were lost; re-forming the group needs whole slots on each worker"
+            )
+        old = extended._backend
+        group = pc.reinit(min_size=min_workers)
+        extended._backend = MultiWorkerBackend(
+            old.num_local_replicas,
+            old.algorithm,
+            old.timeout,
+            worker_index=group.rank,
+            num_workers=group.size,
+            compress=getattr(old, "compress", None),
+            error_feedback=getattr(old, "_feedback", None) is not None,
+        )
+        logger.warning(
+            "MultiWorkerMirroredStrategy: re-formed the group: worker %d of %d",
+            group.rank,
+            group.size,
+        )
 
 
 class _ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):

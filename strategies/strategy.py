@@ -414,6 +414,8 @@ class StrategyExtended:
             raise ValueError(f"{len(devices)} devices for {backend.num_local_replicas} replicas")
         self._init_common(container_strategy, devices, options)
         self._shard_optimizer_state = False
+        # False on a replacement joining a running elastic job (MultiWorkerMirroredStrategy).
+        self._broadcast_initial_values = True
         self._backend = backend
         self._cross_device_ops = cross_device_ops
         self._timeout = self._options.timeout_seconds or backend.timeout
@@ -696,7 +698,7 @@ class StrategyExtended:
     ) -> DistributedVariable:
         n = self._num_local_replicas
         arrays = [np.array(initial, copy=True, order="C") for _ in range(n)]
-        if self._num_workers > 1 and broadcast_initial:
+        if self._num_workers > 1 and broadcast_initial and self._broadcast_initial_values:
             # Every worker starts from the chief's initial value (a collective: every worker
             # creates its variables in the same order).
             arrays = [np.array(a, copy=True) for a in self._backend.broadcast(arrays, root=0)]

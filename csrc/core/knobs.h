@@ -46,6 +46,9 @@ namespace knobs {
     "Seconds without a heartbeat after which a rank counts as frozen.")                           \
   X(kConnectTimeout, "PYCOLLECTIVE_CONNECT_TIMEOUT", "float", "60",                               \
     "Seconds a rank waits for the group to form.")                                                \
+  X(kElasticStore, "PYCOLLECTIVE_ELASTIC_STORE", "str", "",                                       \
+    "host:port of the elastic rendezvous (set by `pycollective run -n MIN:MAX`): init() joins "   \
+    "the group that forms there.")                                                                \
   X(kShmRingBytes, "PYCOLLECTIVE_SHM_RING_BYTES", "int", "4194304",                               \
     "Size of each shared-memory link's ring, bytes.")                                             \
   X(kOutputPoolBytes, "PYCOLLECTIVE_OUTPUT_POOL_BYTES", "int", "1073741824",                      \

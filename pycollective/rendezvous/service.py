@@ -76,6 +76,7 @@ class CoordinationService:
         self._port = port
         self._address: str | None = None
         self._server: grpc.Server | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None
         self._monitor: threading.Thread | None = None
         self._state = _State(self)
 
@@ -101,10 +102,11 @@ class CoordinationService:
         # Every rank can block one handler thread per concurrent call
         # (register/barrier/get, heartbeat, the watch stream): size the pool
         # so that waiting handlers can never starve the calls that release them.
+        self._executor = futures.ThreadPoolExecutor(
+            max_workers=4 * self.world_size + 8, thread_name_prefix="pc-coord"
+        )
         server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=4 * self.world_size + 8, thread_name_prefix="pc-coord"
-            ),
+            self._executor,
             interceptors=[TokenInterceptor(self._token, "the coordinator")],
             # gRPC enables SO_REUSEPORT by default: two coordinators could then
             # share a port and split the ranks between them without any error.
@@ -151,6 +153,10 @@ class CoordinationService:
         self._server = None
         self._state.begin_stop()
         server.stop(grace).wait(timeout=(grace or 0) + 5.0)
+        # The server does not own its pool: without this its idle threads stay until the
+        # garbage collector finds the pool (a process that re-forms groups would pile them up).
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
         if self._monitor is not None:
             self._monitor.join(timeout=5.0)
         _log.info("coordination service on %s stopped", self._address)
@@ -166,6 +172,18 @@ class CoordinationService:
                     return False
                 self._state.cond.wait(remaining)
         return True
+
+    def local_items(self, prefix: str) -> dict[str, bytes]:
+        """The key-value entries under ``prefix``, read in this process (no RPC): for a host
+        process that drives the store itself (the elastic rendezvous in the launcher)."""
+        with self._state.cond:
+            return {k: v for k, v in self._state.kv.items() if k.startswith(prefix)}
+
+    def local_set(self, key: str, value: bytes) -> None:
+        """Sets ``key`` from this process, waking the ranks waiting for it in ``get``."""
+        with self._state.cond:
+            self._state.kv[key] = bytes(value)
+            self._state.cond.notify_all()
 
     def __enter__(self) -> CoordinationService:
         self.start()
