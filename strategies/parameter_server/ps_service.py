@@ -85,6 +85,8 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         self._key = key
         self._task_index = task_index
         self._task = ps_task(task_index)
+        #: the port of the task's data plane (data_plane.DataPlaneServer), 0 while none
+        self.data_port = 0
         self._incarnation = incarnation
         self._cond = threading.Condition(threading.RLock())
         self._vars: dict[str, _Var] = {}
@@ -238,10 +240,58 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         )
         self._cond.notify_all()
 
+    # What the data plane (data_plane.py) calls --------------------------------------------------
+
+    @property
+    def task(self) -> str:
+        return self._task
+
+    @property
+    def task_index(self) -> int:
+        return self._task_index
+
+    def take_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return self._pool.take(shape, dtype)
+
+    def give_buffers(self, arrays: Any) -> None:
+        self._pool.give(arrays)
+
+    def snapshot(self, keys: list[str], context: Any) -> tuple[int, list[np.ndarray]]:
+        """Copies of these variables taken together under the lock (a push cannot interleave),
+        in pool buffers the caller gives back, and the synchronous version they belong to."""
+        snapshots: list[np.ndarray] = []
+        try:
+            with self._cond:
+                for key in keys:
+                    var = self._var(key, context)
+                    snap = self._pool.take(var.array.shape, var.array.dtype)
+                    np.copyto(snap, var.array)
+                    snapshots.append(snap)
+                version = max((st.version for st in self._opts.values()), default=0)
+        except BaseException:
+            self._pool.give(snapshots)
+            raise
+        return version, snapshots
+
+    def push_arrays(
+        self, request: pb.PushRequest, grads: list[np.ndarray], context: Any
+    ) -> pb.PushResponse:
+        """Push with gradients already received into pool buffers (given back once applied)."""
+        return self._push(request, grads, context, grads)
+
+    def assign_arrays(
+        self, request: pb.AssignRequest, values: list[np.ndarray], context: Any
+    ) -> set[int]:
+        """Assign with values already received into pool buffers; returns the ids of those it
+        kept as new variables (the caller gives back the others)."""
+        return self._assign(request, values, context, owned=True)
+
     # RPCs -------------------------------------------------------------------------------------
 
     def Ping(self, request: pb.PingRequest, context: grpc.ServicerContext) -> pb.PingResponse:
-        return pb.PingResponse(incarnation=self._incarnation, job="ps", task=self._task_index)
+        return pb.PingResponse(
+            incarnation=self._incarnation, job="ps", task=self._task_index, data_port=self.data_port
+        )
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
         with self._cond:
@@ -255,13 +305,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     ) -> Iterator[pb.TensorChunk]:
         snapshots: list[np.ndarray] = []
         try:
-            with self._cond:
-                for key in request.keys:
-                    var = self._var(key, context)
-                    snap = self._pool.take(var.array.shape, var.array.dtype)
-                    np.copyto(snap, var.array)  # consistent: a push cannot interleave
-                    snapshots.append(snap)
-                version = max((st.version for st in self._opts.values()), default=0)
+            version, snapshots = self.snapshot(list(request.keys), context)
             yield pb.TensorChunk(
                 headers=[pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in snapshots],
                 version=version,
