@@ -21,6 +21,8 @@ from typing import Any
 import grpc
 import numpy as np
 
+from pycollective._calls import new_output
+
 from . import ps_pb2 as pb
 from . import ps_pb2_grpc as pb_grpc
 from . import wire
@@ -432,7 +434,7 @@ def _pull_destinations(task: int, entries: list[PullEntry], out: dict[str, np.nd
                     f"{ps_task(task)} returned {dtype}{list(header.shape)} for "
                     f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}"
                 )
-            array = entry.out if entry.out is not None else np.empty(entry.shape, entry.dtype)
+            array = entry.out if entry.out is not None else new_output(entry.shape, entry.dtype)
             out[entry.key] = array
             arrays.append(array)
         return arrays

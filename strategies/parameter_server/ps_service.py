@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 
 import pycollective as pc
+from pycollective import fused_update
 
 from . import ps_pb2 as pb
 from . import ps_pb2_grpc as pb_grpc
@@ -185,6 +186,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         step = st.iterations
         lr = opt._lr(step)
         names = tuple(opt._slot_names)
+        fused = opt._fused(step)
         for key, grad in zip(keys, grads):
             var = self._vars[key].array
             slots = {}
@@ -195,6 +197,17 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 slots[name] = slot
             if grad.dtype != var.dtype:
                 grad = grad.astype(var.dtype)
+            if fused is not None:
+                # The optimizer's rule in one native pass (no temporaries; GIL released).
+                rule, hyper = fused
+                tensor = fused_update.ReplicatedTensor(
+                    grads=[grad],
+                    copies=[var],
+                    slots=[[slots[n]] for n in fused_update.RULES[rule][1]],
+                )
+                if fused_update.supported([tensor]):
+                    fused_update.apply(rule, hyper, [tensor], check=False)
+                    continue
             opt._update_step(var, grad, slots, lr, step)
         st.iterations = step + 1
 
@@ -372,7 +385,12 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                     continue
                 var = self._var(key, context)
                 self._check_shape(key, var, value, context)
-                if request.kind == "assign":
+                if request.kind == "assign" and owned and value.dtype == var.array.dtype:
+                    # The received buffer becomes the variable; the old one serves the next.
+                    var.array, old = value, var.array
+                    kept.add(id(value))
+                    self._pool.give([old])
+                elif request.kind == "assign":
                     np.copyto(var.array, value, casting="unsafe")
                 elif request.kind == "assign_add":
                     np.add(var.array, value, out=var.array, casting="unsafe")
