@@ -122,6 +122,41 @@ class PSClient:
     def _data_plane(self, task: int, address: str, timeout: float) -> bool:
         return self._data.available(task, address, timeout)
 
+    def writes_seen(self) -> dict[int, int]:
+        """ps task -> the newest write clock this client saw (ParameterServerService.writes)."""
+        return self._data.writes_seen()
+
+    def observe_writes(self, clocks: Any) -> None:
+        """Takes note of write clocks seen by others (a worker's closure, for the coordinator)."""
+        self._data.observe_writes(clocks)
+
+    def push_and_read(
+        self, calls: Sequence[PSCall], reads: dict[int, list[PullEntry]]
+    ) -> tuple[list[Any], dict[str, np.ndarray], dict[int, int]]:
+        """Push calls (one per ps task) that also read ``reads[task]`` once their gradients are
+        applied: one exchange per task. Returns the PushResponses, the values read and each
+        task's write clock of those values. A task without a data plane gets a plain push
+        (nothing read)."""
+        timeout = self.rpc_timeout
+        if (
+            not all(self._data_plane(c.task, c.address, c.timeout or timeout) for c in calls)
+            or not calls
+        ):
+            return self.call_many(calls), {}, {}
+        out: dict[str, np.ndarray] = {}
+        data_calls = []
+        for c in calls:
+            c.timeout = timeout if c.timeout is None else c.timeout
+            d = _data_call(c)
+            entries = reads.get(c.task, [])
+            d.request.pull_after.extend(e.key for e in entries)
+            d.destinations = _pull_destinations(c.task, list(entries), out)
+            data_calls.append(d)
+        replies = self._data.exchange(data_calls)
+        responses = [pb.PushResponse(version=r.version, iterations=r.iterations) for r in replies]
+        clocks = {c.task: r.writes for c, r in zip(calls, replies) if reads.get(c.task)}
+        return responses, out, clocks
+
     def stub(self, address: str) -> pb_grpc.ParameterServerStub:
         with self._lock:
             stub = self._stubs.get(address)

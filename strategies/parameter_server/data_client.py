@@ -67,6 +67,20 @@ class DataPlaneClient:
         self._pools: dict[str, _Pool | None] = {}
         self._lock = threading.Lock()
         self._blocks = threading.local()
+        self._writes: dict[int, int] = {}
+
+    def observe_writes(self, clocks: Any) -> None:
+        """Takes note of ps tasks' write clocks (task -> clock) seen elsewhere."""
+        with self._lock:
+            for task, clock in clocks.items():
+                if clock > self._writes.get(task, 0):
+                    self._writes[task] = clock
+
+    def writes_seen(self) -> dict[int, int]:
+        """ps task -> the newest write clock any reply showed this client (see
+        ParameterServerService.writes)."""
+        with self._lock:
+            return dict(self._writes)
 
     def available(self, task: int, address: str, timeout: float) -> bool:
         """Whether the task serves a data plane (asks it once; gRPC errors propagate)."""
@@ -158,6 +172,7 @@ class DataPlaneClient:
                     outs = call.destinations(reply, inline) if call.destinations else []
                     receive_tensors(channel, inline, outs, call.timeout)
                     call.reply = reply
+                    self.observe_writes({call.task: reply.writes})
                 self._give(call, channel)
             except BaseException as exc:  # noqa: BLE001 - reported below, after the others
                 errors[i] = self._failure(call, channel, exc)

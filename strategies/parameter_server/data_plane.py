@@ -173,16 +173,16 @@ class DataPlaneServer:
         service = self._service
         context = ChannelContext(channel, request.timeout)
         if op == "pull":
-            arrays: list[np.ndarray] = []
+            receive_tensors(channel, inline, [])
             try:
-                receive_tensors(channel, inline, [])
-                version, arrays = service.snapshot(list(request.pull.keys), context)
-                reply = pb.DataReply(values=tensor_headers(arrays), version=version)
-                send_message(channel, block, reply, arrays)
+                # Sent straight from the variables, under the lock: consistent, no copy.
+                with service.reading(list(request.pull.keys), context) as (version, writes, arrays):
+                    reply = pb.DataReply(
+                        values=tensor_headers(arrays), version=version, writes=writes
+                    )
+                    send_message(channel, block, reply, arrays)
             except Refused as refusal:
                 send_message(channel, block, _refusal(refusal), [])
-            finally:
-                service.give_buffers(arrays)
             return
         if op not in ("push", "assign"):
             raise FrameError(f"unknown data-plane request {op!r}")
@@ -201,13 +201,18 @@ class DataPlaneServer:
                 kept = service.assign_arrays(message, received, context)
                 service.give_buffers([a for a in received if id(a) not in kept])
                 received = []
-                reply = pb.DataReply()
+                reply = pb.DataReply(writes=service.writes)
             else:
                 pooled, received = received, []
                 done = service.push_arrays(message, pooled, context)
-                reply = pb.DataReply(version=done.version, iterations=done.iterations)
+                reply = pb.DataReply(
+                    version=done.version, iterations=done.iterations, writes=service.writes
+                )
                 if request.pull_after:
-                    reply.version, pulled = service.snapshot(list(request.pull_after), context)
+                    # The step's next values, in the same exchange (after its own update).
+                    reply.version, reply.writes, pulled = service.snapshot(
+                        list(request.pull_after), context
+                    )
                     reply.values.extend(tensor_headers(pulled))
             send_message(channel, block, reply, pulled)
         except Refused as refusal:

@@ -6,6 +6,7 @@ aggregated with pycollective's native reduction)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -88,6 +89,11 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         self._task = ps_task(task_index)
         #: the port of the task's data plane (data_plane.DataPlaneServer), 0 while none
         self.data_port = 0
+        # The write clock: advanced by every change of a variable's value (an applied update, an
+        # assignment, a creation). Replies carry it, so a worker knows whether values it kept
+        # are current. It starts at the wall clock in ns so that it keeps growing across
+        # restarts of the task.
+        self._writes = time.time_ns()
         self._incarnation = incarnation
         self._cond = threading.Condition(threading.RLock())
         self._vars: dict[str, _Var] = {}
@@ -210,6 +216,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                     continue
             opt._update_step(var, grad, slots, lr, step)
         st.iterations = step + 1
+        self._writes += 1
 
     def _sum(self, parts: list[np.ndarray]) -> np.ndarray:
         """The sum of equally shaped gradients: pycollective's native reduction (GIL released)
@@ -269,22 +276,31 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     def give_buffers(self, arrays: Any) -> None:
         self._pool.give(arrays)
 
-    def snapshot(self, keys: list[str], context: Any) -> tuple[int, list[np.ndarray]]:
-        """Copies of these variables taken together under the lock (a push cannot interleave),
-        in pool buffers the caller gives back, and the synchronous version they belong to."""
+    @property
+    def writes(self) -> int:
+        """The write clock (see __init__)."""
+        with self._cond:
+            return self._writes
+
+    @contextlib.contextmanager
+    def reading(self, keys: list[str], context: Any) -> Iterator[tuple[int, int, list[np.ndarray]]]:
+        """Holds the lock (no update can interleave) while the caller reads these variables:
+        yields ``(synchronous version, write clock, the variables' arrays)``. A large pull is
+        sent straight from the variables' memory this way, without a copy."""
+        with self._cond:
+            arrays = [self._var(key, context).array for key in keys]
+            version = max((st.version for st in self._opts.values()), default=0)
+            yield version, self._writes, arrays
+
+    def snapshot(self, keys: list[str], context: Any) -> tuple[int, int, list[np.ndarray]]:
+        """Copies of these variables taken together under the lock, in pool buffers the caller
+        gives back: ``(synchronous version, write clock, copies)``."""
         snapshots: list[np.ndarray] = []
-        try:
-            with self._cond:
-                for key in keys:
-                    var = self._var(key, context)
-                    snap = self._pool.take(var.array.shape, var.array.dtype)
-                    np.copyto(snap, var.array)
-                    snapshots.append(snap)
-                version = max((st.version for st in self._opts.values()), default=0)
-        except BaseException:
-            self._pool.give(snapshots)
-            raise
-        return version, snapshots
+        with self.reading(keys, context) as (version, writes, arrays):
+            for a in arrays:
+                snapshots.append(self._pool.take(a.shape, a.dtype))
+                np.copyto(snapshots[-1], a)
+        return version, writes, snapshots
 
     def push_arrays(
         self, request: pb.PushRequest, grads: list[np.ndarray], context: Any
@@ -318,7 +334,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     ) -> Iterator[pb.TensorChunk]:
         snapshots: list[np.ndarray] = []
         try:
-            version, snapshots = self.snapshot(list(request.keys), context)
+            version, _, snapshots = self.snapshot(list(request.keys), context)
             yield pb.TensorChunk(
                 headers=[pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in snapshots],
                 version=version,
@@ -369,6 +385,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             )
         kept: set[int] = set()
         with self._cond:
+            self._writes += 1
             for key, value in zip(request.keys, values):
                 if request.create and key not in self._vars:
                     if request.kind != "assign":
