@@ -111,6 +111,12 @@ class Server:
         return f"/job:{self.job_name}/replica:0/task:{self.task_index}"
 
     @property
+    def data_plane_failures(self) -> list[str]:
+        """ps tasks: why each data channel that broke the protocol was closed (oldest first;
+        the task went on serving). Empty for worker tasks."""
+        return list(self._data_plane.failures) if self._data_plane is not None else []
+
+    @property
     def target(self) -> str:
         """``grpc://host:port`` of this task."""
         return f"grpc://{self.address}"
