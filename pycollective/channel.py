@@ -30,7 +30,6 @@ import numpy as np
 from pycollective import transports
 from pycollective._calls import call_spec
 from pycollective._ext import _C
-from pycollective.errors import CollectiveError
 
 _CODES = _C.enum_codes()
 _SENDRECV = _CODES["collective_kind"]["send/recv"]
@@ -76,29 +75,18 @@ class Channel:
     def send(self, array: np.ndarray, tag: int = 0, timeout: float | None = None) -> None:
         """Sends the bytes of a C-contiguous array; the receiver must call :meth:`recv` with
         an array of the same byte size and the same ``tag``. Empty arrays send nothing."""
-        data = _bytes_of(array, "Channel.send")
-        if data.size == 0:
-            return
-        spec = call_spec(
-            _SENDRECV,
-            data.size,
-            _UINT8,
-            0,
-            self.rank,
-            "auto",
-            tag & 0xFFFFFFFF,
-            self.timeout if timeout is None else timeout,
-        )
-        sends = [None, None]
-        sends[1 - self.rank] = data
-        self._comm.exchange(spec, self._out, sends=sends, recvs=[None, None], asynchronous=False)
+        self._move(_bytes_of(array, "Channel.send"), True, tag, timeout)
 
     def recv(self, out: np.ndarray, tag: int = 0, timeout: float | None = None) -> None:
         """Receives one message into ``out`` (C-contiguous, writable, exactly the message's
         byte size). Empty arrays receive nothing."""
         if not out.flags.writeable:
             raise ValueError("Channel.recv: the output array is read-only")
-        data = _bytes_of(out, "Channel.recv")
+        self._move(_bytes_of(out, "Channel.recv"), False, tag, timeout)
+
+    def _move(self, data: np.ndarray, sending: bool, tag: int, timeout: float | None) -> None:
+        """One native send/recv in this direction's group; the tag travels in the frame
+        header's shape hash, which the receiver checks."""
         if data.size == 0:
             return
         spec = call_spec(
@@ -106,14 +94,21 @@ class Channel:
             data.size,
             _UINT8,
             0,
-            1 - self.rank,
+            self.rank if sending else 1 - self.rank,  # the sender's group rank
             "auto",
             tag & 0xFFFFFFFF,
             self.timeout if timeout is None else timeout,
         )
-        recvs = [None, None]
-        recvs[1 - self.rank] = data
-        self._comm.exchange(spec, self._in, sends=[None, None], recvs=recvs, asynchronous=False)
+        buffers: list = [None, None]
+        buffers[1 - self.rank] = data
+        none: list = [None, None]
+        self._comm.exchange(
+            spec,
+            self._out if sending else self._in,
+            sends=buffers if sending else none,
+            recvs=none if sending else buffers,
+            asynchronous=False,
+        )
 
     def wait_readable(self, timeout: float) -> bool:
         """Whether a message started arriving within ``timeout`` s: a server waits here for
@@ -221,4 +216,4 @@ def connect(
     return Channel(link, 1, peer_name or endpoint, timeout, fileno)
 
 
-__all__ = ["Channel", "ChannelListener", "CollectiveError", "connect"]
+__all__ = ["Channel", "ChannelListener", "connect"]
