@@ -97,8 +97,14 @@ class DataPlaneClient:
     def _take(self, call: DataCall) -> Channel:
         with self._lock:
             pool = self._pools.get(call.address)
-            if pool is not None and pool.free:
-                return pool.free.pop()
+            channel = pool.free.pop() if pool is not None and pool.free else None
+        if channel is not None:
+            if not channel.peer_closed():
+                return channel
+            # The task closed its end while the channel sat idle: it stopped or restarted (and
+            # listens elsewhere now). Forget every channel to it and ask it again.
+            self._forget(call, channel)
+            pool = None
         if pool is None:  # forgotten after a failure: ask the task again (it may have restarted)
             if not self.available(call.task, call.address, call.timeout):
                 raise UnavailableError(
