@@ -154,8 +154,8 @@ class DataPlaneClient:
         errors: list[BaseException | None] = [None] * len(calls)
         for i, call in enumerate(calls):
             try:
-                channels[i] = self._take(call)
-                send_message(channels[i], block, call.request, call.arrays)
+                opened = channels[i] = self._take(call)
+                send_message(opened, block, call.request, call.arrays)
             except BaseException as exc:  # noqa: BLE001 - reported below, after the others
                 errors[i] = self._failure(call, channels[i], exc)
         for i, call in enumerate(calls):

@@ -55,7 +55,7 @@ def send_message(
         inline += 1
     length = _LEAD.size + len(head) + packed
     frame = block if length <= BLOCK else np.empty(length, np.uint8)
-    _LEAD.pack_into(frame, 0, len(head), packed)
+    _LEAD.pack_into(frame.data, 0, len(head), packed)
     at = _LEAD.size
     frame[at : at + len(head)] = np.frombuffer(head, np.uint8)
     at += len(head)
@@ -76,7 +76,7 @@ def receive_header(
     bytes of its first tensors (a copy when they arrived in ``block``, which the next message
     reuses). Then call :func:`receive_tensors`."""
     channel.recv(block, _TAG_LEAD, timeout)
-    head_len, packed = _LEAD.unpack_from(block)
+    head_len, packed = _LEAD.unpack_from(block.data)
     if head_len > MAX_HEADER_BYTES or packed > INLINE_BYTES:
         raise FrameError(
             f"a message announced a {head_len}-byte header and {packed} inline bytes "
