@@ -1,21 +1,24 @@
 """ParameterServerStrategy benchmark: pull/push throughput and training steps per second.
 
-    python -m bench.ps_bench                 # from the repo root
-    python -m bench.ps_bench --mib 64 --steps 300 --json out.json
+    python -m pycollective.bench.ps_bench                 # from any directory, after pip install
+    python -m pycollective.bench.ps_bench --mib 64 --steps 300 --json out.json --plot scaling.png
 
-Starts 2 ps tasks and 2 worker tasks as processes on this machine (OS-chosen ports), then
+Starts 2 ps tasks and up to 8 worker tasks as processes on this machine (OS-chosen ports), then
 measures, in the same run:
 
 - pull / push / assign throughput of one ``--mib`` MiB float32 variable split into 2 shards (one
   per ps task), from the coordinator: pull = read the whole variable, push = gradients of the
-  whole variable applied with SGD on the parameter servers, assign = overwrite it. Reported in
-  GB/s and as a fraction of one loopback TCP stream's bandwidth (bench.ceilings), measured in the
-  same run: a ratio, not an absolute, carries the result.
-- steps per second of the digits softmax-regression model (batch 32, SGD) trained on the 2
-  workers, asynchronously and synchronously, against the same model in a bare single-process
-  numpy loop (no strategy, no network).
-
-Each throughput is the median of ``--repeats`` timed calls after one warm-up call.
+  whole variable applied with SGD on the parameter servers, assign = overwrite it. The rounds
+  interleave one loopback TCP stream of the same size (bench.ceilings) with one pull, push and
+  assign; each is reported as the median over rounds of its ratio to that round's stream (a
+  shared, loaded machine drifts between rounds: a ratio measured side by side carries the
+  result), beside the medians in GB/s.
+- steps per second of the digits softmax-regression model (batch 32, SGD) trained with 1, 2, 4
+  and 8 workers asynchronously, and with 2 workers synchronously (also as milliseconds per
+  synchronous update, which takes one step from each worker), against the same model in a bare
+  single-process numpy loop (no strategy, no network). Every run also checks that the
+  optimizer's iteration count on the ps tasks grew by exactly the number of steps (no update
+  lost or applied twice).
 """
 
 from __future__ import annotations
@@ -96,16 +99,6 @@ class Task:
                 self.process.wait(timeout=5)
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up (connections, page faults)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 # The digits model ----------------------------------------------------------------------------------
 
 
@@ -138,6 +131,8 @@ def numpy_steps_per_second(x, y, steps: int, batch: int) -> float:
 
 
 def cluster_steps_per_second(cluster, mode: str, x, y, steps: int, batch: int) -> float:
+    """Steps per second of ``steps`` scheduled steps (after 20 warm-up steps); RuntimeError
+    when the ps tasks applied another number of updates than the steps asked for."""
     strategy = ParameterServerStrategy(
         SimpleClusterResolver(cluster, task_type="chief", task_id=0), update_mode=mode, token=TOKEN
     )
@@ -159,98 +154,196 @@ def cluster_steps_per_second(cluster, mode: str, x, y, steps: int, batch: int) -
         opt.apply_gradients([(gw, w), (gb, b)])
         return 0
 
+    workers = len(cluster["worker"])
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    for _ in range(20):  # warm-up: iterators, connections
+    warmup = 20 if mode == "async" else 20 * workers  # sync: whole steps of every worker
+    for _ in range(warmup):
         coordinator.schedule(step, args=(iterator,))
     coordinator.join()
+    before = int(opt.iterations.numpy())
     start = time.perf_counter()
     for _ in range(steps):
         coordinator.schedule(step, args=(iterator,))
     coordinator.join()
     elapsed = time.perf_counter() - start
+    applied = int(opt.iterations.numpy()) - before
+    expected = steps if mode == "async" else steps // workers
     coordinator.close()
+    if applied != expected:
+        raise RuntimeError(
+            f"{mode} training with {workers} workers applied {applied} updates for {steps} "
+            f"steps (expected {expected}): updates were lost or applied twice"
+        )
     return steps / elapsed
 
 
+def transfer_rounds(cluster, mib: int, repeats: int) -> dict:
+    """Pull, push and assign of a ``mib`` MiB variable in 2 shards, interleaved with a
+    loopback TCP stream of the same size, ``repeats`` rounds after a warm-up round."""
+    strategy = ParameterServerStrategy(
+        SimpleClusterResolver(cluster, task_type="chief", task_id=0),
+        variable_partitioner=FixedShardsPartitioner(2),
+        token=TOKEN,
+        rpc_timeout=120,
+    )
+    rows = mib * (1 << 20) // 4 // 1024
+    nbytes = rows * 1024 * 4
+    with strategy.scope():
+        v = Variable(np.zeros((rows, 1024), np.float32), name="big")
+        opt = SGD(1e-3)
+    grad = np.ones((rows, 1024), np.float32)
+    ops = {
+        "pull": lambda: np.asarray(v),
+        "push": lambda: strategy.extended.push_gradients(opt, [(grad, v)]),
+        "assign": lambda: v.assign(grad),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in ["tcp", "fresh", *ops]}
+    for r in range(repeats + 1):
+        timings = {"tcp": nbytes / loopback_tcp_bandwidth(nbytes)}
+        start = time.perf_counter()
+        np.ones(nbytes // 4, np.float32)  # what allocating and first writing an array costs
+        timings["fresh"] = time.perf_counter() - start
+        for name, fn in ops.items():
+            start = time.perf_counter()
+            fn()
+            timings[name] = time.perf_counter() - start
+        if r > 0:  # round 0 warms up connections and buffers
+            for name, t in timings.items():
+                seconds[name].append(t)
+    out = {f"{name}_GBps": nbytes / float(np.median(t)) / 1e9 for name, t in seconds.items()}
+    for name in ops:
+        out[f"{name}_x_tcp"] = float(
+            np.median([tcp / t for tcp, t in zip(seconds["tcp"], seconds[name])])
+        )
+    return out
+
+
+def plot_scaling(results: dict, path: str, command: str) -> None:
+    """Async steps per second by number of workers (2 ps tasks), the numpy loop of the same run
+    as a reference line; footer: machine, date, command."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pycollective.bench.report import machine_label
+
+    counts = sorted(int(n) for n in results["async_steps_per_s_by_workers"])
+    sps = [results["async_steps_per_s_by_workers"][str(n)] for n in counts]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(counts, sps, marker="o", label="ParameterServerStrategy, async (2 ps tasks)")
+    for n, value in zip(counts, sps):
+        ax.annotate(
+            f"{value:.0f}",
+            (n, value),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=8,
+        )
+    ax.axhline(95, color="grey", linestyle=":", label="TensorFlow PSS, 2 ps + 2 workers (issue 19)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.set_ylim(0, max(sps) * 1.25)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("training steps per second")
+    ax.set_title(
+        f"digits softmax regression, batch {results['batch']}: async steps/s by workers "
+        f"(numpy loop: {results['numpy_steps_per_s']:.0f})",
+        fontsize=9,
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.text(0.01, 0.01, machine_label() + f"\n$ {command}", fontsize=6, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> dict:
+    import sys
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=64, help="size of the sharded variable")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=300, help="training steps per mode")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved transfer rounds")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--workers", default="1,2,4,8", help="worker counts of the async runs (comma-separated)"
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--plot", default=None, help="draw async steps/s by workers here (PNG)")
     args = parser.parse_args(argv)
+    counts = sorted({int(n) for n in args.workers.split(",")} | {2})
 
-    tasks = [Task("ps", 0), Task("ps", 1), Task("worker", 0), Task("worker", 1)]
+    tasks = [Task("ps", 0), Task("ps", 1)]
     try:
-        cluster = {
-            "chief": ["127.0.0.1:1"],
-            "ps": [tasks[0].address, tasks[1].address],
-            "worker": [tasks[2].address, tasks[3].address],
-        }
-        tcp = loopback_tcp_bandwidth()
-        # A pull returns a new array: what allocating and first writing one costs here.
-        fresh = median_seconds(lambda: np.ones(args.mib << 18, np.float32), args.repeats)
-        strategy = ParameterServerStrategy(
-            SimpleClusterResolver(cluster, task_type="chief", task_id=0),
-            variable_partitioner=FixedShardsPartitioner(2),
-            token=TOKEN,
-            rpc_timeout=120,
-        )
-        rows = args.mib * (1 << 20) // 4 // 1024
-        nbytes = rows * 1024 * 4
-        with strategy.scope():
-            v = Variable(np.zeros((rows, 1024), np.float32), name="big")
-            opt = SGD(1e-3)
-        grad = np.ones((rows, 1024), np.float32)
-        pull = median_seconds(lambda: np.asarray(v), args.repeats)
-        push = median_seconds(
-            lambda: strategy.extended.push_gradients(opt, [(grad, v)]), args.repeats
-        )
-        assign = median_seconds(lambda: v.assign(grad), args.repeats)
+        tasks += [Task("worker", i) for i in range(max(counts))]
+        ps = [tasks[0].address, tasks[1].address]
+        workers = [t.address for t in tasks[2:]]
+
+        def cluster(n: int) -> dict:
+            return {"chief": ["127.0.0.1:1"], "ps": ps, "worker": workers[:n]}
+
+        results: dict = {"variable_mib": args.mib, "shards": 2, "ps_tasks": 2}
+        results.update(transfer_rounds(cluster(2), args.mib, args.repeats))
         x, y = load_digits_data()
         numpy_sps = numpy_steps_per_second(x, y, args.steps * 5, args.batch)
-        async_sps = cluster_steps_per_second(cluster, "async", x, y, args.steps, args.batch)
-        sync_sps = cluster_steps_per_second(cluster, "sync", x, y, args.steps, args.batch)
+        by_workers = {}
+        for n in counts:
+            by_workers[str(n)] = cluster_steps_per_second(
+                cluster(n), "async", x, y, args.steps, args.batch
+            )
+        sync_sps = cluster_steps_per_second(cluster(2), "sync", x, y, args.steps, args.batch)
+        numpy_after = numpy_steps_per_second(x, y, args.steps * 5, args.batch)
     finally:
         for t in tasks:
             t.stop()
 
-    results = {
-        "variable_mib": args.mib,
-        "shards": 2,
-        "ps_tasks": 2,
-        "loopback_tcp_GBps": tcp / 1e9,
-        "fresh_array_GBps": nbytes / fresh / 1e9,
-        "pull_GBps": nbytes / pull / 1e9,
-        "push_GBps": nbytes / push / 1e9,
-        "assign_GBps": nbytes / assign / 1e9,
-        "numpy_steps_per_s": numpy_sps,
-        "async_steps_per_s": async_sps,
-        "sync_steps_per_s": sync_sps,
-        "batch": args.batch,
-        "cpus": os.cpu_count(),
-    }
-    print(f"one loopback TCP stream: {tcp / 1e9:.2f} GB/s")
-    print(
-        f"allocating + filling a new {args.mib} MiB array: {nbytes / fresh / 1e9:.2f} GB/s "
-        "(a pull returns a new array)"
+    results.update(
+        {
+            "numpy_steps_per_s": float(np.median([numpy_sps, numpy_after])),
+            "async_steps_per_s": by_workers["2"],
+            "async_steps_per_s_by_workers": by_workers,
+            "sync_steps_per_s": sync_sps,
+            "sync_ms_per_update": 2 / sync_sps * 1e3,
+            "batch": args.batch,
+            "cpus": os.cpu_count(),
+        }
     )
-    print(f"{args.mib} MiB variable, 2 shards on 2 ps tasks (median of {args.repeats}):")
+    print(
+        f"{args.mib} MiB variable, 2 shards on 2 ps tasks, median of {args.repeats} rounds, each "
+        "beside a loopback TCP stream of the same size:"
+    )
+    print(f"  loopback TCP stream  {results['tcp_GBps']:6.2f} GB/s")
+    print(f"  new array (alloc + fill) {results['fresh_GBps']:6.2f} GB/s  (a pull returns one)")
     for name in ("pull", "push", "assign"):
-        gbps = results[f"{name}_GBps"]
-        print(f"  {name:6s} {gbps:6.2f} GB/s  = {gbps * 1e9 / tcp:5.2f} x loopback TCP")
-    print(f"digits softmax regression, batch {args.batch}, 2 workers:")
-    print(f"  bare numpy loop (1 process)  {numpy_sps:8.0f} steps/s")
-    for mode in ("async", "sync"):
-        sps = results[f"{mode}_steps_per_s"]
         print(
-            f"  ParameterServerStrategy {mode:5s} {sps:8.0f} steps/s = "
-            f"{sps / numpy_sps:.3f} x numpy"
+            f"  {name:6s} {results[f'{name}_GBps']:6.2f} GB/s = "
+            f"{results[f'{name}_x_tcp']:5.2f} x loopback TCP"
         )
+    numpy_sps = results["numpy_steps_per_s"]
+    print(f"digits softmax regression, batch {args.batch}, 2 ps tasks:")
+    print(f"  bare numpy loop (1 process)  {numpy_sps:8.0f} steps/s")
+    for n in counts:
+        sps = by_workers[str(n)]
+        print(
+            f"  async, {n} worker{'s' if n > 1 else ' '}            {sps:8.0f} steps/s = "
+            f"{sps / numpy_sps:.4f} x numpy"
+        )
+    print(
+        f"  sync, 2 workers              {sync_sps:8.0f} steps/s = "
+        f"{sync_sps / numpy_sps:.4f} x numpy ({results['sync_ms_per_update']:.2f} ms per "
+        "synchronous update of 2 steps)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if args.plot:
+        command = "python -m pycollective.bench.ps_bench " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        plot_scaling(results, args.plot, command)
     return results
 
 

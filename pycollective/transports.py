@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pycollective import config
@@ -114,9 +115,12 @@ class TcpListener:
         self.sock.close()
 
 
-def _connect(
+def connect(
     rank: int, peer: int, endpoint: str, token: str, session: bytes, deadline: float
 ) -> socket.socket:
+    """Dials ``endpoint`` (retrying until ``deadline``) and runs the dialing side of the
+    handshake as ``rank``: both ends prove they know the cluster token for this ``session``.
+    Returns the connected, authenticated socket (blocking); LinkSetupError otherwise."""
     host, port = endpoint.rsplit(":", 1)
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -156,6 +160,29 @@ def _connect(
         raise
 
 
+def admit(
+    sock: socket.socket, addr: object, token: str, session: bytes, allowed: Callable[[int], bool]
+) -> int:
+    """The accepting side of the handshake on a fresh connection: the peer proves it knows the
+    cluster token (and so does this side) for this ``session``. Returns the rank the peer
+    claims, once ``allowed(rank)`` accepted it; raises LinkSetupError (or OSError) otherwise.
+    The caller sets the socket's timeout and closes it on failure."""
+    magic, peer, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+    if magic != _MAGIC or not allowed(peer):
+        raise LinkSetupError(f"unexpected hello from {addr} (rank {peer})")
+    my_nonce = secrets.token_bytes(16)
+    sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce))
+    proof = _recv_exact(sock, 32)
+    if not hmac.compare_digest(
+        proof, _mac(token, b"connect", session, nonce, my_nonce, str(peer).encode())
+    ):
+        raise LinkSetupError(
+            f"connection from {addr} claiming rank {peer} has the wrong cluster token"
+        )
+    sock.sendall(b"\x01")
+    return peer
+
+
 def _accept(
     listener: TcpListener,
     rank: int,
@@ -179,19 +206,7 @@ def _accept(
             return
         try:
             sock.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
-            magic, peer, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
-            if magic != _MAGIC or peer not in expected or peer in out:
-                raise LinkSetupError(f"unexpected hello from {addr} (rank {peer})")
-            my_nonce = secrets.token_bytes(16)
-            sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce))
-            proof = _recv_exact(sock, 32)
-            if not hmac.compare_digest(
-                proof, _mac(token, b"connect", session, nonce, my_nonce, str(peer).encode())
-            ):
-                raise LinkSetupError(
-                    f"connection from {addr} claiming rank {peer} has the wrong cluster token"
-                )
-            sock.sendall(b"\x01")
+            peer = admit(sock, addr, token, session, lambda p: p in expected and p not in out)
             sock.settimeout(None)
             out[peer] = sock
         except (OSError, ConnectionError, struct.error, LinkSetupError) as exc:
@@ -240,7 +255,7 @@ def open_links(
             if kinds[p] == "grpc":
                 links[p] = grpc_plane.link(p, endpoints[p]["grpc"])
             elif kinds[p] == "tcp" and p < rank:
-                sock = _connect(rank, p, endpoints[p]["tcp"], token, sess, deadline)
+                sock = connect(rank, p, endpoints[p]["tcp"], token, sess, deadline)
                 links[p] = _C.tcp_link(
                     fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"]
                 )

@@ -3,10 +3,12 @@ that name the task.
 
 The coordinator and every worker hold one :class:`PSClient`. Calls to several parameter servers
 (the shards of a variable, the variables of a step) are issued together and waited for
-together, so a step costs one round trip whatever the number of ps tasks. Tensors larger than
-``STREAM_BYTES`` travel as a stream of ``CHUNK_BYTES`` pieces (PullStream, PushStream,
-AssignStream): serialization, transfer and assembly overlap, messages stay small, and the
-receiver writes the pieces straight into the destination array.
+together, so a step costs one round trip whatever the number of ps tasks.
+
+Tensor bytes (Pull, Push, Assign) travel over each ps task's native data plane
+(data_plane.py): pooled native channels, found through the task's Ping. gRPC carries the
+control calls. A ps task that offers no data plane (``data_port`` 0) is served over gRPC, where
+tensors larger than ``STREAM_BYTES`` travel as a stream of ``CHUNK_BYTES`` pieces.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ from typing import Any
 import grpc
 import numpy as np
 
+from pycollective._calls import new_output
+
 from . import ps_pb2 as pb
 from . import ps_pb2_grpc as pb_grpc
 from . import wire
+from .data_client import DataCall, DataPlaneClient
+from .data_plane import tensor_headers
 from .errors import UnavailableError, ps_task
 
 # gRPC codes that mean "the task is gone or did not answer in time".
@@ -102,6 +108,54 @@ class PSClient:
         self._channels: list[grpc.Channel] = []
         self._lock = threading.Lock()
         self._streams: futures.ThreadPoolExecutor | None = None
+        self._data = DataPlaneClient(token, self._ping, describe_failure)
+
+    def _ping(self, task: int, address: str, timeout: float) -> pb.PingResponse:
+        call = PSCall(address, task, "Ping", pb.PingRequest(), timeout)
+        try:
+            return self.stub(address).Ping(
+                call.request, timeout=timeout, metadata=self._metadata, wait_for_ready=True
+            )
+        except grpc.RpcError as exc:
+            raise translate(exc, call) from None
+
+    def _data_plane(self, task: int, address: str, timeout: float) -> bool:
+        return self._data.available(task, address, timeout)
+
+    def writes_seen(self) -> dict[int, int]:
+        """ps task -> the newest write clock this client saw (ParameterServerService.writes)."""
+        return self._data.writes_seen()
+
+    def observe_writes(self, clocks: Any) -> None:
+        """Takes note of write clocks seen by others (a worker's closure, for the coordinator)."""
+        self._data.observe_writes(clocks)
+
+    def push_and_read(
+        self, calls: Sequence[PSCall], reads: dict[int, list[PullEntry]]
+    ) -> tuple[list[Any], dict[str, np.ndarray], dict[int, int]]:
+        """Push calls (one per ps task) that also read ``reads[task]`` once their gradients are
+        applied: one exchange per task. Returns the PushResponses, the values read and each
+        task's write clock of those values. A task without a data plane gets a plain push
+        (nothing read)."""
+        timeout = self.rpc_timeout
+        if (
+            not all(self._data_plane(c.task, c.address, c.timeout or timeout) for c in calls)
+            or not calls
+        ):
+            return self.call_many(calls), {}, {}
+        out: dict[str, np.ndarray] = {}
+        data_calls = []
+        for c in calls:
+            c.timeout = timeout if c.timeout is None else c.timeout
+            d = _data_call(c)
+            entries = reads.get(c.task, [])
+            d.request.pull_after.extend(e.key for e in entries)
+            d.destinations = _pull_destinations(c.task, list(entries), out)
+            data_calls.append(d)
+        replies = self._data.exchange(data_calls)
+        responses = [pb.PushResponse(version=r.version, iterations=r.iterations) for r in replies]
+        clocks = {c.task: r.writes for c, r in zip(calls, replies) if reads.get(c.task)}
+        return responses, out, clocks
 
     def stub(self, address: str) -> pb_grpc.ParameterServerStub:
         with self._lock:
@@ -131,9 +185,14 @@ class PSClient:
         """Issues every call at once, waits for all; raises the first failure (after all
         finished, so no call is left running), as UnavailableError naming the task when it was
         unreachable or slow, RuntimeError otherwise."""
-        pending = []
+        pending: list[Any] = []
+        data_calls: list[DataCall] = []
         for c in calls:
             timeout = c.timeout = self.rpc_timeout if c.timeout is None else c.timeout
+            if c.arrays is not None and self._data_plane(c.task, c.address, timeout):
+                data_calls.append(_data_call(c))
+                pending.append(data_calls[-1])
+                continue
             stub = self.stub(c.address)
             request = c.request
             method = c.method
@@ -157,7 +216,20 @@ class PSClient:
                     request, timeout=timeout, metadata=self._metadata, wait_for_ready=True
                 )
             )
-        return self._collect(calls, [f.result for f in pending])
+        data_error: BaseException | None = None
+        if data_calls:
+            try:
+                self._data.exchange(data_calls)
+            except BaseException as exc:  # noqa: BLE001 - raised after the gRPC calls finished
+                data_error = exc
+        if data_error is not None:
+            for p in pending:  # no gRPC call is left running
+                if not isinstance(p, DataCall):
+                    p.exception()
+            raise data_error
+        return self._collect(
+            calls, [_data_result(p) if isinstance(p, DataCall) else p.result for p in pending]
+        )
 
     def pull(
         self, requests: Sequence[tuple[int, str, Sequence[PullEntry]]], timeout: float | None = None
@@ -165,6 +237,8 @@ class PSClient:
         """Reads tensors from several ps tasks at once: ``[(task, address, entries), ...]``.
         Returns key -> array (the entry's ``out`` when given; otherwise a read-only array)."""
         timeout = self.rpc_timeout if timeout is None else timeout
+        if all(self._data_plane(task, address, timeout) for task, address, _ in requests):
+            return self._pull_data_plane(requests, timeout)
         calls, waits = [], []
         for task, address, entries in requests:
             request = pb.PullRequest(keys=[e.key for e in entries])
@@ -200,6 +274,24 @@ class PSClient:
                 out.update(result)
         return out
 
+    def _pull_data_plane(
+        self, requests: Sequence[tuple[int, str, Sequence[PullEntry]]], timeout: float
+    ) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        calls = [
+            DataCall(
+                task,
+                address,
+                "Pull",
+                pb.DataRequest(pull=pb.PullRequest(keys=[e.key for e in entries]), timeout=timeout),
+                destinations=_pull_destinations(task, list(entries), out),
+                timeout=timeout,
+            )
+            for task, address, entries in requests
+        ]
+        self._data.exchange(calls)
+        return out
+
     def _collect(self, calls: Sequence[PSCall], waits: Sequence[Any]) -> list[Any]:
         results, first_error = [], None
         for c, wait in zip(calls, waits):
@@ -226,6 +318,7 @@ class PSClient:
             if self._streams is not None:
                 self._streams.shutdown(wait=False)
                 self._streams = None
+        self._data.close()
 
 
 def _request_chunks(call: PSCall) -> Iterator[Any]:
@@ -288,28 +381,97 @@ def _pull_stream(
 
 def translate(exc: grpc.RpcError, call: PSCall) -> Exception:
     """A gRPC failure of ``call`` as the error users see."""
-    task = ps_task(call.task)
     code = exc.code() if hasattr(exc, "code") else None
-    detail = wire.rpc_detail(exc)
+    return describe_failure(
+        code, wire.rpc_detail(exc), call.task, call.address, call.method, call.timeout
+    )
+
+
+def describe_failure(
+    code: grpc.StatusCode | None,
+    detail: str,
+    task_index: int,
+    address: str,
+    method: str,
+    timeout: float | None,
+) -> Exception:
+    """The error users see for a call the ps task refused or did not answer (over gRPC or its
+    data plane)."""
+    task = ps_task(task_index)
     if code in UNREACHABLE:
-        within = f" within {call.timeout:g} s" if call.timeout else ""
+        within = f" within {timeout:g} s" if timeout else ""
         return UnavailableError(
-            f"parameter server {task} ({call.address}) did not answer {call.method}{within} "
+            f"parameter server {task} ({address}) did not answer {method}{within} "
             f"({detail}). If it died, restart it and restore the last checkpoint "
             "(Checkpoint.restore) before scheduling more steps: its variables are lost.",
             task=task,
-            address=call.address,
+            address=address,
         )
     if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
         return UnavailableError(
-            f"parameter server {task} ({call.address}) no longer has the state this call needs "
+            f"parameter server {task} ({address}) no longer has the state this call needs "
             f"({detail}); it probably restarted. Restore the last checkpoint (Checkpoint.restore) "
             "to put the variables back.",
             task=task,
-            address=call.address,
+            address=address,
         )
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return PermissionError(
-            f"parameter server {task} ({call.address}) refused {call.method}: {detail}"
-        )
-    return RuntimeError(f"parameter server {task} ({call.address}) failed {call.method}: {detail}")
+        return PermissionError(f"parameter server {task} ({address}) refused {method}: {detail}")
+    return RuntimeError(f"parameter server {task} ({address}) failed {method}: {detail}")
+
+
+def _data_call(call: PSCall) -> DataCall:
+    """A Push or Assign with arrays as a data-plane request (tensor headers in the message,
+    bytes as frames)."""
+    request = type(call.request)()
+    request.CopyFrom(call.request)
+    arrays = [np.ascontiguousarray(a) for a in call.arrays or ()]
+    for a in arrays:
+        if a.dtype.kind not in "biufc":
+            raise TypeError(
+                f"only numeric tensors travel to and from parameter servers, got dtype {a.dtype}"
+            )
+    getattr(request, _TENSOR_FIELDS[call.method]).extend(tensor_headers(arrays))
+    op = {"Push": "push", "Assign": "assign"}[call.method]
+    return DataCall(
+        call.task,
+        call.address,
+        call.method,
+        pb.DataRequest(**{op: request}, timeout=call.timeout or 0.0),
+        arrays,
+        timeout=call.timeout or 30.0,
+    )
+
+
+def _data_result(call: DataCall) -> Any:
+    """The gRPC-shaped response of a finished data-plane call (PushResponse, AssignResponse)."""
+
+    def result() -> Any:
+        reply = call.reply
+        if call.method == "Push" and reply is not None:
+            return pb.PushResponse(version=reply.version, iterations=reply.iterations)
+        return pb.AssignResponse()
+
+    return result
+
+
+def _pull_destinations(task: int, entries: list[PullEntry], out: dict[str, np.ndarray]) -> Any:
+    def destinations(reply: pb.DataReply, inline: np.ndarray) -> list[np.ndarray]:
+        if len(reply.values) != len(entries):
+            raise RuntimeError(
+                f"{ps_task(task)} returned {len(reply.values)} tensors for {len(entries)} keys"
+            )
+        arrays = []
+        for entry, header in zip(entries, reply.values):
+            dtype = wire.check_dtype(header.dtype)
+            if tuple(header.shape) != entry.shape or dtype != entry.dtype:
+                raise RuntimeError(
+                    f"{ps_task(task)} returned {dtype}{list(header.shape)} for "
+                    f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}"
+                )
+            array = entry.out if entry.out is not None else new_output(entry.shape, entry.dtype)
+            out[entry.key] = array
+            arrays.append(array)
+        return arrays
+
+    return destinations

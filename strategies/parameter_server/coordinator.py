@@ -656,7 +656,11 @@ class _WorkerDispatcher(threading.Thread):
                     self._iterators.add(iterator_id)
             response = self._stub.RunClosure(
                 pb.RunClosureRequest(
-                    closure_id=closure.id, closure=closure.payload, resolved=resolved
+                    closure_id=closure.id,
+                    closure=closure.payload,
+                    resolved=resolved,
+                    # Values the worker kept from older writes than these are read again.
+                    ps_writes=self.ext.client.writes_seen(),
                 ),
                 timeout=self.ext.closure_timeout,
                 metadata=self._metadata,
@@ -681,6 +685,7 @@ class _WorkerDispatcher(threading.Thread):
             return
         if response.incarnation and response.incarnation != self.incarnation:
             self.incarnation = response.incarnation
+        self.ext.client.observe_writes(response.ps_writes)
         kind = response.WhichOneof("outcome")
         if kind == "result":
             try:

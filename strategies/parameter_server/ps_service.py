@@ -6,6 +6,7 @@ aggregated with pycollective's native reduction)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -16,6 +17,7 @@ import grpc
 import numpy as np
 
 import pycollective as pc
+from pycollective import fused_update
 
 from . import ps_pb2 as pb
 from . import ps_pb2_grpc as pb_grpc
@@ -85,6 +87,13 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         self._key = key
         self._task_index = task_index
         self._task = ps_task(task_index)
+        #: the port of the task's data plane (data_plane.DataPlaneServer), 0 while none
+        self.data_port = 0
+        # The write clock: advanced by every change of a variable's value (an applied update, an
+        # assignment, a creation). Replies carry it, so a worker knows whether values it kept
+        # are current. It starts at the wall clock in ns so that it keeps growing across
+        # restarts of the task.
+        self._writes = time.time_ns()
         self._incarnation = incarnation
         self._cond = threading.Condition(threading.RLock())
         self._vars: dict[str, _Var] = {}
@@ -183,6 +192,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         step = st.iterations
         lr = opt._lr(step)
         names = tuple(opt._slot_names)
+        fused = opt._fused(step)
         for key, grad in zip(keys, grads):
             var = self._vars[key].array
             slots = {}
@@ -193,8 +203,20 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 slots[name] = slot
             if grad.dtype != var.dtype:
                 grad = grad.astype(var.dtype)
+            if fused is not None:
+                # The optimizer's rule in one native pass (no temporaries; GIL released).
+                rule, hyper = fused
+                tensor = fused_update.ReplicatedTensor(
+                    grads=[grad],
+                    copies=[var],
+                    slots=[[slots[n]] for n in fused_update.RULES[rule][1]],
+                )
+                if fused_update.supported([tensor]):
+                    fused_update.apply(rule, hyper, [tensor], check=False)
+                    continue
             opt._update_step(var, grad, slots, lr, step)
         st.iterations = step + 1
+        self._writes += 1
 
     def _sum(self, parts: list[np.ndarray]) -> np.ndarray:
         """The sum of equally shaped gradients: pycollective's native reduction (GIL released)
@@ -238,10 +260,67 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         )
         self._cond.notify_all()
 
+    # What the data plane (data_plane.py) calls --------------------------------------------------
+
+    @property
+    def task(self) -> str:
+        return self._task
+
+    @property
+    def task_index(self) -> int:
+        return self._task_index
+
+    def take_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return self._pool.take(shape, dtype)
+
+    def give_buffers(self, arrays: Any) -> None:
+        self._pool.give(arrays)
+
+    @property
+    def writes(self) -> int:
+        """The write clock (see __init__)."""
+        with self._cond:
+            return self._writes
+
+    @contextlib.contextmanager
+    def reading(self, keys: list[str], context: Any) -> Iterator[tuple[int, int, list[np.ndarray]]]:
+        """Holds the lock (no update can interleave) while the caller reads these variables:
+        yields ``(synchronous version, write clock, the variables' arrays)``. A large pull is
+        sent straight from the variables' memory this way, without a copy."""
+        with self._cond:
+            arrays = [self._var(key, context).array for key in keys]
+            version = max((st.version for st in self._opts.values()), default=0)
+            yield version, self._writes, arrays
+
+    def snapshot(self, keys: list[str], context: Any) -> tuple[int, int, list[np.ndarray]]:
+        """Copies of these variables taken together under the lock, in pool buffers the caller
+        gives back: ``(synchronous version, write clock, copies)``."""
+        snapshots: list[np.ndarray] = []
+        with self.reading(keys, context) as (version, writes, arrays):
+            for a in arrays:
+                snapshots.append(self._pool.take(a.shape, a.dtype))
+                np.copyto(snapshots[-1], a)
+        return version, writes, snapshots
+
+    def push_arrays(
+        self, request: pb.PushRequest, grads: list[np.ndarray], context: Any
+    ) -> pb.PushResponse:
+        """Push with gradients already received into pool buffers (given back once applied)."""
+        return self._push(request, grads, context, grads)
+
+    def assign_arrays(
+        self, request: pb.AssignRequest, values: list[np.ndarray], context: Any
+    ) -> set[int]:
+        """Assign with values already received into pool buffers; returns the ids of those it
+        kept as new variables (the caller gives back the others)."""
+        return self._assign(request, values, context, owned=True)
+
     # RPCs -------------------------------------------------------------------------------------
 
     def Ping(self, request: pb.PingRequest, context: grpc.ServicerContext) -> pb.PingResponse:
-        return pb.PingResponse(incarnation=self._incarnation, job="ps", task=self._task_index)
+        return pb.PingResponse(
+            incarnation=self._incarnation, job="ps", task=self._task_index, data_port=self.data_port
+        )
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
         with self._cond:
@@ -255,13 +334,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     ) -> Iterator[pb.TensorChunk]:
         snapshots: list[np.ndarray] = []
         try:
-            with self._cond:
-                for key in request.keys:
-                    var = self._var(key, context)
-                    snap = self._pool.take(var.array.shape, var.array.dtype)
-                    np.copyto(snap, var.array)  # consistent: a push cannot interleave
-                    snapshots.append(snap)
-                version = max((st.version for st in self._opts.values()), default=0)
+            version, _, snapshots = self.snapshot(list(request.keys), context)
             yield pb.TensorChunk(
                 headers=[pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in snapshots],
                 version=version,
@@ -312,6 +385,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             )
         kept: set[int] = set()
         with self._cond:
+            self._writes += 1
             for key, value in zip(request.keys, values):
                 if request.create and key not in self._vars:
                     if request.kind != "assign":
@@ -328,7 +402,12 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                     continue
                 var = self._var(key, context)
                 self._check_shape(key, var, value, context)
-                if request.kind == "assign":
+                if request.kind == "assign" and owned and value.dtype == var.array.dtype:
+                    # The received buffer becomes the variable; the old one serves the next.
+                    var.array, old = value, var.array
+                    kept.add(id(value))
+                    self._pool.give([old])
+                elif request.kind == "assign":
                     np.copyto(var.array, value, casting="unsafe")
                 elif request.kind == "assign_add":
                     np.add(var.array, value, out=var.array, casting="unsafe")

@@ -19,6 +19,7 @@ from pycollective.rendezvous.auth import TokenInterceptor
 from ..cluster_resolver import ClusterResolver, ClusterSpec, TFConfigClusterResolver
 from . import ps_pb2_grpc as pb_grpc
 from . import wire
+from .data_plane import DataPlaneServer
 from .ps_service import ParameterServerService
 from .worker_service import WorkerService
 
@@ -98,6 +99,7 @@ class Server:
         self._configured = self._spec.task_address(self.job_name, self.task_index)
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
+        self._data_plane: DataPlaneServer | None = None
         self._stopped = threading.Event()
         self.incarnation = uuid.uuid4().hex
         self.address = self._configured
@@ -107,6 +109,12 @@ class Server:
     @property
     def task(self) -> str:
         return f"/job:{self.job_name}/replica:0/task:{self.task_index}"
+
+    @property
+    def data_plane_failures(self) -> list[str]:
+        """ps tasks: why each data channel that broke the protocol was closed (oldest first;
+        the task went on serving). Empty for worker tasks."""
+        return list(self._data_plane.failures) if self._data_plane is not None else []
 
     @property
     def target(self) -> str:
@@ -128,10 +136,13 @@ class Server:
             options=wire.server_options(),
         )
         key = wire.payload_key(self._token)
+        data_plane = None
         if self.job_name == "ps":
-            pb_grpc.add_ParameterServerServicer_to_server(
-                ParameterServerService(key, self.task_index, self.incarnation), server
-            )
+            service = ParameterServerService(key, self.task_index, self.incarnation)
+            # Tensor bytes travel over native channels; Ping tells clients the port.
+            data_plane = DataPlaneServer(service, self._token, bind_host)
+            service.data_port = data_plane.port
+            pb_grpc.add_ParameterServerServicer_to_server(service, server)
         else:
             pb_grpc.add_WorkerServicer_to_server(
                 WorkerService(key, self._token, self.task_index, self.incarnation), server
@@ -143,12 +154,15 @@ class Server:
             bound = 0
         if bound == 0:
             server.stop(None)
+            if data_plane is not None:
+                data_plane.stop()
             raise RuntimeError(
                 f"{self.task} cannot listen on {wanted}: is the port in use "
                 "(another job, or a previous run still exiting)?"
             )
         server.start()
         self._server = server
+        self._data_plane = data_plane
         self.address = f"{host}:{bound}"
         _log.info("%s serving on %s", self.task, self.address)
 
@@ -159,6 +173,9 @@ class Server:
     def stop(self, grace: float | None = None) -> None:
         """Stops serving; calls in flight are cancelled after ``grace`` seconds."""
         server, self._server = self._server, None
+        data_plane, self._data_plane = self._data_plane, None
+        if data_plane is not None:
+            data_plane.stop()
         if server is not None:
             server.stop(grace).wait(timeout=(grace or 0) + 5.0)
         self._stopped.set()

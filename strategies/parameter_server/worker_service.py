@@ -107,10 +107,49 @@ class _RemoteOptimizerMixin:
         """Slots live on the parameter servers: nothing to build here."""
 
 
+class KeptValues:
+    """Variable values a worker keeps between scheduled functions: what its last push to each
+    ps task returned (the values right after its own update), with the task's write clock.
+
+    A function may use them instead of pulling when the clock is at least the one the
+    coordinator sent with the function (the newest write it knows of: its own calls and every
+    finished function's). So a function never reads values older than a write that finished
+    before it was scheduled, as if it had pulled; in synchronous training every step's values
+    come back with its push, and a step costs one exchange per ps task."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_task: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+
+    def keep(self, task: int, clock: int, values: dict[str, np.ndarray]) -> None:
+        for v in values.values():
+            v.flags.writeable = False  # shared by later functions
+        with self._lock:
+            current = self._by_task.get(task)
+            if current is None or current[0] <= clock:
+                self._by_task[task] = (clock, values)
+
+    def get(self, task: int, keys: list[str], newer_than: int) -> dict[str, np.ndarray] | None:
+        """The values of ``keys`` on ``task`` if kept from clock ``newer_than`` or later."""
+        with self._lock:
+            current = self._by_task.get(task)
+        if current is None or current[0] < newer_than:
+            return None
+        values = current[1]
+        if any(k not in values for k in keys):
+            return None
+        return {k: values[k] for k in keys}
+
+    def drop(self, tasks: Any) -> None:
+        with self._lock:
+            for task in tasks:
+                self._by_task.pop(task, None)
+
+
 class ClosureStore:
     """Variable reads and writes of one scheduled function on a worker: each variable is pulled
-    at most once (all the function's variables in one call per ps task, on first use), and again
-    after the function pushed to or assigned it."""
+    at most once (all the function's variables in one call per ps task, on first use, unless the
+    worker kept current values: KeptValues), and read again with the push that updates it."""
 
     def __init__(self, runtime: WorkerService, resolved: Mapping[int, Any]) -> None:
         self.runtime = runtime
@@ -118,6 +157,10 @@ class ClosureStore:
         self.meta: dict[str, Any] = {}
         self.handles: list[RemoteVariable] = []
         self.cache: dict[str, np.ndarray] = {}
+        # key -> (task, entry) of every variable read: what a push reads again
+        self.read_from: dict[str, tuple[int, PullEntry]] = {}
+        #: ps task -> the write clock the values read must have reached (from the coordinator)
+        self.required: dict[int, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -157,12 +200,20 @@ class ClosureStore:
                 by_task: dict[tuple[int, str], list[PullEntry]] = {}
                 for key, entry in wanted.items():
                     by_task.setdefault(where[key], []).append(entry)
-                self.cache.update(
-                    self.client.pull(
-                        [(t, a, entries) for (t, a), entries in by_task.items()],
-                        timeout=self.meta.get("rpc_timeout"),
+                    self.read_from[key] = (where[key][0], entry)
+                kept = self.runtime.kept
+                for (task, address), entries in list(by_task.items()):
+                    values = kept.get(task, [e.key for e in entries], self.required.get(task, 0))
+                    if values is not None:
+                        self.cache.update(values)
+                        del by_task[(task, address)]
+                if by_task:
+                    self.cache.update(
+                        self.client.pull(
+                            [(t, a, entries) for (t, a), entries in by_task.items()],
+                            timeout=self.meta.get("rpc_timeout"),
+                        )
                     )
-                )
             parts = [self.cache[s.key] for s in var._shards]
         return parts[0] if len(parts) == 1 else join_rows(parts)
 
@@ -176,17 +227,29 @@ class ClosureStore:
     def write(
         self, var: RemoteVariable, kind: str, value: np.ndarray, create: bool = False
     ) -> None:
+        self.runtime.kept.drop({s.task for s in var._shards})
         self.client.call_many(
             assign_calls(var, kind, value, create, timeout=self.meta.get("rpc_timeout"))
         )
         self.invalidate([s.key for s in var._shards])
 
     def push(self, optimizer_id: str, pairs: list[tuple[Any, Any]]) -> int:
+        """Pushes the gradients; each ps task returns, in the same exchange, the new values of
+        the variables this function read from it (kept for the next function)."""
         synchronous = bool(self.meta.get("synchronous"))
         timeout = self.meta.get("sync_timeout") if synchronous else self.meta.get("rpc_timeout")
         calls = push_calls(optimizer_id, pairs, self.runtime.task_index, synchronous, timeout)
-        responses = self.client.call_many(calls)
+        reads: dict[int, list[PullEntry]] = {}
+        for task, entry in self.read_from.values():
+            reads.setdefault(task, []).append(PullEntry(entry.key, entry.shape, entry.dtype))
+        responses, values, clocks = self.client.push_and_read(calls, reads)
         self.invalidate([k for c in calls for k in c.request.keys])
+        with self._lock:
+            self.cache.update(values)
+        for task, clock in clocks.items():
+            self.runtime.kept.keep(
+                task, clock, {e.key: values[e.key] for e in reads[task] if e.key in values}
+            )
         return max((r.iterations for r in responses), default=0)
 
 
@@ -205,6 +268,17 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._iterators: dict[int, Iterator[Any]] = {}
         self._strategies: dict[int, WorkerStrategy] = {}
         self._optimizer_classes: dict[type, type] = {}
+        self.kept = KeptValues()
+
+    def writes_seen(self) -> dict[int, int]:
+        """ps task -> the newest write clock any of this worker's calls saw."""
+        with self._lock:
+            clients = list(self._clients.values())
+        seen: dict[int, int] = {}
+        for c in clients:
+            for task, clock in c.writes_seen().items():
+                seen[task] = max(seen.get(task, 0), clock)
+        return seen
 
     # Pieces of closures --------------------------------------------------------------------------
 
@@ -301,6 +375,14 @@ class WorkerService(pb_grpc.WorkerServicer):
             refuse_payload(context, "scheduled function", self._task)
         resolved = {r.closure_id: wire.decode_value(r.value) for r in request.resolved}
         store = ClosureStore(self, resolved)
+        store.required = dict(request.ps_writes)
+        response = self._run_closure(request, store)
+        response.ps_writes.update(self.writes_seen())
+        return response
+
+    def _run_closure(
+        self, request: pb.RunClosureRequest, store: ClosureStore
+    ) -> pb.RunClosureResponse:
         try:
             meta, fn, args, kwargs = wire.loads(request.closure, store.persistent_load)
         except _MissingIterator as exc:

@@ -1,0 +1,234 @@
+"""The ps task's data plane: Pull, Push and Assign over native channels.
+
+Tensor bytes do not travel in gRPC messages: each client (a worker, the coordinator) opens
+native TCP channels to a ps task (pycollective.channel: the process group's ``_C.tcp_link``,
+authenticated with the cluster token), and every request and reply moves as one lead frame plus
+one frame per large tensor, written by the native link straight from the sender's array into the
+receiver's (framing.py). gRPC keeps the control plane: Ping (which says where the data plane
+listens), optimizers, optimizer state, synchronous replicas, scheduling.
+
+A step's push may name variables to read once its gradients are applied (``pull_after``): the
+reply carries their new values, so a training step costs one exchange per ps task.
+
+Each channel is served by one thread, one request at a time, through the same handlers as the
+gRPC methods (ps_service.ParameterServerService): a refused request (unknown variable, wrong
+shape, unregistered optimizer, a synchronous step that timed out) gets a reply naming the task
+and the reason, and the channel goes on. A frame that breaks the protocol (a corrupt header, a
+truncated or mistagged frame, a peer that vanished mid-message) closes that one channel with a
+logged error naming the task; the task keeps serving every other channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+
+from pycollective.channel import Channel, ChannelListener
+from pycollective.errors import CollectiveError
+
+from . import ps_pb2 as pb
+from . import wire
+from .framing import BLOCK, FrameError, receive_header, receive_tensors, send_message
+
+_log = logging.getLogger("pycollective.strategies.parameter_server")
+
+#: how long a channel may stay silent in the middle of a message
+CHANNEL_TIMEOUT_S = 60.0
+_MAX_DIMS = 32
+
+
+def session(task: str) -> str:
+    """The label both ends put in the channel handshake: a client that dialled another task's
+    port fails it."""
+    return f"pycollective.parameter_server data plane {task}"
+
+
+class Refused(Exception):
+    """A request the ps task will not carry out (the reply says why, with a gRPC code)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ChannelContext:
+    """What the service's handlers need of a grpc.ServicerContext, for a request that came over
+    a channel: refusing (raises Refused), the caller's remaining time, whether it still
+    listens."""
+
+    def __init__(self, channel: Channel, timeout: float) -> None:
+        self._channel = channel
+        self._deadline = time.monotonic() + timeout if timeout > 0 else None
+
+    def abort(self, code: grpc.StatusCode, message: str) -> None:
+        raise Refused(code, message)
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def is_active(self) -> bool:
+        return not self._channel.closed
+
+    def peer(self) -> str:
+        return self._channel.peer_name
+
+
+def tensor_buffers(headers: Any, take: Any) -> list[np.ndarray]:
+    """Arrays (from ``take(shape, dtype)``) for the tensors a header announces; FrameError for a
+    dtype or shape no tensor can have."""
+    arrays = []
+    for t in headers:
+        try:
+            dtype = wire.check_dtype(t.dtype)
+        except ValueError as exc:
+            raise FrameError(str(exc)) from None
+        shape = tuple(int(d) for d in t.shape)
+        if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
+            raise FrameError(f"a tensor has an invalid shape {shape}")
+        arrays.append(take(shape, dtype))
+    return arrays
+
+
+def tensor_headers(arrays: Any) -> list[pb.Tensor]:
+    return [pb.Tensor(dtype=a.dtype.str, shape=a.shape) for a in arrays]
+
+
+class DataPlaneServer:
+    """Accepts channels for one ps task and serves each on its own thread.
+
+    Args:
+        service: the task's ParameterServerService (its state and handlers).
+        token: the cluster token (authenticates every channel).
+        host: the address to listen on (the host of the task's gRPC address).
+    """
+
+    def __init__(self, service: Any, token: str, host: str) -> None:
+        self._service = service
+        self._task = service.task
+        self._listener = ChannelListener(
+            token, session(self._task), host=host, timeout=CHANNEL_TIMEOUT_S
+        )
+        self.port = self._listener.port
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._channels: set[Channel] = set()
+        #: protocol failures seen (newest last): what closed a channel
+        self.failures: list[str] = []
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, name=f"pc-ps-data-accept-{service.task_index}", daemon=True
+        )
+        self._acceptor.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                channel = self._listener.accept(timeout=0.5)
+            except Exception as exc:  # noqa: BLE001 - one bad connection must not stop serving
+                if self._stopped.is_set():
+                    return
+                _log.warning("%s: %s", self._task, exc)
+                continue
+            if channel is None:
+                continue
+            with self._lock:
+                self._channels.add(channel)
+            threading.Thread(
+                target=self._serve, args=(channel,), name="pc-ps-data", daemon=True
+            ).start()
+
+    def _serve(self, channel: Channel) -> None:
+        lead = np.empty(BLOCK, np.uint8)
+        reply_block = np.empty(BLOCK, np.uint8)
+        try:
+            while not self._stopped.is_set():
+                if not channel.wait_readable(0.5):
+                    continue
+                if channel.peer_closed():
+                    return  # the client left between requests
+                request, inline = receive_header(channel, lead, pb.DataRequest)
+                self._handle(channel, request, inline, reply_block)
+        except (CollectiveError, FrameError) as exc:
+            if not self._stopped.is_set():
+                message = (
+                    f"{self._task} refused data from {channel.peer_name} and closed that "
+                    f"channel (the task keeps serving): {exc}"
+                )
+                self.failures.append(message)
+                _log.error("%s", message)
+        finally:
+            channel.close(f"{self._task} closed the data channel")
+            with self._lock:
+                self._channels.discard(channel)
+
+    def _handle(
+        self, channel: Channel, request: pb.DataRequest, inline: np.ndarray, block: np.ndarray
+    ) -> None:
+        op = request.WhichOneof("op")
+        service = self._service
+        context = ChannelContext(channel, request.timeout)
+        if op == "pull":
+            receive_tensors(channel, inline, [])
+            try:
+                # Sent straight from the variables, under the lock: consistent, no copy.
+                with service.reading(list(request.pull.keys), context) as (version, writes, arrays):
+                    reply = pb.DataReply(
+                        values=tensor_headers(arrays), version=version, writes=writes
+                    )
+                    send_message(channel, block, reply, arrays)
+            except Refused as refusal:
+                send_message(channel, block, _refusal(refusal), [])
+            return
+        if op not in ("push", "assign"):
+            raise FrameError(f"unknown data-plane request {op!r}")
+        message = request.push if op == "push" else request.assign
+        headers = message.gradients if op == "push" else message.values
+        received = tensor_buffers(headers, service.take_buffer)
+        try:
+            receive_tensors(channel, inline, received)
+        except BaseException:
+            service.give_buffers(received)
+            raise
+        del headers[:]  # the handlers take the arrays, not the header's empty tensors
+        pulled: list[np.ndarray] = []
+        try:
+            if op == "assign":
+                kept = service.assign_arrays(message, received, context)
+                service.give_buffers([a for a in received if id(a) not in kept])
+                received = []
+                reply = pb.DataReply(writes=service.writes)
+            else:
+                pooled, received = received, []
+                done = service.push_arrays(message, pooled, context)
+                reply = pb.DataReply(
+                    version=done.version, iterations=done.iterations, writes=service.writes
+                )
+                if request.pull_after:
+                    # The step's next values, in the same exchange (after its own update).
+                    reply.version, reply.writes, pulled = service.snapshot(
+                        list(request.pull_after), context
+                    )
+                    reply.values.extend(tensor_headers(pulled))
+            send_message(channel, block, reply, pulled)
+        except Refused as refusal:
+            send_message(channel, block, _refusal(refusal), [])
+        finally:
+            service.give_buffers(received)
+            service.give_buffers(pulled)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._listener.close()
+        with self._lock:
+            channels = list(self._channels)
+        for channel in channels:
+            channel.close(f"{self._task} stopped")
+
+
+def _refusal(refusal: Refused) -> pb.DataReply:
+    return pb.DataReply(error=refusal.message, code=refusal.code.value[0])
