@@ -987,7 +987,7 @@ from pycollective._spawn import own_process_group
 
 
 def _communicate_all(procs: list[subprocess.Popen], deadline: float) -> list[str]:
-    """The output of each process (each started with start_new_session=True), waiting for all
+    """The output of each process (each in a process group of its own), waiting for all
     of them until one shared ``deadline`` (time.monotonic()). Whatever still runs then, or when
     waiting fails, is stopped with its whole process group (SIGTERM, then SIGKILL)."""
     outputs = [""] * len(procs)
