@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
 
 from pycollective._spawn import child_environment, python_module_command
-from pycollective.launcher import TIMEOUT_EXIT_CODE, _die_with_parent, _RankGroup, _supervision
+from pycollective.launcher import (
+    _describe_exit,
+    _die_with_parent,
+    _RankGroup,
+    _say,
+    _stop_on_signal,
+    _stop_on_timeout,
+    _supervision,
+)
 from pycollective.rendezvous.elastic import ENV_STORE
 
 STORE_MODULE = "pycollective.elastic_store"
@@ -155,11 +161,9 @@ def _supervise(
     handled = 0  # exits reacted to so far (poll() lists them in order)
     restarts = 0
     while True:
-        if received:
-            signum = received[0]
-            _say(f"received {signal.Signals(signum).name}; forwarded it to all processes")
-            group.stop_all(first_signal=signum, interrupts=received)
-            return 128 + signum
+        stopped = _stop_on_signal(group, received, "processes")
+        if stopped is not None:
+            return stopped
         exited = group.poll()
         for entry in exited[handled:]:
             handled += 1
@@ -167,7 +171,7 @@ def _supervise(
             assert code is not None
             if code == 0:
                 continue
-            what = _describe_exit(code)
+            what, exit_code = _describe_exit(code)
             alive = sum(1 for e in group.ranks if e.returncode is None)
             if restarts < max_restarts:
                 restarts += 1
@@ -194,7 +198,7 @@ def _supervise(
                 f"proc {entry.rank} (pid {entry.process.pid}) {what}; only {alive} process(es) "
                 f"left, fewer than the minimum {min_size}, and no restart left: stopped the job"
             )
-            return 128 - code if code < 0 else code
+            return exit_code
         store.set_live(sum(1 for e in group.ranks if e.returncode is None))
         if group.all_exited():
             _say(f"all processes exited; {store.rounds} group(s) formed, {restarts} restart(s)")
@@ -203,18 +207,7 @@ def _supervise(
             group.stop_all(interrupts=received)
             _say("the rendezvous store exited; stopped the job (no group could re-form)")
             return 1
-        if deadline is not None and time.monotonic() >= deadline:
-            group.stop_all(interrupts=received)
-            _say(f"timed out after {timeout:g} s; stopped all processes")
-            return TIMEOUT_EXIT_CODE
+        stopped = _stop_on_timeout(group, received, deadline, timeout, "processes")
+        if stopped is not None:
+            return stopped
         time.sleep(_POLL_S)
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
-def _say(message: str) -> None:
-    print(f"pycollective run: {message}", file=sys.stderr, flush=True)

@@ -325,31 +325,52 @@ def _supervise(group: _RankGroup, received: list[int], timeout: float | None) ->
     """Waits for the ranks; reacts to the first failure, the timeout or a signal."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        if received:
-            signum = received[0]
-            _say(f"received {signal.Signals(signum).name}; forwarded it to all ranks")
-            group.stop_all(first_signal=signum, interrupts=received)
-            return 128 + signum
+        stopped = _stop_on_signal(group, received, "ranks")
+        if stopped is not None:
+            return stopped
         exited = group.poll()
         failed = [r for r in exited if r.returncode != 0]
         if failed:
             first = failed[0]
-            code = first.returncode
-            if code < 0:
-                what = f"was killed by {signal.Signals(-code).name}"
-                code = 128 - code
-            else:
-                what = f"exited with code {code}"
+            what, code = _describe_exit(first.returncode)
             group.stop_all(interrupts=received)
             _say(f"rank {first.rank} {what}; stopped the other ranks")
             return code
         if group.all_exited():
             return 0
-        if deadline is not None and time.monotonic() >= deadline:
-            group.stop_all(interrupts=received)
-            _say(f"timed out after {timeout:g} s; stopped all ranks")
-            return TIMEOUT_EXIT_CODE
+        stopped = _stop_on_timeout(group, received, deadline, timeout, "ranks")
+        if stopped is not None:
+            return stopped
         time.sleep(_POLL_S)
+
+
+def _stop_on_signal(group: _RankGroup, received: list[int], who: str) -> int | None:
+    """When a signal came: forwards it to every process and returns the launcher's exit code."""
+    if not received:
+        return None
+    signum = received[0]
+    _say(f"received {signal.Signals(signum).name}; forwarded it to all {who}")
+    group.stop_all(first_signal=signum, interrupts=received)
+    return 128 + signum
+
+
+def _stop_on_timeout(
+    group: _RankGroup, received: list[int], deadline: float | None, timeout: float | None, who: str
+) -> int | None:
+    """Past the deadline: stops every process and returns the launcher's exit code."""
+    if deadline is None or time.monotonic() < deadline:
+        return None
+    group.stop_all(interrupts=received)
+    _say(f"timed out after {timeout:g} s; stopped all {who}")
+    return TIMEOUT_EXIT_CODE
+
+
+def _describe_exit(returncode: int) -> tuple[str, int]:
+    """How a process ended, in words, and the exit code that passes it on (a shell's 128 + N
+    for a signal)."""
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}", 128 - returncode
+    return f"exited with code {returncode}", returncode
 
 
 @dataclass

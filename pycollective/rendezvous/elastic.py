@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from .client import CoordinationClient, RendezvousError
 from .cluster import format_address, is_loopback, parse_address
+from .job_file import pid_alive
 from .service import CoordinationService
 
 _log = logging.getLogger("pycollective.rendezvous")
@@ -153,7 +154,7 @@ class ElasticStore:
                     self._joiners[uid] = joiner
         waiting = [j for j in self._joiners.values() if not j.placed]
         for j in waiting:
-            if j.node == self._node and not _pid_alive(j.pid):
+            if j.node == self._node and not pid_alive(j.pid):
                 j.placed = True  # died while waiting: it joins nothing
         waiting = [j for j in waiting if not j.placed]
         if not waiting:
@@ -277,16 +278,6 @@ def _parse_join(uid: str, raw: bytes, arrival: int) -> _Joiner | None:
     except (ValueError, KeyError, TypeError):
         _log.warning("elastic rendezvous: ignored a malformed join record %r", raw[:64])
         return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def serve(argv: list[str] | None = None) -> int:

@@ -146,10 +146,11 @@ def _read_current(path: str) -> dict | None:
         isinstance(content.get(k), t) for k, t in (("address", str), ("token", str), ("pid", int))
     ):
         return None
-    return content if _alive(content["pid"]) else None
+    return content if pid_alive(content["pid"]) else None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

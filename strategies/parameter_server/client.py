@@ -353,12 +353,7 @@ def _pull_stream(
         )
     arrays, views, received = [], [], []
     for entry, header in zip(entries, first.headers):
-        dtype = wire.check_dtype(header.dtype)
-        if tuple(header.shape) != entry.shape or dtype != entry.dtype:
-            raise RuntimeError(
-                f"PullStream returned {dtype}{list(header.shape)} for "
-                f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}"
-            )
+        _check_tensor(entry, header, "PullStream")
         array = entry.out if entry.out is not None else np.empty(entry.shape, entry.dtype)
         arrays.append(array)
         views.append(byte_view(array))
@@ -463,15 +458,20 @@ def _pull_destinations(task: int, entries: list[PullEntry], out: dict[str, np.nd
             )
         arrays = []
         for entry, header in zip(entries, reply.values):
-            dtype = wire.check_dtype(header.dtype)
-            if tuple(header.shape) != entry.shape or dtype != entry.dtype:
-                raise RuntimeError(
-                    f"{ps_task(task)} returned {dtype}{list(header.shape)} for "
-                    f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}"
-                )
+            _check_tensor(entry, header, ps_task(task))
             array = entry.out if entry.out is not None else new_output(entry.shape, entry.dtype)
             out[entry.key] = array
             arrays.append(array)
         return arrays
 
     return destinations
+
+
+def _check_tensor(entry: Any, header: Any, source: str) -> None:
+    """A returned tensor's header must name the dtype and shape the caller asked for."""
+    dtype = wire.check_dtype(header.dtype)
+    if tuple(header.shape) != entry.shape or dtype != entry.dtype:
+        raise RuntimeError(
+            f"{source} returned {dtype}{list(header.shape)} for "
+            f"{entry.key!r}, expected {entry.dtype}{list(entry.shape)}"
+        )
