@@ -18,9 +18,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pycollective import config
 from pycollective._ext import _C
 from pycollective.errors import CollectiveError
+from pycollective.rendezvous.addresses import (
+    ALL_INTERFACES,
+    dial_host,
+    local_address_toward,
+    server_host,
+)
 
 TRANSPORTS = ("shm", "tcp", "grpc")
 _MAGIC = b"PCOLLINK"
@@ -58,42 +63,22 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def bind_address(ifname: str | None) -> str:
-    """The address TCP links listen on: PYCOLLECTIVE_IFNAME may name an interface or an address."""
-    name = ifname or config.text("PYCOLLECTIVE_IFNAME")
-    if not name:
-        return "0.0.0.0"
-    try:
-        socket.inet_aton(name)
-        return name
-    except OSError:
-        pass
-    try:
-        import fcntl
-
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-        finally:
-            s.close()
-        return socket.inet_ntoa(packed[20:24])
-    except OSError as exc:
-        raise ValueError(
-            f"PYCOLLECTIVE_IFNAME={name!r} is neither an address nor an interface "
-            f"with an IPv4 address on this host ({exc})"
-        ) from None
+def bind_address(ifname: str | None, master_addr: str) -> str:
+    """The address data listeners bind: PYCOLLECTIVE_IFNAME (an interface or an address;
+    0.0.0.0 asks for all), else this host's address toward the coordinator (loopback for a
+    single-host job). pycollective/rendezvous/addresses.py says why."""
+    return server_host(master_addr, ifname)
 
 
 def advertised_host(bind: str, master_addr: str) -> str:
-    """The address peers should dial: the bound address, else the one that routes to the master."""
-    if bind != "0.0.0.0":
+    """The address peers should dial: the bound address, else (bound to all interfaces) the one
+    that routes to the master."""
+    if bind not in ALL_INTERFACES:
         return bind
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master_addr, 9))  # no packet is sent: this only picks a route
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
+        return local_address_toward(master_addr)
+    except ValueError:
+        return dial_host(bind)
 
 
 @dataclass
@@ -103,10 +88,18 @@ class TcpListener:
 
     @classmethod
     def open(cls, ifname: str | None, master_addr: str) -> TcpListener:
-        bind = bind_address(ifname)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((bind, 0))
-        sock.listen(128)
+        bind = bind_address(ifname, master_addr)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((bind, 0))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            raise LinkSetupError(
+                f"cannot listen for data links on {bind} ({exc}): set PYCOLLECTIVE_IFNAME to "
+                "an interface or address of this host"
+            ) from None
         port = sock.getsockname()[1]
         return cls(sock, f"{advertised_host(bind, master_addr)}:{port}")
 

@@ -34,7 +34,6 @@ from pycollective.rendezvous import (
 )
 from pycollective.rendezvous import coordination_pb2 as pb
 from pycollective.rendezvous import coordination_pb2_grpc as pb_grpc
-from pycollective.rendezvous.bootstrap import _bind_host
 
 TOKEN = "test-token"
 # The directory that holds the pycollective package these tests imported, so
@@ -636,22 +635,6 @@ def test_bootstrap_refuses_a_multi_rank_spec_without_token():
     object.__setattr__(spec, "world_size", 2)  # bypass the spec's own check
     with pytest.raises(ValueError, match="PYCOLLECTIVE_TOKEN"):
         rendezvous(spec, {}, timeout=1)
-
-
-@pytest.mark.timeout(10)
-@pytest.mark.parametrize(
-    ("master_addr", "bind_host"),
-    [
-        ("127.0.0.1", "127.0.0.1"),
-        ("localhost", "127.0.0.1"),
-        ("::1", "::1"),
-        ("10.0.0.5", "0.0.0.0"),
-        ("node1", "0.0.0.0"),
-        ("fd00::5", "::"),
-    ],
-)
-def test_rank_0_listens_on_loopback_only_for_a_loopback_master(master_addr, bind_host):
-    assert _bind_host(master_addr) == bind_host
 
 
 @pytest.mark.timeout(10)

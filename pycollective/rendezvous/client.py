@@ -18,6 +18,7 @@ import grpc
 
 from . import coordination_pb2 as pb
 from . import coordination_pb2_grpc as pb_grpc
+from . import tls
 
 # The "rank" passed to on_abort when the coordinator itself failed or went
 # away (rank 0 hosts it, but the coordinator is what was lost).
@@ -81,9 +82,18 @@ class CoordinationClient:
         rank: This process's rank.
         token: The cluster token (the same on every rank).
         timeout: Default seconds for registration, barriers and gets.
+        server_name: With mutual TLS, the name the coordinator's certificate must carry when
+            it is not the host of ``address`` (see ``tls.channel``).
     """
 
-    def __init__(self, address: str, rank: int, token: str, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        rank: int,
+        token: str,
+        timeout: float = 60.0,
+        server_name: str | None = None,
+    ) -> None:
         if not token or not token.isascii() or not token.isprintable():
             raise ValueError("the cluster token must be a non-empty printable ASCII string")
         if timeout <= 0:
@@ -92,14 +102,16 @@ class CoordinationClient:
         self.rank = rank
         self.timeout = timeout
         self._metadata = ((TOKEN_METADATA_KEY, token),)
-        # Rank 0 may start after us: reconnect quickly while we wait for it.
-        self._channel = grpc.insecure_channel(
+        # Rank 0 may start after us: reconnect quickly while we wait for it. Mutual TLS when
+        # PYCOLLECTIVE_TLS_* are set.
+        self._channel = tls.channel(
             address,
             options=[
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),
             ],
+            server_name=server_name,
         )
         self._stub = pb_grpc.CoordinationStub(self._channel)
         self._lock = threading.Lock()
@@ -139,7 +151,7 @@ class CoordinationClient:
                 f"rank {self.rank} could not reach the coordinator at {self.address} within "
                 f"{self.timeout:g} s. Is rank 0 running? Is {self.address} reachable from this "
                 "host, and is the coordinator address (PYCOLLECTIVE_MASTER_ADDR/PORT or "
-                "MASTER_ADDR/PORT) the same on every rank?",
+                "MASTER_ADDR/PORT) the same on every rank?" + _tls_hint(),
                 code="UNAVAILABLE",
             ) from None
         remaining = max(0.1, self.timeout - (time.monotonic() - start))
@@ -459,4 +471,17 @@ class CoordinationClient:
             f"({code.name}): {exc.details()}."
         )
         hint = hints.get(code, "")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            hint += _tls_hint()
         return RendezvousError(f"{message} {hint}".strip(), code=code.name)
+
+
+def _tls_hint() -> str:
+    """What to check when a TLS handshake may be why the coordinator cannot be reached (gRPC
+    reports a failed handshake as an unreachable server)."""
+    if tls.configured() is None:
+        return ""
+    return (
+        " With mutual TLS (PYCOLLECTIVE_TLS_*) every rank needs a certificate signed by the "
+        "same CA, and the coordinator's certificate must name the address ranks dial."
+    )

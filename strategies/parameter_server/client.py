@@ -19,6 +19,8 @@ from typing import Any
 import grpc
 import numpy as np
 
+from pycollective.rendezvous import tls
+
 from . import ps_pb2 as pb
 from . import ps_pb2_grpc as pb_grpc
 from . import wire
@@ -107,7 +109,7 @@ class PSClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=wire.channel_options())
+                channel = tls.channel(address, options=wire.channel_options())
                 self._channels.append(channel)
                 stub = self._stubs[address] = pb_grpc.ParameterServerStub(channel)
             return stub
