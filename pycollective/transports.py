@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pycollective import config
 from pycollective._ext import _C
 from pycollective.errors import CollectiveError
 from pycollective.rendezvous.addresses import (
@@ -29,7 +30,8 @@ from pycollective.rendezvous.addresses import (
 
 TRANSPORTS = ("shm", "tcp", "grpc")
 _MAGIC = b"PCOLLINK"
-_HELLO = struct.Struct("!8sI16s")  # magic, connecting rank, nonce
+_HELLO = struct.Struct("!8sI16sB")  # magic, connecting rank, nonce, encrypts (0/1)
+_PLAIN, _ENCRYPTED = b"\x00", b"\x01"
 
 
 class LinkSetupError(CollectiveError):
@@ -51,6 +53,25 @@ def choose_transport(my_host: str, peer_host: str, forced: str | None) -> str:
 
 def _mac(token: str, *parts: bytes) -> bytes:
     return hmac.new(token.encode(), b"|".join(parts), hashlib.sha256).digest()
+
+
+def _data_key(token: str, session: bytes, nonce: bytes, peer_nonce: bytes) -> bytes:
+    """The link's AES-256-GCM key: fresh for every connection (both nonces), known only to
+    holders of the token."""
+    return _mac(token, b"data-key", session, nonce, peer_nonce)
+
+
+def _mode_name(mode: bytes) -> str:
+    return "encrypts" if mode == _ENCRYPTED else "does not encrypt"
+
+
+def encrypts_data() -> bool:
+    """Whether this rank's tcp links are encrypted (PYCOLLECTIVE_DATA_ENCRYPT=1). Checks that
+    libcrypto loads, so that a rank without it fails before any connection is made."""
+    if not config.env_int("PYCOLLECTIVE_DATA_ENCRYPT", 0):
+        return False
+    _C.data_cipher_library()
+    return True
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -108,8 +129,16 @@ class TcpListener:
 
 
 def _connect(
-    rank: int, peer: int, endpoint: str, token: str, session: bytes, deadline: float
-) -> socket.socket:
+    rank: int,
+    peer: int,
+    endpoint: str,
+    token: str,
+    session: bytes,
+    deadline: float,
+    mode: bytes,
+) -> tuple[socket.socket, bytes]:
+    """Dials ``peer`` and proves both ends hold the token; returns the socket and the link's
+    key (b"" when unencrypted)."""
     host, port = endpoint.rsplit(":", 1)
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -126,19 +155,27 @@ def _connect(
     try:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         nonce = secrets.token_bytes(16)
-        sock.sendall(_HELLO.pack(_MAGIC, rank, nonce))
-        reply = _recv_exact(sock, 16 + 32)
-        peer_nonce, peer_mac = reply[:16], reply[16:]
-        if not hmac.compare_digest(peer_mac, _mac(token, b"accept", session, nonce, peer_nonce)):
+        sock.sendall(_HELLO.pack(_MAGIC, rank, nonce, mode[0]))
+        reply = _recv_exact(sock, 16 + 32 + 1)
+        peer_nonce, peer_mac, peer_mode = reply[:16], reply[16:48], reply[48:]
+        expected = _mac(token, b"accept", session, nonce, peer_nonce, peer_mode)
+        if not hmac.compare_digest(peer_mac, expected):
             raise LinkSetupError(
                 f"rank {peer} at {endpoint} did not prove it knows the cluster "
                 "token: is PYCOLLECTIVE_TOKEN the same on every rank?"
             )
-        sock.sendall(_mac(token, b"connect", session, nonce, peer_nonce, str(rank).encode()))
+        if peer_mode != mode:
+            raise LinkSetupError(
+                f"rank {peer} {_mode_name(peer_mode)} its data links and rank {rank} "
+                f"{_mode_name(mode)}: set PYCOLLECTIVE_DATA_ENCRYPT the same on every rank"
+            )
+        proof = _mac(token, b"connect", session, nonce, peer_nonce, str(rank).encode(), mode)
+        sock.sendall(proof)
         if _recv_exact(sock, 1) != b"\x01":
             raise LinkSetupError(f"rank {peer} refused rank {rank}'s connection")
         sock.settimeout(None)
-        return sock
+        key = _data_key(token, session, nonce, peer_nonce) if mode == _ENCRYPTED else b""
+        return sock, key
     except (OSError, ConnectionError) as exc:
         sock.close()
         raise LinkSetupError(
@@ -156,11 +193,13 @@ def _accept(
     token: str,
     session: bytes,
     deadline: float,
-    out: dict[int, socket.socket],
+    out: dict[int, tuple[socket.socket, bytes]],
     errors: list[str],
+    mode: bytes,
 ) -> None:
-    """Accepts authenticated connections from every rank in `expected`. A connection that fails
-    the handshake (wrong token, stray client) is closed and logged; accepting goes on."""
+    """Accepts authenticated connections from every rank in `expected` (each with its link's
+    key, b"" when unencrypted). A connection that fails the handshake (wrong token, stray
+    client, other encryption setting) is closed and logged; accepting goes on."""
     listener.sock.settimeout(0.2)
     while expected - set(out) and time.monotonic() < deadline:
         try:
@@ -172,21 +211,29 @@ def _accept(
             return
         try:
             sock.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
-            magic, peer, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+            magic, peer, nonce, peer_mode_byte = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
             if magic != _MAGIC or peer not in expected or peer in out:
                 raise LinkSetupError(f"unexpected hello from {addr} (rank {peer})")
+            peer_mode = bytes([peer_mode_byte])
             my_nonce = secrets.token_bytes(16)
-            sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce))
+            sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce, mode) + mode)
+            if peer_mode != mode:  # the dialing rank says why, to its user
+                raise LinkSetupError(
+                    f"rank {peer} {_mode_name(peer_mode)} its data links and rank {rank} "
+                    f"{_mode_name(mode)}: set PYCOLLECTIVE_DATA_ENCRYPT the same on every rank"
+                )
             proof = _recv_exact(sock, 32)
-            if not hmac.compare_digest(
-                proof, _mac(token, b"connect", session, nonce, my_nonce, str(peer).encode())
-            ):
+            expected_proof = _mac(
+                token, b"connect", session, nonce, my_nonce, str(peer).encode(), peer_mode
+            )
+            if not hmac.compare_digest(proof, expected_proof):
                 raise LinkSetupError(
                     f"connection from {addr} claiming rank {peer} has the wrong cluster token"
                 )
             sock.sendall(b"\x01")
             sock.settimeout(None)
-            out[peer] = sock
+            key = _data_key(token, session, nonce, my_nonce) if mode == _ENCRYPTED else b""
+            out[peer] = (sock, key)
         except (OSError, ConnectionError, struct.error, LinkSetupError) as exc:
             errors.append(f"refused a data connection from {addr}: {exc}")
             sock.close()
@@ -217,11 +264,12 @@ def open_links(
     ]
     sess = session.encode()
     higher_tcp = {p for p in range(rank + 1, size) if kinds[p] == "tcp"}
-    accepted: dict[int, socket.socket] = {}
+    mode = _ENCRYPTED if "tcp" in kinds and encrypts_data() else _PLAIN
+    accepted: dict[int, tuple[socket.socket, bytes]] = {}
     errors: list[str] = []
     acceptor = threading.Thread(
         target=_accept,
-        args=(listener, rank, higher_tcp, token, sess, deadline, accepted, errors),
+        args=(listener, rank, higher_tcp, token, sess, deadline, accepted, errors, mode),
         daemon=True,
     )
     acceptor.start()
@@ -233,9 +281,9 @@ def open_links(
             if kinds[p] == "grpc":
                 links[p] = grpc_plane.link(p, endpoints[p]["grpc"])
             elif kinds[p] == "tcp" and p < rank:
-                sock = _connect(rank, p, endpoints[p]["tcp"], token, sess, deadline)
+                sock, key = _connect(rank, p, endpoints[p]["tcp"], token, sess, deadline, mode)
                 links[p] = _C.tcp_link(
-                    fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"]
+                    fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"], key=key
                 )
             elif kinds[p] == "shm":
                 lo, hi = min(rank, p), max(rank, p)
@@ -258,10 +306,12 @@ def open_links(
                 f"rank {rank}: ranks {missing} did not connect within "
                 f"{timeout:.0f} s" + (f" ({detail})" if detail else "")
             )
-        for p, sock in accepted.items():
-            links[p] = _C.tcp_link(fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"])
+        for p, (sock, key) in accepted.items():
+            links[p] = _C.tcp_link(
+                fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"], key=key
+            )
     except BaseException:
-        for sock in accepted.values():
+        for sock, _ in accepted.values():
             try:
                 sock.close()
             except OSError:

@@ -40,6 +40,9 @@ namespace knobs {
   X(kTlsKey, "PYCOLLECTIVE_TLS_KEY", "str", "", "PEM private key of PYCOLLECTIVE_TLS_CERT.")      \
   X(kTlsCa, "PYCOLLECTIVE_TLS_CA", "str", "",                                                     \
     "PEM CA certificate(s) a peer's certificate must chain to (gRPC refuses any other).")         \
+  X(kDataEncrypt, "PYCOLLECTIVE_DATA_ENCRYPT", "int", "0",                                        \
+    "1: tcp data links carry AES-256-GCM records (OpenSSL's libcrypto, loaded at run time); "     \
+    "the same on every rank.")                                                                    \
   X(kTokenFile, "PYCOLLECTIVE_TOKEN_FILE", "str", "",                                             \
     "File holding the cluster token when PYCOLLECTIVE_TOKEN is unset (default "                   \
     "~/.config/pycollective/token; owner-only, see `pycollective token`).")                       \
