@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pycollective._ports import PortReservation
 from pycollective._spawn import child_environment, python_module_command
 
+from .netns_cluster import NetnsCluster
+
 TRANSPORTS = ("tcp", "shm", "grpc", "tcp+aes")
 ALLREDUCE_ALGOS = ("ring", "halving_doubling", "reduce_to_one", "auto")
 COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter")
@@ -44,28 +46,42 @@ class Job:
     logs: list[str] = field(default_factory=list)
 
 
-def start_job(world: int, transport: str, seed: int, env: dict[str, str] | None = None) -> Job:
+def start_job(
+    world: int,
+    transport: str,
+    seed: int,
+    env: dict[str, str] | None = None,
+    cluster: NetnsCluster | None = None,
+) -> Job:
     """Spawns ``world`` ranks that loop collectives until they fail; returns once every rank
-    formed the group (raises RuntimeError, with their output, when one did not within 60 s)."""
+    formed the group (raises RuntimeError, with their output, when one did not within 60 s).
+    With ``cluster``, the ranks run in its namespace hosts, started the torchrun way."""
     ports = PortReservation(1)
     token = secrets.token_hex(16)
     procs = []
     for rank in range(world):
         e = child_environment()
         e.update(
-            PYCOLLECTIVE_RANK=str(rank),
-            PYCOLLECTIVE_WORLD_SIZE=str(world),
-            PYCOLLECTIVE_MASTER_ADDR="127.0.0.1",
-            PYCOLLECTIVE_MASTER_PORT=str(ports.ports[0]),
-            PYCOLLECTIVE_TOKEN=token,
             PYCOLLECTIVE_TRANSPORT=transport.split("+")[0],
             PYCOLLECTIVE_DATA_ENCRYPT="1" if transport.endswith("+aes") else "0",
             PYTHONUNBUFFERED="1",
         )
         e.update(env or {})
+        command = python_module_command("pycollective.bench.fault_ranks", str(seed))
+        if cluster is not None:
+            e = cluster.rank_environment(rank, token, e)
+            command = cluster.rank_command(rank, command)
+        else:
+            e.update(
+                PYCOLLECTIVE_RANK=str(rank),
+                PYCOLLECTIVE_WORLD_SIZE=str(world),
+                PYCOLLECTIVE_MASTER_ADDR="127.0.0.1",
+                PYCOLLECTIVE_MASTER_PORT=str(ports.ports[0]),
+                PYCOLLECTIVE_TOKEN=token,
+            )
         procs.append(
             subprocess.Popen(
-                python_module_command("pycollective.bench.fault_ranks", str(seed)),
+                command,
                 env=e,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -168,9 +184,8 @@ def _rank_main(seed: int) -> int:
 
     stop = []
     signal.signal(signal.SIGUSR1, lambda *_: stop.append(True))
-    rank = int(os.environ["PYCOLLECTIVE_RANK"])
-    world = int(os.environ["PYCOLLECTIVE_WORLD_SIZE"])
     pc.init(timeout=float(os.environ.get("PYCOLLECTIVE_TIMEOUT", "30")))
+    rank, world = pc.rank(), pc.world_size()
     print("READY", flush=True)
     rng = random.Random(seed)  # the same sequence of calls on every rank
     report: dict = {"calls": 0, "wrong": 0, "error": None}
@@ -187,7 +202,9 @@ def _rank_main(seed: int) -> int:
     print("REPORT " + json.dumps(report), flush=True)
     if report["error"] is None:
         pc.shutdown()
-    os._exit(0)  # after a failure the group is gone: leave without waiting on it
+    # After a failure, exit as a program that caught the error would: the exit hooks leave the
+    # group (and on rank 0 stop the coordinator). A hang there is a hang the harness reports.
+    return 0
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ Parts:
   10 s of the stop, naming the frozen rank).
 - control-plane fuzz (bench/fault_fuzz.py): malformed, truncated, oversized and replayed
   requests, with and without the token; none without it may be accepted or change the group.
+- network rounds (bench/fault_network.py; root): a host cut off past the heartbeat timeout or
+  for a moment, and packet loss and delay where the kernel has netem.
 - data-plane fuzz: the native fuzzer of tcp frames and encrypted records
   (tests/native/test_tcp.cc), when ``--native-fuzz`` names its binary (an ASan build:
   .ci/native_tests.sh), with ``--fuzz-inputs`` frames.
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import time
 
+from . import fault_network
 from .fault_fuzz import fuzz_control_plane
 from .fault_ranks import TRANSPORTS, finish, hurt, start_job
 
@@ -157,6 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kill-rounds", type=int, default=100)
     parser.add_argument("--stop-rounds", type=int, default=20)
+    parser.add_argument(
+        "--network-rounds",
+        type=int,
+        default=10,
+        help="partition rounds (half short, half past the timeout) and one loss/delay round; "
+        "root only, skipped with the reason elsewhere",
+    )
     parser.add_argument("--fuzz-inputs", type=int, default=100_000)
     parser.add_argument("--native-fuzz", metavar="TEST_TCP", default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -172,6 +182,20 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.stop_rounds):
         stops.append(stop_round(rng, past_timeout=i % 2 == 1))
         print(f"stop {i + 1}/{args.stop_rounds}: {json.dumps(stops[-1])}", flush=True)
+    network = []
+    why_not = fault_network.skip_reason()
+    if args.network_rounds and why_not:
+        result["network"] = {"skipped": why_not}
+    elif args.network_rounds:
+        for i in range(args.network_rounds):
+            network.append(fault_network.partition_round(rng, past_timeout=i % 2 == 1))
+            print(f"network {i + 1}/{args.network_rounds}: {json.dumps(network[-1])}", flush=True)
+        loss = fault_network.loss_delay_round(rng)
+        print(f"loss/delay: {json.dumps(loss)}", flush=True)
+        result["network"] = summarize(network)
+        result["loss/delay"] = loss if "skipped" in loss else summarize([loss])
+        if "skipped" not in loss:
+            network.append(loss)
     result["kill"] = summarize(kills)
     result["stop"] = summarize(stops)
     if args.fuzz_inputs:
@@ -179,14 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         result["control-plane fuzz"] = fuzz
         if args.native_fuzz:
             result["data-plane fuzz"] = native_fuzz(args.native_fuzz, args.fuzz_inputs)
-    problems = [p for r in kills + stops for p in r["problems"]]
+    problems = [p for r in kills + stops + network for p in r["problems"]]
     problems += result.get("control-plane fuzz", {}).get("violations", [])
     problems += result.get("data-plane fuzz", {}).get("problems", [])
     result["problems"] = problems
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": result, "kill": kills, "stop": stops}, f, indent=1)
+            json.dump(
+                {"summary": result, "kill": kills, "stop": stops, "network": network}, f, indent=1
+            )
     return 1 if problems else 0
 
 

@@ -58,3 +58,42 @@ def test_control_plane_fuzz_accepts_nothing_without_the_token():
     assert answers.get("noauth:UNAUTHENTICATED", 0) > 300, answers
     assert sum(v for k, v in answers.items() if k.startswith("auth:")) == 750, answers
     assert not any(k.startswith("noauth:") and k.split(":")[1] == "OK" for k in answers)
+
+
+def _network_or_skip() -> None:
+    from pycollective.bench import fault_network
+
+    why = fault_network.skip_reason()
+    if why:
+        pytest.skip(f"network faults need namespace hosts: {why}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("past_timeout", [False, True])
+def test_network_partition_between_hosts(past_timeout):
+    """3 namespace hosts, one rank each; one host (not the coordinator's: see the SIGSTOP test)
+    cut off for 12 s (the others raise within 10 s, naming its rank) or for 0.9 s (the job
+    goes on)."""
+    from pycollective.bench import fault_network
+
+    _network_or_skip()
+    result = fault_network.partition_round(
+        random.Random(7), past_timeout=past_timeout, spare_coordinator=True
+    )
+    _check(result)
+    if past_timeout:
+        assert len(result["detect_s"]) == result["world"] - 1, result
+    else:
+        assert result["calls"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_packet_loss_and_delay_between_hosts():
+    from pycollective.bench import fault_network
+
+    _network_or_skip()
+    result = fault_network.loss_delay_round(random.Random(9))
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    _check(result)
+    assert result["calls"] > 0
