@@ -176,3 +176,43 @@ def test_launcher_tls_flags(pki, tmp_path):
         [*base, *flags[:2], sys.executable, str(script)], capture_output=True, text=True, timeout=30
     )
     assert half.returncode == 2 and "all three" in half.stderr, half.stderr
+
+
+@pytest.mark.timeout(60)
+def test_parameter_server_tasks_serve_over_mutual_tls(pki, monkeypatch):
+    """A ps task behind TLS answers a client with the cluster's certificate (its handler runs:
+    the unknown key is its error) and refuses a plaintext one."""
+    from pycollective import config
+    from pycollective.rendezvous import tls
+    from pycollective.strategies import Server
+    from pycollective.strategies.parameter_server import ps_pb2 as pb
+    from pycollective.strategies.parameter_server import ps_pb2_grpc as pb_grpc
+    from pycollective.strategies.parameter_server import wire
+
+    for key, value in pki["job"].env().items():
+        monkeypatch.setenv(key, value)
+    config.reload()
+    server = Server({"ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]}, "ps", 0, token="t")
+    try:
+        codes = {}
+        for what, channel in (
+            ("tls", tls.channel(server.address)),
+            ("plaintext", grpc.insecure_channel(server.address)),
+        ):
+            try:
+                pb_grpc.ParameterServerStub(channel).Pull(
+                    pb.PullRequest(keys=["no-such-variable"]),
+                    timeout=3,
+                    metadata=wire.metadata("t"),
+                )
+                codes[what] = "OK"
+            except grpc.RpcError as exc:
+                codes[what] = exc.code().name
+            finally:
+                channel.close()
+        assert codes["plaintext"] == "UNAVAILABLE", codes
+        assert codes["tls"] not in ("UNAVAILABLE", "UNAUTHENTICATED"), codes
+    finally:
+        server.stop(0)
+        monkeypatch.undo()
+        config.reload()
