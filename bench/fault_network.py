@@ -53,15 +53,15 @@ def _link(cluster: NetnsCluster, host: int, state: str) -> None:
 
 
 def partition_round(
-    rng: random.Random, past_timeout: bool, hosts: int = 3, spare_coordinator: bool = False
+    rng: random.Random, past_timeout: bool, hosts: int = 3, victim: int | None = None
 ) -> dict:
-    """Cuts one random host off (its rank is the culprit) for 12 s, or for 0.3 x the heartbeat
-    timeout; returns the judged round (bench/fault_soak.py's format). ``spare_coordinator``:
-    never cut off host 0, where the coordination service runs."""
+    """Cuts host ``victim`` off (None: a random one; host 0 runs the coordination service;
+    its rank is the culprit) for 12 s, or for 0.3 x the heartbeat timeout; returns the judged
+    round (bench/fault_soak.py's format)."""
     from .fault_soak import STOPPED_PAST_S, _judge
 
     transport, seed = rng.choice(TRANSPORTS), rng.getrandbits(32)
-    victim = rng.randrange(1 if spare_coordinator else 0, hosts)
+    victim = rng.randrange(hosts) if victim is None else victim
     with NetnsCluster(hosts, 1, master_port=29500 + rng.randrange(1000)) as cluster:
         job = start_job(hosts, transport, seed, env=_ENV, cluster=cluster)
         time.sleep(rng.uniform(0.2, 1.0))

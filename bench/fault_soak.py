@@ -58,12 +58,13 @@ def kill_round(rng: random.Random) -> dict:
     return _judge("kill", world, transport, victim, at, reports, survive=False)
 
 
-def stop_round(rng: random.Random, past_timeout: bool, spare_coordinator: bool = False) -> dict:
-    """One SIGSTOP/SIGCONT round: 0.3 x the heartbeat timeout (the job must go on), or
-    ``STOPPED_PAST_S`` (the others must raise within 10 s of the stop). ``spare_coordinator``:
-    never stop rank 0, which hosts the coordination service."""
+def stop_round(rng: random.Random, past_timeout: bool, victim: int | None = None) -> dict:
+    """One SIGSTOP/SIGCONT round of ``victim`` (None: a random rank; rank 0 hosts the
+    coordination service): 0.3 x the heartbeat timeout (the job must go on), or
+    ``STOPPED_PAST_S`` (the others must raise within 10 s of the stop)."""
     world, transport = rng.choice((3, 4)), rng.choice(TRANSPORTS)
-    victim, seed = rng.randrange(1 if spare_coordinator else 0, world), rng.getrandbits(32)
+    seed = rng.getrandbits(32)
+    victim = rng.randrange(world) if victim is None else victim
     env = {"PYCOLLECTIVE_TIMEOUT": "60", "PYCOLLECTIVE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)}
     job = start_job(world, transport, seed, env=env)
     time.sleep(rng.uniform(0.05, 1.0))

@@ -642,3 +642,16 @@ def test_rendezvous_error_pickles_with_its_code():
     error = pickle.loads(pickle.dumps(RendezvousError("boom", code="ABORTED")))
     assert isinstance(error, RuntimeError)
     assert (str(error), error.code) == ("boom", "ABORTED")
+
+
+@pytest.mark.timeout(30)
+def test_a_counter_refuses_to_leave_the_64_bit_range_and_stays_usable():
+    """Found by the control-plane fuzzer (bench/fault_fuzz.py): an add() past int64 made the
+    handler raise after storing the overflowed value, breaking the counter for good."""
+    with CoordinationService(1, "tok") as service:
+        with CoordinationClient(service.address, 0, "tok", timeout=5) as client:
+            assert client.add("c", 2**63 - 1) == 2**63 - 1
+            with pytest.raises(RendezvousError, match="64-bit range") as refused:
+                client.add("c", 1)
+            assert refused.value.code == "OUT_OF_RANGE"
+            assert client.add("c", -(2**63) + 1) == 0

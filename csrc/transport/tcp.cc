@@ -169,11 +169,16 @@ class TcpLink : public Link {
       const size_t n = std::min(kTcpRecordBytes, total - s.done);
       uint8_t* out = sealed_.data();
       putBigEndian32(out, static_cast<uint32_t>(n));
-      copyPlain(s, s.done, n, out + kRecordHead);
+      // A record of payload only is sealed straight from the caller's buffer; one holding
+      // header bytes is gathered first.
+      const uint8_t* plain = out + kRecordHead;
+      if (s.done < sizeof(FrameHeader))
+        copyPlain(s, s.done, n, out + kRecordHead);
+      else
+        plain = reinterpret_cast<const uint8_t*>(s.data) + (s.done - sizeof(FrameHeader));
       uint8_t nonce[Aes256Gcm::kNonceBytes];
       makeNonce(sendDirection_, sendCounter_++, nonce);
-      cipher_->seal(nonce, out, kRecordHead, out + kRecordHead, n, out + kRecordHead,
-                    out + kRecordHead + n);
+      cipher_->seal(nonce, out, kRecordHead, plain, n, out + kRecordHead, out + kRecordHead + n);
       s.done += n;
       sealedBytes_ = kRecordHead + n + Aes256Gcm::kTagBytes;
       sealedDone_ = 0;
@@ -235,19 +240,20 @@ class TcpLink : public Link {
   // bytes read (0: would block). EOF, errors and records that fail authentication throw.
   size_t readSome(void* dst, size_t len) {
     if (!cipher_) return readSocket(dst, len);
-    if (openPos_ == openBytes_ && !openRecord()) return 0;
+    if (openPos_ == openBytes_) return openRecord(static_cast<uint8_t*>(dst), len);
     size_t n = std::min(len, openBytes_ - openPos_);
     std::memcpy(dst, record_.data() + kRecordHead + openPos_, n);
     openPos_ += n;
     return n;
   }
 
-  // Reads the next record whole and authenticates and decrypts it in place; false while it
-  // has not all arrived.
-  bool openRecord() {
+  // Reads the next record whole and authenticates and decrypts it: straight into `dst` when
+  // all of it fits in `len` bytes (returns its length), else in place, handing out the first
+  // `len` bytes. Returns 0 while the record has not all arrived.
+  size_t openRecord(uint8_t* dst, size_t len) {
     while (recordHave_ < kRecordHead) {
       size_t got = readSocket(record_.data() + recordHave_, kRecordHead - recordHave_);
-      if (got == 0) return false;
+      if (got == 0) return 0;
       recordHave_ += got;
     }
     const uint8_t* head = record_.data();
@@ -260,20 +266,26 @@ class TcpLink : public Link {
     const size_t whole = kRecordHead + n + Aes256Gcm::kTagBytes;
     while (recordHave_ < whole) {
       size_t got = readSocket(record_.data() + recordHave_, whole - recordHave_);
-      if (got == 0) return false;
+      if (got == 0) return 0;
       recordHave_ += got;
     }
     uint8_t nonce[Aes256Gcm::kNonceBytes];
     makeNonce(1 - sendDirection_, recvCounter_++, nonce);
     uint8_t* body = record_.data() + kRecordHead;
-    if (!cipher_->open(nonce, record_.data(), kRecordHead, body, n, body, body + n))
+    const bool direct = n <= len;
+    if (!cipher_->open(nonce, record_.data(), kRecordHead, body, n, direct ? dst : body, body + n))
       refuseStream("sent encrypted record #" + std::to_string(recvCounter_ - 1) +
                    " that fails authentication: it was altered, replayed, reordered or dropped " +
                    "on the way, or sealed with another key; nothing of it was used");
     recordHave_ = 0;
-    openPos_ = 0;
+    if (direct) {
+      openPos_ = openBytes_ = 0;
+      return n;
+    }
     openBytes_ = n;
-    return true;
+    openPos_ = std::min(len, n);
+    std::memcpy(dst, body, openPos_);
+    return openPos_;
   }
 
   [[noreturn]] void refuseStream(const std::string& what) {

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from pycollective import config
+
 from . import coordination_pb2 as pb
 from . import coordination_pb2_grpc as pb_grpc
 from . import tls
@@ -252,7 +254,7 @@ class CoordinationClient:
         self,
         on_abort: AbortCallback,
         interval: float = 1.0,
-        unreachable_after: float = 10.0,
+        unreachable_after: float | None = None,
     ) -> None:
         """Starts heartbeating and watching for the group's abort.
 
@@ -264,8 +266,10 @@ class CoordinationClient:
                 rank and the reason when the group is aborted, or with
                 ``COORDINATOR_RANK`` when the coordinator becomes unreachable.
             interval: Seconds between heartbeats.
-            unreachable_after: Seconds of failing heartbeats after which the
-                coordinator is declared unreachable.
+            unreachable_after: Seconds since the last answered heartbeat after which the
+                coordinator is declared unreachable (frozen, or cut off); None:
+                PYCOLLECTIVE_HEARTBEAT_TIMEOUT, the window in which the coordinator declares
+                a silent rank failed.
 
         Raises:
             RendezvousError: The abort watch could not be opened.
@@ -405,27 +409,33 @@ class CoordinationClient:
         finally:
             opened.set()
 
-    def _heartbeat(self, interval: float, unreachable_after: float) -> None:
-        failing_since: float | None = None
+    def _heartbeat(self, interval: float, unreachable_after: float | None) -> None:
+        if unreachable_after is None:
+            unreachable_after = config.env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0)
+        # Counted from the last answer, not the first failure: a frozen or cut-off coordinator
+        # lets each call run to its deadline, and the group must learn within the window.
+        last_answer = time.monotonic()
         request = pb.HeartbeatRequest(rank=self.rank)
         while not self._closing.is_set() and not self._abort_delivered:
+            silent = time.monotonic() - last_answer
             try:
                 self._stub.Heartbeat(
-                    request, timeout=max(2 * interval, 1.0), metadata=self._metadata
+                    request,
+                    timeout=max(min(2 * interval, unreachable_after - silent), 0.2),
+                    metadata=self._metadata,
                 )
-                failing_since = None
+                last_answer = time.monotonic()
             except grpc.RpcError as exc:
                 if self._closing.is_set():
                     return
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since >= unreachable_after:
+                silent = time.monotonic() - last_answer
+                if silent >= unreachable_after:
                     self._deliver_abort(
                         COORDINATOR_RANK,
                         f"rank {self.rank} cannot reach the coordinator at {self.address}: "
-                        f"heartbeats have failed for {now - failing_since:.1f} s "
+                        f"no heartbeat answered for {silent:.1f} s "
                         f"({exc.code().name}: {exc.details()}); rank 0, which hosts it, has "
-                        "probably exited or hung",
+                        "probably exited, hung or been cut off from this host",
                     )
                     return
             self._closing.wait(interval)

@@ -400,6 +400,13 @@ class _Servicer(pb_grpc.CoordinationServicer):
                     f"key {key!r} holds {current[:32]!r}, not a counter; add() needs a key "
                     "that is only ever used as a counter",
                 )
+            if not -(2**63) <= value < 2**63:
+                # The answer is an int64: refuse before storing, so the counter stays usable.
+                context.abort(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"add({key!r}, {request.delta}) would take the counter from "
+                    f"{current.decode('ascii', 'replace')} past the 64-bit range",
+                )
             # Counters share the KV map as decimal text, so get() can read them.
             s.kv[key] = str(value).encode("ascii")
             s.cond.notify_all()
