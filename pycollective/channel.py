@@ -155,16 +155,16 @@ class ChannelListener:
         token: the cluster token both ends share.
         session: a label both ends agree on (part of the handshake's MAC), e.g. the service
             and task the channel belongs to.
-        host: the address to listen on.
+        host: the address to listen on (the one peers dial: pycollective.rendezvous.addresses
+            server_host; "0.0.0.0" only when every interface is meant).
         timeout: the ``timeout`` of the channels it hands out.
     """
 
-    def __init__(
-        self, token: str, session: str, host: str = "0.0.0.0", timeout: float = 60.0
-    ) -> None:
+    def __init__(self, token: str, session: str, host: str, timeout: float = 60.0) -> None:
         self._token = token
         self._timeout = float(timeout)
         self._session = session.encode()
+        self._mode = transports.data_mode()  # encrypted with PYCOLLECTIVE_DATA_ENCRYPT=1
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, 0))
@@ -186,7 +186,9 @@ class ChannelListener:
                     return None
         try:
             sock.settimeout(handshake_timeout)
-            transports.admit(sock, addr, self._token, self._session, lambda peer: peer == 1)
+            _, key = transports.admit(
+                sock, addr, 0, self._token, self._session, lambda peer: peer == 1, self._mode
+            )
             sock.settimeout(None)
         except BaseException as exc:
             sock.close()
@@ -197,7 +199,7 @@ class ChannelListener:
             raise
         name = f"{addr[0]}:{addr[1]}"
         fileno = sock.detach()
-        link = _C.tcp_link(fd=fileno, rank=0, peer=1, address=name)
+        link = _C.tcp_link(fd=fileno, rank=0, peer=1, address=name, key=key)
         return Channel(link, 0, name, self._timeout, fileno)
 
     def close(self) -> None:
@@ -210,9 +212,11 @@ def connect(
     """Opens a channel to the ChannelListener at ``endpoint`` (``host:port``); LinkSetupError
     when it cannot connect or the handshake fails within ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    sock = transports.connect(1, 0, endpoint, token, session.encode(), deadline)
+    sock, key = transports.connect(
+        1, 0, endpoint, token, session.encode(), deadline, transports.data_mode()
+    )
     fileno = sock.detach()
-    link = _C.tcp_link(fd=fileno, rank=1, peer=0, address=endpoint)
+    link = _C.tcp_link(fd=fileno, rank=1, peer=0, address=endpoint, key=key)
     return Channel(link, 1, peer_name or endpoint, timeout, fileno)
 
 

@@ -104,6 +104,11 @@ def _cuda_devices() -> str:
     return _C.cuda_describe()
 
 
+def _master_addr() -> str:
+    """The coordinator's host as this environment names it (loopback when none does)."""
+    return config.text("PYCOLLECTIVE_MASTER_ADDR") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+
+
 def _transports() -> dict:
     from pycollective import transports
 
@@ -116,7 +121,7 @@ def _transports() -> dict:
     forced = config.text("PYCOLLECTIVE_TRANSPORT")
     return {
         "shm": shm_line,
-        "tcp": f"binds {_guard(lambda: transports.bind_address(None))}",
+        "tcp": f"binds {_guard(lambda: transports.bind_address(None, _master_addr()))}",
         "grpc": f"grpcio {_package('grpcio')}",
         "forced": forced or "no (shm within a host, tcp across hosts)",
     }

@@ -2,7 +2,8 @@
 higher rank dials the lower rank's data-plane server) that carries the frames of a native
 bridged link (csrc/transport/bridge.h). Slower than tcp (every frame is copied into a protobuf
 message and crosses the GIL) but it goes wherever gRPC goes; the benchmark measures the cost.
-Streams are authenticated with the cluster token like every other connection."""
+Streams are authenticated with the cluster token like every other connection, and run over
+mutual TLS when PYCOLLECTIVE_TLS_* are set (pycollective/rendezvous/tls.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import grpc
 from pycollective._ext import _C
 from pycollective.rendezvous import dataplane_pb2 as pb
 from pycollective.rendezvous import dataplane_pb2_grpc as pb_grpc
+from pycollective.rendezvous import tls
 from pycollective.rendezvous.auth import TokenInterceptor
 from pycollective.rendezvous.client import TOKEN_METADATA_KEY
+from pycollective.rendezvous.cluster import format_address
 
 RANK_METADATA_KEY = "x-pycollective-rank"
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
@@ -49,7 +52,7 @@ class GrpcDataPlane:
             interceptors=[TokenInterceptor(token, f"rank {rank}'s data plane")],
         )
         pb_grpc.add_DataPlaneServicer_to_server(_Servicer(self), self._server)
-        port = self._server.add_insecure_port(f"{bind_host}:0")
+        port = tls.add_port(self._server, format_address(bind_host, 0))
         self._server.start()
         self.endpoint = f"{advertised_host}:{port}"
 
@@ -60,7 +63,7 @@ class GrpcDataPlane:
             self._ends[peer] = end
             self._ends_ready.notify_all()
         if peer < self.rank:
-            channel = grpc.insecure_channel(endpoint, options=_UNLIMITED)
+            channel = tls.channel(endpoint, options=_UNLIMITED)
             self._channels.append(channel)
             grpc.channel_ready_future(channel).result(timeout=self._connect_timeout)
             responses = pb_grpc.DataPlaneStub(channel).Stream(

@@ -39,6 +39,14 @@ _POLL_S = 0.05
 _PR_SET_PDEATHSIG = 1
 
 
+# --tls-* flag, the variable it sets for every rank, and what it names.
+_TLS_FLAGS = (
+    ("--tls-cert", "PYCOLLECTIVE_TLS_CERT", "this host's certificate (chain)"),
+    ("--tls-key", "PYCOLLECTIVE_TLS_KEY", "its private key"),
+    ("--tls-ca", "PYCOLLECTIVE_TLS_CA", "the CA every peer's certificate must chain to"),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declares the ``run`` subcommand's options."""
     parser.add_argument(
@@ -110,6 +118,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help='prefix every output line with "[rank N] " (default: on)',
     )
+    for flag, knob, what in _TLS_FLAGS:
+        parser.add_argument(
+            flag,
+            default=None,
+            metavar="PEM",
+            help=f"mutual TLS on every gRPC connection of the job: {what} (sets {knob} for "
+            "every rank; give all three)",
+        )
     parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
@@ -124,6 +140,10 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         _say("no program given; e.g. pycollective run -n 4 python train.py")
+        return 2
+    tls_problem = _apply_tls_flags(args)
+    if tls_problem:
+        _say(tls_problem)
         return 2
     elastic = args.nprocs is not None and (
         args.nprocs[0] != args.nprocs[1] or args.max_restarts > 0
@@ -180,6 +200,23 @@ def main(args: argparse.Namespace) -> int:
         tag_output=args.tag_output,
         grace=args.grace,
     )
+
+
+def _apply_tls_flags(args: argparse.Namespace) -> str:
+    """Puts --tls-cert/--tls-key/--tls-ca into this process's environment, which every rank
+    inherits (absolute paths: a rank may start elsewhere). Returns what is wrong, or ""."""
+    given = {knob: getattr(args, flag[2:].replace("-", "_")) for flag, knob, _ in _TLS_FLAGS}
+    named = {knob: path for knob, path in given.items() if path is not None}
+    if not named:
+        return ""
+    if len(named) != len(_TLS_FLAGS):
+        return "mutual TLS takes all three of --tls-cert, --tls-key and --tls-ca"
+    for knob, path in named.items():
+        if not os.path.isfile(path):
+            flag = next(f for f, k, _ in _TLS_FLAGS if k == knob)
+            return f"{flag} {path}: no such file"
+        os.environ[knob] = os.path.abspath(path)
+    return ""
 
 
 def rank_environments(

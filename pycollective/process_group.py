@@ -614,7 +614,7 @@ class _World:
 
             host = listener.endpoint.rsplit(":", 1)[0]
             self.grpc_plane = GrpcDataPlane(
-                spec.rank, token, bind_address(ifname), host, connect_timeout
+                spec.rank, token, bind_address(ifname, spec.master_addr), host, connect_timeout
             )
             endpoints["grpc"] = self.grpc_plane.endpoint
         try:
@@ -700,7 +700,11 @@ class _World:
 
                 host = listener.endpoint.rsplit(":", 1)[0]
                 plane = GrpcDataPlane(
-                    self.spec.rank, s.token, bind_address(s.ifname), host, s.connect_timeout
+                    self.spec.rank,
+                    s.token,
+                    bind_address(s.ifname, self.spec.master_addr),
+                    host,
+                    s.connect_timeout,
                 )
                 endpoints["grpc"] = plane.endpoint
             # Each rank's listener took a port from the OS; the coordinator tells the others.

@@ -22,10 +22,17 @@ from dataclasses import dataclass
 from pycollective import config
 from pycollective._ext import _C
 from pycollective.errors import CollectiveError
+from pycollective.rendezvous.addresses import (
+    ALL_INTERFACES,
+    dial_host,
+    local_address_toward,
+    server_host,
+)
 
 TRANSPORTS = ("shm", "tcp", "grpc")
 _MAGIC = b"PCOLLINK"
-_HELLO = struct.Struct("!8sI16s")  # magic, connecting rank, nonce
+_HELLO = struct.Struct("!8sI16sB")  # magic, connecting rank, nonce, encrypts (0/1)
+_PLAIN, _ENCRYPTED = b"\x00", b"\x01"
 
 
 class LinkSetupError(CollectiveError):
@@ -49,6 +56,31 @@ def _mac(token: str, *parts: bytes) -> bytes:
     return hmac.new(token.encode(), b"|".join(parts), hashlib.sha256).digest()
 
 
+def _data_key(token: str, session: bytes, nonce: bytes, peer_nonce: bytes) -> bytes:
+    """The link's AES-256-GCM key: fresh for every connection (both nonces), known only to
+    holders of the token."""
+    return _mac(token, b"data-key", session, nonce, peer_nonce)
+
+
+def _mode_name(mode: bytes) -> str:
+    return "encrypts" if mode == _ENCRYPTED else "does not encrypt"
+
+
+def encrypts_data() -> bool:
+    """Whether this rank's tcp links are encrypted (PYCOLLECTIVE_DATA_ENCRYPT=1). Checks that
+    libcrypto loads, so that a rank without it fails before any connection is made."""
+    if not config.env_int("PYCOLLECTIVE_DATA_ENCRYPT", 0):
+        return False
+    _C.data_cipher_library()
+    return True
+
+
+def data_mode() -> bytes:
+    """The handshake's mode byte for this process's data connections: encrypted when
+    PYCOLLECTIVE_DATA_ENCRYPT=1 (every end of a connection must agree), else plaintext."""
+    return _ENCRYPTED if encrypts_data() else _PLAIN
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -59,42 +91,22 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def bind_address(ifname: str | None) -> str:
-    """The address TCP links listen on: PYCOLLECTIVE_IFNAME may name an interface or an address."""
-    name = ifname or config.text("PYCOLLECTIVE_IFNAME")
-    if not name:
-        return "0.0.0.0"
-    try:
-        socket.inet_aton(name)
-        return name
-    except OSError:
-        pass
-    try:
-        import fcntl
-
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-        finally:
-            s.close()
-        return socket.inet_ntoa(packed[20:24])
-    except OSError as exc:
-        raise ValueError(
-            f"PYCOLLECTIVE_IFNAME={name!r} is neither an address nor an interface "
-            f"with an IPv4 address on this host ({exc})"
-        ) from None
+def bind_address(ifname: str | None, master_addr: str) -> str:
+    """The address data listeners bind: PYCOLLECTIVE_IFNAME (an interface or an address;
+    0.0.0.0 asks for all), else this host's address toward the coordinator (loopback for a
+    single-host job). pycollective/rendezvous/addresses.py says why."""
+    return server_host(master_addr, ifname)
 
 
 def advertised_host(bind: str, master_addr: str) -> str:
-    """The address peers should dial: the bound address, else the one that routes to the master."""
-    if bind != "0.0.0.0":
+    """The address peers should dial: the bound address, else (bound to all interfaces) the one
+    that routes to the master."""
+    if bind not in ALL_INTERFACES:
         return bind
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master_addr, 9))  # no packet is sent: this only picks a route
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
+        return local_address_toward(master_addr)
+    except ValueError:
+        return dial_host(bind)
 
 
 @dataclass
@@ -104,10 +116,18 @@ class TcpListener:
 
     @classmethod
     def open(cls, ifname: str | None, master_addr: str) -> TcpListener:
-        bind = bind_address(ifname)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((bind, 0))
-        sock.listen(128)
+        bind = bind_address(ifname, master_addr)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((bind, 0))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            raise LinkSetupError(
+                f"cannot listen for data links on {bind} ({exc}): set PYCOLLECTIVE_IFNAME to "
+                "an interface or address of this host"
+            ) from None
         port = sock.getsockname()[1]
         return cls(sock, f"{advertised_host(bind, master_addr)}:{port}")
 
@@ -116,11 +136,18 @@ class TcpListener:
 
 
 def connect(
-    rank: int, peer: int, endpoint: str, token: str, session: bytes, deadline: float
-) -> socket.socket:
+    rank: int,
+    peer: int,
+    endpoint: str,
+    token: str,
+    session: bytes,
+    deadline: float,
+    mode: bytes = _PLAIN,
+) -> tuple[socket.socket, bytes]:
     """Dials ``endpoint`` (retrying until ``deadline``) and runs the dialing side of the
-    handshake as ``rank``: both ends prove they know the cluster token for this ``session``.
-    Returns the connected, authenticated socket (blocking); LinkSetupError otherwise."""
+    handshake as ``rank``: both ends prove they know the cluster token for this ``session``
+    and agree on ``mode`` (plaintext or encrypted). Returns the connected, authenticated socket
+    (blocking) and the link's key (b"" when unencrypted); LinkSetupError otherwise."""
     host, port = endpoint.rsplit(":", 1)
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -137,19 +164,27 @@ def connect(
     try:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         nonce = secrets.token_bytes(16)
-        sock.sendall(_HELLO.pack(_MAGIC, rank, nonce))
-        reply = _recv_exact(sock, 16 + 32)
-        peer_nonce, peer_mac = reply[:16], reply[16:]
-        if not hmac.compare_digest(peer_mac, _mac(token, b"accept", session, nonce, peer_nonce)):
+        sock.sendall(_HELLO.pack(_MAGIC, rank, nonce, mode[0]))
+        reply = _recv_exact(sock, 16 + 32 + 1)
+        peer_nonce, peer_mac, peer_mode = reply[:16], reply[16:48], reply[48:]
+        expected = _mac(token, b"accept", session, nonce, peer_nonce, peer_mode)
+        if not hmac.compare_digest(peer_mac, expected):
             raise LinkSetupError(
                 f"rank {peer} at {endpoint} did not prove it knows the cluster "
                 "token: is PYCOLLECTIVE_TOKEN the same on every rank?"
             )
-        sock.sendall(_mac(token, b"connect", session, nonce, peer_nonce, str(rank).encode()))
+        if peer_mode != mode:
+            raise LinkSetupError(
+                f"rank {peer} {_mode_name(peer_mode)} its data links and rank {rank} "
+                f"{_mode_name(mode)}: set PYCOLLECTIVE_DATA_ENCRYPT the same on every rank"
+            )
+        proof = _mac(token, b"connect", session, nonce, peer_nonce, str(rank).encode(), mode)
+        sock.sendall(proof)
         if _recv_exact(sock, 1) != b"\x01":
             raise LinkSetupError(f"rank {peer} refused rank {rank}'s connection")
         sock.settimeout(None)
-        return sock
+        key = _data_key(token, session, nonce, peer_nonce) if mode == _ENCRYPTED else b""
+        return sock, key
     except (OSError, ConnectionError) as exc:
         sock.close()
         raise LinkSetupError(
@@ -161,26 +196,39 @@ def connect(
 
 
 def admit(
-    sock: socket.socket, addr: object, token: str, session: bytes, allowed: Callable[[int], bool]
-) -> int:
-    """The accepting side of the handshake on a fresh connection: the peer proves it knows the
-    cluster token (and so does this side) for this ``session``. Returns the rank the peer
-    claims, once ``allowed(rank)`` accepted it; raises LinkSetupError (or OSError) otherwise.
-    The caller sets the socket's timeout and closes it on failure."""
-    magic, peer, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+    sock: socket.socket,
+    addr: object,
+    rank: int,
+    token: str,
+    session: bytes,
+    allowed: Callable[[int], bool],
+    mode: bytes = _PLAIN,
+) -> tuple[int, bytes]:
+    """The accepting side of the handshake on a fresh connection, as ``rank``: the peer proves
+    it knows the cluster token (and so does this side) for this ``session``, and both agree on
+    ``mode``. Returns the rank the peer claims, once ``allowed(rank)`` accepted it, and the
+    link's key (b"" when unencrypted); raises LinkSetupError (or OSError) otherwise. The caller
+    sets the socket's timeout and closes it on failure."""
+    magic, peer, nonce, peer_mode_byte = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
     if magic != _MAGIC or not allowed(peer):
         raise LinkSetupError(f"unexpected hello from {addr} (rank {peer})")
+    peer_mode = bytes([peer_mode_byte])
     my_nonce = secrets.token_bytes(16)
-    sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce))
+    sock.sendall(my_nonce + _mac(token, b"accept", session, nonce, my_nonce, mode) + mode)
+    if peer_mode != mode:  # the dialing rank says why, to its user
+        raise LinkSetupError(
+            f"rank {peer} {_mode_name(peer_mode)} its data links and rank {rank} "
+            f"{_mode_name(mode)}: set PYCOLLECTIVE_DATA_ENCRYPT the same on every rank"
+        )
     proof = _recv_exact(sock, 32)
-    if not hmac.compare_digest(
-        proof, _mac(token, b"connect", session, nonce, my_nonce, str(peer).encode())
-    ):
+    expected_proof = _mac(token, b"connect", session, nonce, my_nonce, str(peer).encode(), peer_mode)
+    if not hmac.compare_digest(proof, expected_proof):
         raise LinkSetupError(
             f"connection from {addr} claiming rank {peer} has the wrong cluster token"
         )
     sock.sendall(b"\x01")
-    return peer
+    key = _data_key(token, session, nonce, my_nonce) if mode == _ENCRYPTED else b""
+    return peer, key
 
 
 def _accept(
@@ -190,11 +238,13 @@ def _accept(
     token: str,
     session: bytes,
     deadline: float,
-    out: dict[int, socket.socket],
+    out: dict[int, tuple[socket.socket, bytes]],
     errors: list[str],
+    mode: bytes,
 ) -> None:
-    """Accepts authenticated connections from every rank in `expected`. A connection that fails
-    the handshake (wrong token, stray client) is closed and logged; accepting goes on."""
+    """Accepts authenticated connections from every rank in `expected` (each with its link's
+    key, b"" when unencrypted). A connection that fails the handshake (wrong token, stray
+    client, other encryption setting) is closed and logged; accepting goes on."""
     listener.sock.settimeout(0.2)
     while expected - set(out) and time.monotonic() < deadline:
         try:
@@ -206,9 +256,11 @@ def _accept(
             return
         try:
             sock.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
-            peer = admit(sock, addr, token, session, lambda p: p in expected and p not in out)
+            peer, key = admit(
+                sock, addr, rank, token, session, lambda p: p in expected and p not in out, mode
+            )
             sock.settimeout(None)
-            out[peer] = sock
+            out[peer] = (sock, key)
         except (OSError, ConnectionError, struct.error, LinkSetupError) as exc:
             errors.append(f"refused a data connection from {addr}: {exc}")
             sock.close()
@@ -239,11 +291,12 @@ def open_links(
     ]
     sess = session.encode()
     higher_tcp = {p for p in range(rank + 1, size) if kinds[p] == "tcp"}
-    accepted: dict[int, socket.socket] = {}
+    mode = data_mode() if "tcp" in kinds else _PLAIN
+    accepted: dict[int, tuple[socket.socket, bytes]] = {}
     errors: list[str] = []
     acceptor = threading.Thread(
         target=_accept,
-        args=(listener, rank, higher_tcp, token, sess, deadline, accepted, errors),
+        args=(listener, rank, higher_tcp, token, sess, deadline, accepted, errors, mode),
         daemon=True,
     )
     acceptor.start()
@@ -255,9 +308,9 @@ def open_links(
             if kinds[p] == "grpc":
                 links[p] = grpc_plane.link(p, endpoints[p]["grpc"])
             elif kinds[p] == "tcp" and p < rank:
-                sock = connect(rank, p, endpoints[p]["tcp"], token, sess, deadline)
+                sock, key = connect(rank, p, endpoints[p]["tcp"], token, sess, deadline, mode)
                 links[p] = _C.tcp_link(
-                    fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"]
+                    fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"], key=key
                 )
             elif kinds[p] == "shm":
                 lo, hi = min(rank, p), max(rank, p)
@@ -280,10 +333,12 @@ def open_links(
                 f"rank {rank}: ranks {missing} did not connect within "
                 f"{timeout:.0f} s" + (f" ({detail})" if detail else "")
             )
-        for p, sock in accepted.items():
-            links[p] = _C.tcp_link(fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"])
+        for p, (sock, key) in accepted.items():
+            links[p] = _C.tcp_link(
+                fd=sock.detach(), rank=rank, peer=p, address=endpoints[p]["tcp"], key=key
+            )
     except BaseException:
-        for sock in accepted.values():
+        for sock, _ in accepted.values():
             try:
                 sock.close()
             except OSError:

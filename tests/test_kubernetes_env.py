@@ -164,7 +164,16 @@ def _allreduce_in_pod(rank, world, pod_env):
     os.environ.update(pod_env[rank])
     os.environ["PYCOLLECTIVE_TOKEN"] = TOKEN
 
-    # Kubernetes' DNS resolves a pod's service name to the pod; here every pod is this host.
+    # Kubernetes' DNS resolves a pod's service name to the pod; here every pod is this host
+    # (for Python's resolver, which picks the address each server binds, and for gRPC's).
+    import socket
+
+    resolve = socket.getaddrinfo
+
+    def pods_are_here(host, *args, **kwargs):
+        return resolve("127.0.0.1" if str(host).startswith("digits-") else host, *args, **kwargs)
+
+    socket.getaddrinfo = pods_are_here
     connect = bootstrap.CoordinationClient
 
     def via_loopback(address, *args, **kwargs):

@@ -156,7 +156,7 @@ def raw_connection(server: Server, token: str = TOKEN) -> socket.socket:
     """A TCP connection to the ps task's data plane that passed the channel handshake."""
     host = server.address.rpartition(":")[0]
     port = server._data_plane.port
-    return transports.connect(
+    sock, _ = transports.connect(
         1,
         0,
         f"{host}:{port}",
@@ -164,6 +164,7 @@ def raw_connection(server: Server, token: str = TOKEN) -> socket.socket:
         session(server.task).encode(),
         time.monotonic() + 5,
     )
+    return sock
 
 
 def wait_for_failure(server: Server, count: int) -> str:

@@ -49,9 +49,10 @@ class Exchange {
   // dst = src over `bytes` in the call's memory: std::memcpy for host buffers, a device copy
   // (finished on return) for device buffers. Algorithms copy only through this.
   void copy(void* dst, const void* src, size_t bytes) const {
+    if (bytes == 0) return;  // an empty buffer's pointer may be null: memcpy must not see it
     if (state_->copy == nullptr) {
       std::memcpy(dst, src, bytes);
-    } else if (bytes > 0) {
+    } else {
       state_->copy(dst, src, bytes);
     }
   }

@@ -11,6 +11,7 @@
 #include "bindings/bindings.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "transport/aead.h"
 #include "transport/bridge.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
@@ -25,16 +26,22 @@ void bindGroup(py::module_& m) {
 
   m.def(
       "tcp_link",
-      [](int fd, int rank, int peer, const std::string& address) {
+      [](int fd, int rank, int peer, const std::string& address, py::bytes key) {
         TcpLinkOptions o;
         o.fd = fd;
         o.rank = rank;
         o.peer = peer;
         o.peerAddress = address;
+        o.key = std::string(key);
         return LinkHandle{makeTcpLink(o)};
       },
       py::kw_only(), py::arg("fd"), py::arg("rank"), py::arg("peer"), py::arg("address"),
-      "Takes over a connected, authenticated socket (the link closes it).");
+      py::arg("key") = py::bytes(),
+      "Takes over a connected, authenticated socket (the link closes it). With a 32-byte key, "
+      "every byte travels in AES-256-GCM records (both ends need the same key).");
+  m.def("data_cipher_library", &Aes256Gcm::describeLibrary,
+        "The libcrypto that encrypted tcp links use (loaded on first use); raises when none "
+        "can be loaded.");
 
   m.def(
       "shm_link",

@@ -29,9 +29,20 @@ namespace knobs {
   X(kTransport, "PYCOLLECTIVE_TRANSPORT", "str", "",                                              \
     "Force the transport between processes: shm, tcp or grpc.")                                   \
   X(kIfname, "PYCOLLECTIVE_IFNAME", "str", "",                                                    \
-    "Network interface (or address) TCP links bind to.")                                          \
+    "Interface (or address) every server of a rank binds: coordinator, data listeners, "          \
+    "parameter-server tasks; 0.0.0.0 for all. Unset: the address toward the coordinator "         \
+    "(loopback for a single-host job).")                                                          \
   X(kToken, "PYCOLLECTIVE_TOKEN", "str", "",                                                      \
     "Cluster token every control and data connection must carry (a secret).")                     \
+  X(kTlsCert, "PYCOLLECTIVE_TLS_CERT", "str", "",                                                 \
+    "PEM certificate (chain) this process presents on every gRPC connection, as server and "      \
+    "client; with PYCOLLECTIVE_TLS_KEY and PYCOLLECTIVE_TLS_CA: mutual TLS.")                     \
+  X(kTlsKey, "PYCOLLECTIVE_TLS_KEY", "str", "", "PEM private key of PYCOLLECTIVE_TLS_CERT.")      \
+  X(kTlsCa, "PYCOLLECTIVE_TLS_CA", "str", "",                                                     \
+    "PEM CA certificate(s) a peer's certificate must chain to (gRPC refuses any other).")         \
+  X(kDataEncrypt, "PYCOLLECTIVE_DATA_ENCRYPT", "int", "0",                                        \
+    "1: tcp data links carry AES-256-GCM records (OpenSSL's libcrypto, loaded at run time); "     \
+    "the same on every rank.")                                                                    \
   X(kTokenFile, "PYCOLLECTIVE_TOKEN_FILE", "str", "",                                             \
     "File holding the cluster token when PYCOLLECTIVE_TOKEN is unset (default "                   \
     "~/.config/pycollective/token; owner-only, see `pycollective token`).")                       \

@@ -62,8 +62,7 @@ def _refusal(
         (True, True): (grpc.stream_stream_rpc_method_handler, refuse_stream),
     }
     make, behaviour = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
-    return make(
-        behaviour,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    # No request deserializer: the request stays raw bytes, never parsed, so that a malformed
+    # one from an unauthenticated caller is refused as such too (not answered INTERNAL by a
+    # parse error before the refusal runs).
+    return make(behaviour, request_deserializer=None, response_serializer=None)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
 from collections.abc import Callable
 
+from .addresses import dial_host, server_host
 from .client import CoordinationClient, PeerInfo
-from .cluster import ClusterSpec, format_address, is_loopback, parse_address
+from .cluster import ClusterSpec, format_address, parse_address
 from .service import CoordinationService
 
 
@@ -56,7 +56,9 @@ def rendezvous(
     service: CoordinationService | None = None
     address = spec.master
     if spec.rank == 0:
-        bind_host = _bind_host(spec.master_addr)
+        # Only the address the others dial (loopback for a single-host job), unless
+        # PYCOLLECTIVE_IFNAME asks for another or for all interfaces.
+        bind_host = server_host(spec.master_addr)
         service = CoordinationService(
             spec.world_size,
             token,
@@ -71,11 +73,17 @@ def rendezvous(
             except BaseException:
                 service.stop(grace=0)
                 raise
-        # Rank 0 reaches its own service over loopback: no name resolution,
-        # and it works whatever interface master_addr names.
-        address = format_address(_loopback_for(bind_host), port)
+        # Rank 0 dials the address it bound (no name resolution; it works whatever master_addr
+        # resolves to here) and, with TLS, checks the name the others check.
+        address = format_address(dial_host(bind_host), port)
 
-    client = CoordinationClient(address, spec.rank, token, timeout=timeout)
+    client = CoordinationClient(
+        address,
+        spec.rank,
+        token,
+        timeout=timeout,
+        server_name=spec.master_addr if service is not None else None,
+    )
     try:
         peers = client.register(spec.host_id, endpoints, world_size=spec.world_size)
     except BaseException:
@@ -84,22 +92,3 @@ def rendezvous(
             service.stop(grace=0)
         raise
     return client, peers, service
-
-
-def _bind_host(master_addr: str) -> str:
-    """Loopback masters stay private; any other master listens on all interfaces."""
-    ipv6 = _is_ipv6(master_addr)
-    if is_loopback(master_addr):
-        return "::1" if ipv6 else "127.0.0.1"
-    return "::" if ipv6 else "0.0.0.0"
-
-
-def _loopback_for(bind_host: str) -> str:
-    return "::1" if _is_ipv6(bind_host) else "127.0.0.1"
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        return False

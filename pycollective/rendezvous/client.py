@@ -16,8 +16,11 @@ from dataclasses import dataclass
 
 import grpc
 
+from pycollective import config
+
 from . import coordination_pb2 as pb
 from . import coordination_pb2_grpc as pb_grpc
+from . import tls
 
 # The "rank" passed to on_abort when the coordinator itself failed or went
 # away (rank 0 hosts it, but the coordinator is what was lost).
@@ -81,9 +84,18 @@ class CoordinationClient:
         rank: This process's rank.
         token: The cluster token (the same on every rank).
         timeout: Default seconds for registration, barriers and gets.
+        server_name: With mutual TLS, the name the coordinator's certificate must carry when
+            it is not the host of ``address`` (see ``tls.channel``).
     """
 
-    def __init__(self, address: str, rank: int, token: str, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        rank: int,
+        token: str,
+        timeout: float = 60.0,
+        server_name: str | None = None,
+    ) -> None:
         if not token or not token.isascii() or not token.isprintable():
             raise ValueError("the cluster token must be a non-empty printable ASCII string")
         if timeout <= 0:
@@ -92,14 +104,16 @@ class CoordinationClient:
         self.rank = rank
         self.timeout = timeout
         self._metadata = ((TOKEN_METADATA_KEY, token),)
-        # Rank 0 may start after us: reconnect quickly while we wait for it.
-        self._channel = grpc.insecure_channel(
+        # Rank 0 may start after us: reconnect quickly while we wait for it. Mutual TLS when
+        # PYCOLLECTIVE_TLS_* are set.
+        self._channel = tls.channel(
             address,
             options=[
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),
             ],
+            server_name=server_name,
         )
         self._stub = pb_grpc.CoordinationStub(self._channel)
         self._lock = threading.Lock()
@@ -139,7 +153,7 @@ class CoordinationClient:
                 f"rank {self.rank} could not reach the coordinator at {self.address} within "
                 f"{self.timeout:g} s. Is rank 0 running? Is {self.address} reachable from this "
                 "host, and is the coordinator address (PYCOLLECTIVE_MASTER_ADDR/PORT or "
-                "MASTER_ADDR/PORT) the same on every rank?",
+                "MASTER_ADDR/PORT) the same on every rank?" + _tls_hint(),
                 code="UNAVAILABLE",
             ) from None
         remaining = max(0.1, self.timeout - (time.monotonic() - start))
@@ -240,7 +254,7 @@ class CoordinationClient:
         self,
         on_abort: AbortCallback,
         interval: float = 1.0,
-        unreachable_after: float = 10.0,
+        unreachable_after: float | None = None,
     ) -> None:
         """Starts heartbeating and watching for the group's abort.
 
@@ -252,8 +266,10 @@ class CoordinationClient:
                 rank and the reason when the group is aborted, or with
                 ``COORDINATOR_RANK`` when the coordinator becomes unreachable.
             interval: Seconds between heartbeats.
-            unreachable_after: Seconds of failing heartbeats after which the
-                coordinator is declared unreachable.
+            unreachable_after: Seconds since the last answered heartbeat after which the
+                coordinator is declared unreachable (frozen, or cut off); None:
+                PYCOLLECTIVE_HEARTBEAT_TIMEOUT, the window in which the coordinator declares
+                a silent rank failed.
 
         Raises:
             RendezvousError: The abort watch could not be opened.
@@ -393,27 +409,33 @@ class CoordinationClient:
         finally:
             opened.set()
 
-    def _heartbeat(self, interval: float, unreachable_after: float) -> None:
-        failing_since: float | None = None
+    def _heartbeat(self, interval: float, unreachable_after: float | None) -> None:
+        if unreachable_after is None:
+            unreachable_after = config.env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0)
+        # Counted from the last answer, not the first failure: a frozen or cut-off coordinator
+        # lets each call run to its deadline, and the group must learn within the window.
+        last_answer = time.monotonic()
         request = pb.HeartbeatRequest(rank=self.rank)
         while not self._closing.is_set() and not self._abort_delivered:
+            silent = time.monotonic() - last_answer
             try:
                 self._stub.Heartbeat(
-                    request, timeout=max(2 * interval, 1.0), metadata=self._metadata
+                    request,
+                    timeout=max(min(2 * interval, unreachable_after - silent), 0.2),
+                    metadata=self._metadata,
                 )
-                failing_since = None
+                last_answer = time.monotonic()
             except grpc.RpcError as exc:
                 if self._closing.is_set():
                     return
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since >= unreachable_after:
+                silent = time.monotonic() - last_answer
+                if silent >= unreachable_after:
                     self._deliver_abort(
                         COORDINATOR_RANK,
                         f"rank {self.rank} cannot reach the coordinator at {self.address}: "
-                        f"heartbeats have failed for {now - failing_since:.1f} s "
+                        f"no heartbeat answered for {silent:.1f} s "
                         f"({exc.code().name}: {exc.details()}); rank 0, which hosts it, has "
-                        "probably exited or hung",
+                        "probably exited, hung or been cut off from this host",
                     )
                     return
             self._closing.wait(interval)
@@ -459,4 +481,17 @@ class CoordinationClient:
             f"({code.name}): {exc.details()}."
         )
         hint = hints.get(code, "")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            hint += _tls_hint()
         return RendezvousError(f"{message} {hint}".strip(), code=code.name)
+
+
+def _tls_hint() -> str:
+    """What to check when a TLS handshake may be why the coordinator cannot be reached (gRPC
+    reports a failed handshake as an unreachable server)."""
+    if tls.configured() is None:
+        return ""
+    return (
+        " With mutual TLS (PYCOLLECTIVE_TLS_*) every rank needs a certificate signed by the "
+        "same CA, and the coordinator's certificate must name the address ranks dial."
+    )

@@ -19,6 +19,7 @@ import grpc
 
 from . import coordination_pb2 as pb
 from . import coordination_pb2_grpc as pb_grpc
+from . import tls
 from .auth import TokenInterceptor
 from .client import COORDINATOR_RANK, WATCHING_METADATA_KEY, RendezvousError
 from .cluster import format_address
@@ -49,7 +50,9 @@ class CoordinationService:
         world_size: Number of ranks in the group.
         token: Shared secret every call must carry (metadata
             ``x-pycollective-token``).
-        host: Interface to bind; ``"0.0.0.0"`` for all interfaces.
+        host: Address to bind (``pycollective.rendezvous.addresses.server_host`` picks it for a
+            job); ``"0.0.0.0"`` for all interfaces. Mutual TLS when PYCOLLECTIVE_TLS_* are set
+            (pycollective/rendezvous/tls.py).
         port: Port to bind; 0 lets the OS choose.
         heartbeat_timeout: A rank whose abort watch is open and that is then
             silent this many seconds is declared failed and the group aborted.
@@ -115,7 +118,7 @@ class CoordinationService:
         pb_grpc.add_CoordinationServicer_to_server(_Servicer(self._state), server)
         wanted = format_address(self._host, self._port)
         try:
-            port = server.add_insecure_port(wanted)
+            port = tls.add_port(server, wanted)
         except RuntimeError as exc:
             port, detail = 0, f" ({exc})"
         else:
@@ -414,6 +417,13 @@ class _Servicer(pb_grpc.CoordinationServicer):
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"key {key!r} holds {current[:32]!r}, not a counter; add() needs a key "
                     "that is only ever used as a counter",
+                )
+            if not -(2**63) <= value < 2**63:
+                # The answer is an int64: refuse before storing, so the counter stays usable.
+                context.abort(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"add({key!r}, {request.delta}) would take the counter from "
+                    f"{current.decode('ascii', 'replace')} past the 64-bit range",
                 )
             # Counters share the KV map as decimal text, so get() can read them.
             s.kv[key] = str(value).encode("ascii")

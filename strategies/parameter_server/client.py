@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 
 from pycollective._calls import new_output
+from pycollective.rendezvous import tls
 
 from . import ps_pb2 as pb
 from . import ps_pb2_grpc as pb_grpc
@@ -161,7 +162,7 @@ class PSClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=wire.channel_options())
+                channel = tls.channel(address, options=wire.channel_options())
                 self._channels.append(channel)
                 stub = self._stubs[address] = pb_grpc.ParameterServerStub(channel)
             return stub

@@ -35,6 +35,8 @@ from typing import Any
 
 import grpc
 
+from pycollective.rendezvous import tls
+
 from .. import _context, _nest
 from ..input_lib import InputContext
 from ..optimizers import Optimizer
@@ -540,7 +542,7 @@ class _WorkerDispatcher(threading.Thread):
         self.incarnation: str | None = None
         self._iterators: set[int] = set()
         self._metadata = wire.metadata(ext.token)
-        self._channel = grpc.insecure_channel(address, options=wire.channel_options())
+        self._channel = tls.channel(address, options=wire.channel_options())
         self._stub = pb_grpc.WorkerStub(self._channel)
 
     def run(self) -> None:

@@ -14,7 +14,10 @@ from typing import Any
 
 import grpc
 
+from pycollective.rendezvous import tls
+from pycollective.rendezvous.addresses import server_host
 from pycollective.rendezvous.auth import TokenInterceptor
+from pycollective.rendezvous.cluster import format_address
 
 from ..cluster_resolver import ClusterResolver, ClusterSpec, TFConfigClusterResolver
 from . import ps_pb2_grpc as pb_grpc
@@ -127,7 +130,9 @@ class Server:
             return
         host, _, port = self._configured.rpartition(":")
         host = host.strip("[]")
-        bind_host = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+        # The task's own address (loopback for a single-host cluster), unless
+        # PYCOLLECTIVE_IFNAME asks for another or for all interfaces.
+        bind_host = server_host(host)
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self._max_workers, thread_name_prefix=f"pc-{self.job_name}"
@@ -147,9 +152,9 @@ class Server:
             pb_grpc.add_WorkerServicer_to_server(
                 WorkerService(key, self._token, self.task_index, self.incarnation), server
             )
-        wanted = f"{'[' + bind_host + ']' if ':' in bind_host else bind_host}:{port}"
+        wanted = format_address(bind_host, int(port))
         try:
-            bound = server.add_insecure_port(wanted)
+            bound = tls.add_port(server, wanted)
         except RuntimeError:
             bound = 0
         if bound == 0:

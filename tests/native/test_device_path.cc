@@ -203,7 +203,7 @@ void runCase(LocalGroup& g, int n, const std::string& algo, CollectiveKind kind,
     hostOut[r].assign(oc * es + 1, 0);
     devIn[r] = caseBuffer(count * es + 1);
     devOut[r] = caseBuffer(oc * es + 1);
-    std::memcpy(tr(devIn[r]), in[r].data(), count * es);
+    if (count > 0) std::memcpy(tr(devIn[r]), in[r].data(), count * es);
     std::memset(tr(devOut[r]), 0, oc * es);
     CollectiveArgs a;
     a.kind = kind;

@@ -1,0 +1,92 @@
+"""Network faults between hosts: the ranks of a job run in network namespaces on a bridge
+(bench/netns_cluster.py, one rank per host, started the torchrun way) and loop random collectives
+(bench/fault_ranks.py) while the network between the hosts fails:
+
+- partition: one host's link goes down (its bridge port), for longer than the heartbeat timeout
+  (the others must raise within 10 s, naming the rank behind it) or for a moment (TCP carries
+  the job over it: the job must go on, every result right);
+- loss and delay: netem on every host's link (``loss 2% delay 20ms``) while the job runs; it must
+  go on, every result right. Needs the kernel's sch_netem: where it is missing (as on the
+  machine this was written on, whose kernel also lacks tc's actions and iptables, so random
+  drops cannot be made another way) the round is skipped, saying so.
+
+Root only (namespaces, a bridge, tc); ``skip_reason()`` says why not elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+
+from .fault_ranks import finish, start_job
+from .netns_cluster import ClusterError, NetnsCluster, check_can_build
+
+HEARTBEAT_TIMEOUT_S = 3.0
+TRANSPORTS = ("tcp", "tcp+aes", "grpc")
+_ENV = {"PYCOLLECTIVE_TIMEOUT": "60", "PYCOLLECTIVE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)}
+
+
+def skip_reason() -> str:
+    """ "" when namespace clusters can be built here, else why not."""
+    try:
+        check_can_build()
+    except ClusterError as exc:
+        return str(exc)
+    return ""
+
+
+def netem_missing(cluster: NetnsCluster) -> str:
+    """ "" when netem works on this kernel, else the reason it does not."""
+    try:
+        cluster.shape(0, "none", "delay 1ms")
+        cluster.shape(0, "none")
+    except ClusterError as exc:
+        return f"loss and delay need sch_netem, which this kernel lacks: {exc}".splitlines()[0]
+    return ""
+
+
+def _link(cluster: NetnsCluster, host: int, state: str) -> None:
+    subprocess.run(
+        ["ip", "link", "set", cluster.bridge_port(host), state], check=True, capture_output=True
+    )
+
+
+def partition_round(
+    rng: random.Random, past_timeout: bool, hosts: int = 3, victim: int | None = None
+) -> dict:
+    """Cuts host ``victim`` off (None: a random one; host 0 runs the coordination service;
+    its rank is the culprit) for 12 s, or for 0.3 x the heartbeat timeout; returns the judged
+    round (bench/fault_soak.py's format)."""
+    from .fault_soak import STOPPED_PAST_S, _judge
+
+    transport, seed = rng.choice(TRANSPORTS), rng.getrandbits(32)
+    victim = rng.randrange(hosts) if victim is None else victim
+    with NetnsCluster(hosts, 1, master_port=29500 + rng.randrange(1000)) as cluster:
+        job = start_job(hosts, transport, seed, env=_ENV, cluster=cluster)
+        time.sleep(rng.uniform(0.2, 1.0))
+        at = time.monotonic()
+        _link(cluster, victim, "down")
+        time.sleep(STOPPED_PAST_S if past_timeout else HEARTBEAT_TIMEOUT_S * 0.3)
+        _link(cluster, victim, "up")
+        reports = finish(job, timeout=40, stop_after=None if past_timeout else 1.0)
+    how = "partition past the heartbeat timeout" if past_timeout else "short partition"
+    return _judge(how, hosts, transport, victim, at, reports, survive=not past_timeout)
+
+
+def loss_delay_round(rng: random.Random, netem: str = "loss 2% delay 20ms", hosts: int = 3) -> dict:
+    """Runs a job for 5 s over links with ``netem``; it must go on with every result right.
+    Returns the judged round, or {"skipped": reason} where netem is missing."""
+    from .fault_soak import _judge
+
+    transport, seed = rng.choice(TRANSPORTS), rng.getrandbits(32)
+    with NetnsCluster(hosts, 1, master_port=29500 + rng.randrange(1000)) as cluster:
+        missing = netem_missing(cluster)
+        if missing:
+            return {"fault": f"netem {netem}", "skipped": missing, "problems": []}
+        job = start_job(hosts, transport, seed, env=_ENV, cluster=cluster)
+        at = time.monotonic()
+        for h in range(hosts):
+            cluster.shape(h, "none", netem)
+        reports = finish(job, timeout=60, stop_after=5.0)
+    return _judge(f"netem {netem}", hosts, transport, -1, at, reports, survive=True)
