@@ -221,7 +221,9 @@ def admit(
             f"{_mode_name(mode)}: set PYCOLLECTIVE_DATA_ENCRYPT the same on every rank"
         )
     proof = _recv_exact(sock, 32)
-    expected_proof = _mac(token, b"connect", session, nonce, my_nonce, str(peer).encode(), peer_mode)
+    expected_proof = _mac(
+        token, b"connect", session, nonce, my_nonce, str(peer).encode(), peer_mode
+    )
     if not hmac.compare_digest(proof, expected_proof):
         raise LinkSetupError(
             f"connection from {addr} claiming rank {peer} has the wrong cluster token"

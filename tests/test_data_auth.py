@@ -49,7 +49,7 @@ def test_stray_connections_are_refused_and_the_rank_still_connects():
         for behaviour in ("garbage", "wrong token", "replayed hello"):
             _stray(listener.endpoint, behaviour, session)
         assert accepted == {}, accepted
-        sock, key = t._connect(1, 0, listener.endpoint, token, session, deadline, t._PLAIN)
+        sock, key = t.connect(1, 0, listener.endpoint, token, session, deadline, t._PLAIN)
         acceptor.join(10)
         assert set(accepted) == {1} and key == b""
         sock.close()
@@ -75,7 +75,7 @@ def test_a_rank_with_the_wrong_token_does_not_connect():
     acceptor.start()
     try:
         with pytest.raises(t.LinkSetupError, match="cluster token"):
-            t._connect(1, 0, listener.endpoint, "wrong", b"s", deadline, t._PLAIN)
+            t.connect(1, 0, listener.endpoint, "wrong", b"s", deadline, t._PLAIN)
         acceptor.join(10)
     finally:
         listener.close()
