@@ -4,7 +4,6 @@
 // so the network transfer and the reduction overlap.
 #include "transport/tcp.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -26,40 +25,6 @@ namespace pycollective {
 
 namespace {
 
-// Whether the socket's peer is on this host: a loopback address, or the socket's own address
-// (a connection to this host's interface address also runs over the loopback device).
-bool peerOnThisHost(int fd) {
-  sockaddr_storage mine{}, theirs{};
-  socklen_t mineLen = sizeof(mine), theirsLen = sizeof(theirs);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mineLen) != 0 ||
-      getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirsLen) != 0 ||
-      mine.ss_family != theirs.ss_family)
-    return false;
-  if (theirs.ss_family == AF_INET) {
-    const in_addr a = reinterpret_cast<const sockaddr_in&>(mine).sin_addr;
-    const in_addr b = reinterpret_cast<const sockaddr_in&>(theirs).sin_addr;
-    return (ntohl(b.s_addr) >> 24) == 127 || a.s_addr == b.s_addr;
-  }
-  if (theirs.ss_family == AF_INET6) {
-    const in6_addr& a = reinterpret_cast<const sockaddr_in6&>(mine).sin6_addr;
-    const in6_addr& b = reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr;
-    return IN6_IS_ADDR_LOOPBACK(&b) || std::memcmp(&a, &b, sizeof(a)) == 0 ||
-           (IN6_IS_ADDR_V4MAPPED(&b) && b.s6_addr[12] == 127);
-  }
-  return false;
-}
-
-// Between ranks on one host there is no network to share, and congestion control only costs
-// CPU: bbr, a common default, paces the stream with timers and models every ACK. On the 2-vCPU
-// VM a 64 MiB all-reduce between 2 processes spent 20-25% less system time per call under
-// reno (docs/benchmarks.md, "Speed on one host"). Reno is built into every Linux kernel and
-// always permitted; where the setting is refused, the system's default stays. Links to other
-// hosts keep the administrator's choice.
-void useRenoOnThisHost(int fd) {
-  static const char kReno[] = "reno";
-  if (peerOnThisHost(fd)) setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, kReno, sizeof(kReno) - 1);
-}
-
 class TcpLink : public Link {
  public:
   explicit TcpLink(const TcpLinkOptions& o)
@@ -74,7 +39,6 @@ class TcpLink : public Link {
              "cannot make the socket to rank ", peer_, " nonblocking: ", std::strerror(errno));
     int one = 1;
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // small frames go out now
-    useRenoOnThisHost(fd_);
   }
 
   ~TcpLink() override {
