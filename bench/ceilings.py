@@ -14,20 +14,8 @@ def memory_copy_bandwidth(nbytes: int, threads: int) -> float:
     return pc._C.memory_bandwidth(bytes_per_thread=nbytes, threads=threads, reps=3)
 
 
-def loopback_tcp_bandwidth(
-    nbytes: int = 256 << 20, chunk: int = 4 << 20, congestion: str | None = None
-) -> float:
-    """One TCP stream over loopback, bytes per second (what a single tcp link can carry), under
-    the system's default congestion control, or `congestion` for the sending socket ("reno":
-    what pycollective's tcp links between ranks on one host use, csrc/transport/tcp.cc).
-    Returns 0.0 when the system refuses that congestion control."""
-    client = socket.socket()
-    if congestion is not None:
-        try:
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
-        except OSError:
-            client.close()
-            return 0.0
+def loopback_tcp_bandwidth(nbytes: int = 256 << 20, chunk: int = 4 << 20) -> float:
+    """One TCP stream over loopback, bytes per second (what a single tcp link can carry)."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -47,8 +35,7 @@ def loopback_tcp_bandwidth(
     t = threading.Thread(target=sink, daemon=True)
     t.start()
     payload = bytes(chunk)
-    client.connect(server.getsockname())
-    with client as c:
+    with socket.create_connection(server.getsockname()) as c:
         start = time.perf_counter()
         sent = 0
         while sent < nbytes:

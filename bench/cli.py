@@ -172,8 +172,6 @@ def run(args: argparse.Namespace) -> int:
     ceilings = {"memory_copy_Bps": copy_bw}
     if procs_mode and ("tcp" in transports or "gloo" in peers):
         ceilings["loopback_tcp_Bps"] = measure.loopback_tcp_bandwidth()
-        if "tcp" in transports:
-            ceilings["loopback_tcp_reno_Bps"] = measure.loopback_tcp_bandwidth(congestion="reno")
     where = (
         f"{world} processes over {','.join(transports)}"
         if procs_mode
@@ -187,15 +185,7 @@ def run(args: argparse.Namespace) -> int:
         f"# ceiling: memory copy bandwidth, {world} threads: {copy_bw / 1e9:.1f} GB/s (read+write)"
     )
     if "loopback_tcp_Bps" in ceilings:
-        print(
-            f"# ceiling: loopback TCP, one stream: {ceilings['loopback_tcp_Bps'] / 1e9:.2f} GB/s"
-            " (the system's default congestion control)"
-        )
-    if ceilings.get("loopback_tcp_reno_Bps"):
-        print(
-            "# ceiling: loopback TCP, one stream with reno (as pycollective's tcp links on one "
-            f"host): {ceilings['loopback_tcp_reno_Bps'] / 1e9:.2f} GB/s"
-        )
+        print(f"# ceiling: loopback TCP, one stream: {ceilings['loopback_tcp_Bps'] / 1e9:.2f} GB/s")
     notes: list[str] = []
     total = len(sweep) * (len(algos) * (len(transports) if procs_mode else 1) + len(peers))
     progress = Progress(total)
