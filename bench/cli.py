@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# {note}")
     table(rows, sys.stdout)
     print()
-    for line in summary(rows):
+    for line in summary(rows, ceilings):
         print(line)
     if args.json:
         write_json(rows, ceilings, args.json)

@@ -53,9 +53,9 @@ def table(rows: Iterable[Row], out: IO[str]) -> None:
             out.write("  ".join("-" * w for w in widths) + "\n")
 
 
-def summary(rows: Iterable[Row]) -> list[str]:
-    """Which algorithm wins at which size, how auto did against the best, and our ratio to
-    every peer measured in the same run."""
+def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
+    """Which algorithm wins at which size, how auto did against the best, our ratio to every
+    peer measured in the same run, and tcp against one loopback TCP stream (`ceilings`)."""
     rows = list(rows)
     by_key: dict[tuple, list[Row]] = defaultdict(list)
     for r in rows:
@@ -124,12 +124,46 @@ def summary(rows: Iterable[Row]) -> list[str]:
                 f"{best.algo}/{best.transport} runs at {p.median_s / best.median_s:.2f}x "
                 f"its speed (busbw {best.busbw / 1e9:.2f} vs {p.busbw / 1e9:.2f} GB/s)"
             )
+    lines.extend(tcp_against_ceiling(rows, ceilings or {}))
     wrong = sum(r.wrong for r in rows)
     lines.append(
         "all results correct"
         if wrong == 0
         else f"WRONG RESULTS: {wrong} elements in {sum(1 for r in rows if r.wrong)} rows"
     )
+    return lines
+
+
+def tcp_against_ceiling(rows: list[Row], ceilings: dict) -> list[str]:
+    """Per size, `auto` over tcp (the call a user makes) as a fraction of one loopback TCP stream
+    measured in the same run: its busbw (the GB/s the table prints; with 2 ranks equal to algbw)
+    over the stream's bytes per second; and its speed against gloo (torch.distributed, also
+    tcp) at the same size."""
+    stream = ceilings.get("loopback_tcp_Bps")
+    if not stream:
+        return []
+    lines = []
+    for r in sorted(rows, key=lambda r: (r.collective, r.nbytes)):
+        if r.peer or r.transport != "tcp" or r.algo != "auto":
+            continue
+        text = (
+            f"tcp {r.collective} at {human_bytes(r.nbytes)}: auto {r.busbw / 1e9:.2f} GB/s = "
+            f"{r.busbw / stream:.2f}x one loopback TCP stream"
+        )
+        gloo = next(
+            (
+                p
+                for p in rows
+                if p.peer
+                and p.algo.startswith("gloo")
+                and p.collective == r.collective
+                and p.nbytes == r.nbytes
+            ),
+            None,
+        )
+        if gloo is not None:
+            text += f"; {gloo.median_s / r.median_s:.2f}x gloo"
+        lines.append(text)
     return lines
 
 

@@ -283,3 +283,26 @@ def test_torch_bench_runs_and_checks(tmp_path):
     rows = json.loads(out.read_text())["results"]["2"]["allreduce"]
     assert {r["backend"] for r in rows} == {"pycollective", "gloo"}
     assert all(r["wrong"] == 0 for r in rows)
+
+
+def test_summary_puts_tcp_against_one_loopback_stream_and_gloo():
+    from pycollective.bench import report
+    from pycollective.bench.rows import Row
+
+    mib64 = 64 << 20
+
+    def row(algo, transport, t, peer=False):
+        return Row(
+            "allreduce", mib64, mib64 // 4, "float32", algo, transport, 2, t, t, t, peer=peer
+        )
+
+    rows = [
+        row("ring", "tcp", 0.030),
+        row("auto", "tcp", 0.0268435456),  # 2.5 GB/s busbw with 2 ranks
+        row("gloo", "tcp", 0.0536870912, peer=True),
+    ]
+    ceilings = {"loopback_tcp_Bps": 5e9}
+    lines = report.summary(rows, ceilings)
+    want = "tcp allreduce at 64 MiB: auto 2.50 GB/s = 0.50x one loopback TCP stream; 2.00x gloo"
+    assert want in lines, lines
+    assert not any(line.startswith("tcp ") for line in report.summary(rows))  # no ceiling
