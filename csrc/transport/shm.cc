@@ -243,15 +243,16 @@ class ShmLink : public Link {
 
   bool progress() override {
     if (sends_.empty() && recvs_.empty()) return false;
-    // Messages already in the ring were sent before any abort of the peer, so they are
-    // delivered first: a peer that finished this call and failed in its next one (a mismatch
-    // there) must not fail this one here. This side's own abort stops everything at once.
+    // A peer's abort fails only what this side cannot finish: messages already in the ring
+    // were sent before it, so they are delivered first (a peer that finished this call and
+    // failed in its next one, a mismatch there, must not fail this one here). This side's own
+    // abort stops everything at once.
     throwIfAborted(mine(), rank_);
     bool moved = false;
+    if (!sends_.empty()) moved |= pushSends();
     if (!recvs_.empty()) moved |= pullRecvs();
     if (sends_.empty() && recvs_.empty()) return moved;
     throwIfAborted(theirs(), peer_);
-    if (!sends_.empty()) moved |= pushSends();
     if (moved) {
       stalled_ = false;
     } else if (!sends_.empty() || !recvs_.empty()) {
