@@ -812,7 +812,6 @@ NO_JAX_SCRIPT = textwrap.dedent("""
     import numpy as np
     import pycollective
     from pycollective import strategies as ds
-from pycollective._spawn import own_process_group
     s = ds.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out = s.run(lambda: ds.get_replica_context().all_reduce("SUM", np.ones(2)))
     assert np.asarray(s.experimental_local_results(out)[0]).tolist() == [2.0, 2.0]
@@ -887,7 +886,6 @@ WORKER_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import numpy as np
     from pycollective import strategies as ds
-from pycollective._spawn import own_process_group
     import tpu_models as tm
 
     s = ds.TPUStrategy()
@@ -956,7 +954,6 @@ def test_two_processes_with_pycollective_run_form_one_mesh(tmp_path):
 LIGHT_SCRIPT = textwrap.dedent("""
     import numpy as np
     from pycollective import strategies as ds
-from pycollective._spawn import own_process_group
 
     s = ds.TPUStrategy()
     rank = s.cluster_resolver.task_id
