@@ -5,6 +5,8 @@ relays the bytes between two links)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from multiproc import run_ranks
@@ -54,3 +56,52 @@ def test_ranks_that_disagree_on_encryption_refuse_each_other():
     )
     assert res[1][0] != "joined" and "PYCOLLECTIVE_DATA_ENCRYPT" in res[1][1], res[1]
     assert res[0][0] != "joined", res[0]
+
+
+def _channel_pair(monkeypatch, listener_encrypts: str, client_encrypts: str):
+    """A ChannelListener and a connect() in this process, each under its own setting."""
+    from pycollective import channel, config
+
+    monkeypatch.setenv("PYCOLLECTIVE_DATA_ENCRYPT", listener_encrypts)
+    config.reload()
+    listener = channel.ChannelListener("tok", "enc-test", "127.0.0.1", timeout=20)
+    accepted: list = []
+
+    def accept() -> None:
+        try:
+            accepted.append(listener.accept(timeout=10))
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            accepted.append(exc)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    monkeypatch.setenv("PYCOLLECTIVE_DATA_ENCRYPT", client_encrypts)
+    config.reload()
+    try:
+        client = channel.connect(f"127.0.0.1:{listener.port}", "tok", "enc-test", timeout=10)
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        client = exc
+    thread.join(20)
+    listener.close()
+    monkeypatch.delenv("PYCOLLECTIVE_DATA_ENCRYPT")
+    config.reload()
+    return accepted[0], client
+
+
+@pytest.mark.timeout(60)
+def test_parameter_server_data_channels_are_encrypted_on_request(monkeypatch):
+    """The ps data plane's channels (pycollective.channel) use the same handshake and records:
+    a tensor crosses an encrypted channel exact, and ends that disagree refuse each other."""
+    server, client = _channel_pair(monkeypatch, "1", "1")
+    data = np.arange(300_001, dtype=np.float32)
+    received = np.empty_like(data)
+    sender = threading.Thread(target=client.send, args=(data,))
+    sender.start()
+    server.recv(received)
+    sender.join(20)
+    np.testing.assert_array_equal(received, data)
+    client.close("done")
+    server.close("done")
+
+    server, client = _channel_pair(monkeypatch, "1", "0")
+    assert isinstance(client, Exception) and "PYCOLLECTIVE_DATA_ENCRYPT" in str(client), client
