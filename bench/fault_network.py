@@ -53,14 +53,20 @@ def _link(cluster: NetnsCluster, host: int, state: str) -> None:
 
 
 def partition_round(
-    rng: random.Random, past_timeout: bool, hosts: int = 3, victim: int | None = None
+    rng: random.Random,
+    past_timeout: bool,
+    hosts: int = 3,
+    victim: int | None = None,
+    transport: str | None = None,
 ) -> dict:
     """Cuts host ``victim`` off (None: a random one; host 0 runs the coordination service;
-    its rank is the culprit) for 12 s, or for 0.3 x the heartbeat timeout; returns the judged
-    round (bench/fault_soak.py's format)."""
+    its rank is the culprit) for 12 s, or for 0.3 x the heartbeat timeout, with the job on
+    ``transport`` (None: a random one of TRANSPORTS); returns the judged round
+    (bench/fault_soak.py's format)."""
     from .fault_soak import STOPPED_PAST_S, _judge
 
-    transport, seed = rng.choice(TRANSPORTS), rng.getrandbits(32)
+    chosen, seed = rng.choice(TRANSPORTS), rng.getrandbits(32)
+    transport = transport or chosen
     victim = rng.randrange(hosts) if victim is None else victim
     with NetnsCluster(hosts, 1, master_port=29500 + rng.randrange(1000)) as cluster:
         job = start_job(hosts, transport, seed, env=_ENV, cluster=cluster)

@@ -142,7 +142,9 @@ def finish(job: Job, timeout: float, stop_after: float | None = None) -> list[di
         report: dict = {"exit": p.returncode, "hung": hung}
         for line in (out or "").splitlines():
             if line.startswith("REPORT "):
-                report.update(json.loads(line[7:]))
+                # raw_decode: another thread's output (a gRPC log line on stderr, which shares
+                # the pipe) may have landed right after the report, on the same line.
+                report.update(json.JSONDecoder().raw_decode(line[7:])[0])
         reports.append(report)
     job.ports.close()
     return reports
