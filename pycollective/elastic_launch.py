@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import subprocess
 import threading
 import time
@@ -35,6 +36,8 @@ from pycollective.rendezvous.elastic import ENV_STORE
 STORE_MODULE = "pycollective.elastic_store"
 
 _POLL_S = 0.05
+#: how long the rendezvous store may take to start and print its address
+_STORE_START_S = 30.0
 
 
 def launch_elastic(
@@ -99,11 +102,14 @@ class _StoreProcess:
             preexec_fn=_die_with_parent(os.getpid()),
         )
         assert self._process.stdout is not None
-        first = self._process.stdout.readline().split()
+        # Bounded: a store that never says where it listens must not hang the launcher.
+        ready, _, _ = select.select([self._process.stdout], [], [], _STORE_START_S)
+        first = self._process.stdout.readline().split() if ready else []
         if len(first) != 2 or first[0] != "address":
             self._process.kill()
             raise RuntimeError(
-                f"the elastic rendezvous store did not start (exit code {self._process.wait()})"
+                f"the elastic rendezvous store did not say where it listens within "
+                f"{_STORE_START_S:g} s (exit code {self._process.wait()})"
             )
         self.address = first[1]
         self.rounds = 0
