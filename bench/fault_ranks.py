@@ -17,6 +17,7 @@ Used by the fault soak (bench/fault_soak.py) and its short version in CI
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import random
@@ -136,10 +137,11 @@ def finish(job: Job, timeout: float, stop_after: float | None = None) -> list[di
             out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             hung = True
-            os.killpg(p.pid, signal.SIGKILL)
-            out, _ = p.communicate()
+            out = _stacks_then_kill(p)
         job.logs.append(out or "")
         report: dict = {"exit": p.returncode, "hung": hung}
+        if hung:
+            report["output_tail"] = (out or "")[-4000:]  # the stacks it was asked for, last
         for line in (out or "").splitlines():
             if line.startswith("REPORT "):
                 # raw_decode: another thread's output (a gRPC log line on stderr, which shares
@@ -148,6 +150,19 @@ def finish(job: Job, timeout: float, stop_after: float | None = None) -> list[di
         reports.append(report)
     job.ports.close()
     return reports
+
+
+def _stacks_then_kill(p: subprocess.Popen) -> str:
+    """Asks a hung rank for every thread's Python stack (faulthandler, on SIGUSR2), so the log
+    says where it waited, then kills its process group; returns its whole output."""
+    try:
+        os.kill(p.pid, signal.SIGUSR2)
+        out, _ = p.communicate(timeout=2.0)
+        return out or ""  # it exited on its own meanwhile
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return out or ""
 
 
 # -- the rank side ------------------------------------------------------------------------------
@@ -186,6 +201,9 @@ def _rank_main(seed: int) -> int:
 
     stop = []
     signal.signal(signal.SIGUSR1, lambda *_: stop.append(True))
+    # The harness asks a rank it found hung where each thread waits (written by the signal
+    # handler in C, so it answers while the main thread is blocked in a native call).
+    faulthandler.register(signal.SIGUSR2, file=sys.stdout, all_threads=True)
     pc.init()  # PYCOLLECTIVE_TIMEOUT, set by the harness
     rank, world = pc.rank(), pc.world_size()
     print("READY", flush=True)

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from pycollective import config
+
 from . import fault_network
 from .fault_fuzz import fuzz_control_plane
 from .fault_ranks import TRANSPORTS, finish, hurt, start_job
@@ -58,17 +60,27 @@ def kill_round(rng: random.Random) -> dict:
     return _judge("kill", world, transport, victim, at, reports, survive=False)
 
 
-def stop_round(rng: random.Random, past_timeout: bool, victim: int | None = None) -> dict:
+def stop_round(
+    rng: random.Random,
+    past_timeout: bool,
+    victim: int | None = None,
+    heartbeat_timeout: float | None = HEARTBEAT_TIMEOUT_S,
+) -> dict:
     """One SIGSTOP/SIGCONT round of ``victim`` (None: a random rank; rank 0 hosts the
     coordination service): 0.3 x the heartbeat timeout (the job must go on), or
-    ``STOPPED_PAST_S`` (the others must raise within 10 s of the stop)."""
+    ``STOPPED_PAST_S`` (the others must raise within 10 s of the stop). ``heartbeat_timeout``
+    None runs the ranks with the library's default (PYCOLLECTIVE_HEARTBEAT_TIMEOUT unset)."""
     world, transport = rng.choice((3, 4)), rng.choice(TRANSPORTS)
     seed = rng.getrandbits(32)
     victim = rng.randrange(world) if victim is None else victim
-    env = {"PYCOLLECTIVE_TIMEOUT": "60", "PYCOLLECTIVE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)}
+    env = {"PYCOLLECTIVE_TIMEOUT": "60"}
+    if heartbeat_timeout is not None:
+        env["PYCOLLECTIVE_HEARTBEAT_TIMEOUT"] = str(heartbeat_timeout)
+    else:
+        heartbeat_timeout = float(config.knob("PYCOLLECTIVE_HEARTBEAT_TIMEOUT").default)
     job = start_job(world, transport, seed, env=env)
     time.sleep(rng.uniform(0.05, 1.0))
-    stopped = STOPPED_PAST_S if past_timeout else HEARTBEAT_TIMEOUT_S * 0.3
+    stopped = STOPPED_PAST_S if past_timeout else heartbeat_timeout * 0.3
     at = hurt(job, victim, "stop", stopped_s=stopped)
     # Within the timeout the job goes on: let it run a little more, then stop it cleanly.
     reports = finish(job, timeout=HANG_AFTER_S, stop_after=None if past_timeout else 1.0)
@@ -92,7 +104,10 @@ def _judge(
         problems.append(f"{wrong} wrong results accepted")
     for rank, r in enumerate(reports):
         if r["hung"]:
-            problems.append(f"rank {rank} hung (killed after {HANG_AFTER_S:g} s)")
+            problems.append(
+                f"rank {rank} hung (killed after {HANG_AFTER_S:g} s); its last output, where "
+                f"each thread waited: {r.get('output_tail', '')}"
+            )
             continue
         if rank == victim and how == "kill":
             continue
@@ -168,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         help="partition rounds (half short, half past the timeout) and one loss/delay round; "
         "root only, skipped with the reason elsewhere",
     )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=HEARTBEAT_TIMEOUT_S,
+        help="PYCOLLECTIVE_HEARTBEAT_TIMEOUT of the stop rounds' ranks; 0: the library's "
+        "default (unset)",
+    )
     parser.add_argument("--fuzz-inputs", type=int, default=100_000)
     parser.add_argument("--native-fuzz", metavar="TEST_TCP", default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -181,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kill {i + 1}/{args.kill_rounds}: {json.dumps(kills[-1])}", flush=True)
     stops = []
     for i in range(args.stop_rounds):
-        stops.append(stop_round(rng, past_timeout=i % 2 == 1))
+        stops.append(
+            stop_round(
+                rng, past_timeout=i % 2 == 1, heartbeat_timeout=args.heartbeat_timeout or None
+            )
+        )
         print(f"stop {i + 1}/{args.stop_rounds}: {json.dumps(stops[-1])}", flush=True)
     network = []
     why_not = fault_network.skip_reason()

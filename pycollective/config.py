@@ -106,6 +106,13 @@ def default_timeout() -> float:
     return env_float("PYCOLLECTIVE_TIMEOUT", 300.0)
 
 
+def heartbeat_timeout() -> float:
+    """Seconds of silence after which a rank (or, seen from a rank, the coordinator) counts as
+    frozen or cut off. The default lives in the knob table alone: the fault suite promises that
+    survivors raise within 10 s, and detection takes up to about 2 s past this window."""
+    return float(get("PYCOLLECTIVE_HEARTBEAT_TIMEOUT"))  # type: ignore[arg-type]
+
+
 def unknown_variables() -> list[str]:
     """PYCOLLECTIVE_* variables set in the environment that the table lacks (typos)."""
     return sorted(n for n in os.environ if n.startswith("PYCOLLECTIVE_") and n not in _BY_NAME)

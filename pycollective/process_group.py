@@ -622,7 +622,7 @@ class _World:
                 spec,
                 endpoints,
                 connect_timeout,
-                heartbeat_timeout=env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0),
+                heartbeat_timeout=config.heartbeat_timeout(),
                 announce=announce,
             )
             try:

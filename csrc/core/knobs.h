@@ -53,8 +53,9 @@ namespace knobs {
   X(kLinkGbits, "PYCOLLECTIVE_LINK_GBITS", "float", "",                                           \
     "Each host's network link, Gbit/s each way, as algo='auto' models it (the host's ranks "      \
     "share it). Unset: the host link measured into PYCOLLECTIVE_TUNING, else the tcp default.")   \
-  X(kHeartbeatTimeout, "PYCOLLECTIVE_HEARTBEAT_TIMEOUT", "float", "10",                           \
-    "Seconds without a heartbeat after which a rank counts as frozen.")                           \
+  X(kHeartbeatTimeout, "PYCOLLECTIVE_HEARTBEAT_TIMEOUT", "float", "6",                            \
+    "Seconds without a heartbeat after which a rank counts as frozen (a freeze or a partition "   \
+    "is reported within about this plus 2 s).")                                                   \
   X(kConnectTimeout, "PYCOLLECTIVE_CONNECT_TIMEOUT", "float", "60",                               \
     "Seconds a rank waits for the group to form.")                                                \
   X(kElasticStore, "PYCOLLECTIVE_ELASTIC_STORE", "str", "",                                       \

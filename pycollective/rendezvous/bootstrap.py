@@ -15,7 +15,7 @@ def rendezvous(
     spec: ClusterSpec,
     endpoints: dict[str, str],
     timeout: float,
-    heartbeat_timeout: float = 10.0,
+    heartbeat_timeout: float | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> tuple[CoordinationClient, list[PeerInfo], CoordinationService | None]:
     """Starts the coordinator on rank 0, then registers this rank and returns the peers.
@@ -28,7 +28,7 @@ def rendezvous(
         endpoints: This rank's data-plane endpoints by transport name.
         timeout: Seconds to wait for the coordinator and for every rank.
         heartbeat_timeout: Seconds of silence after which the service
-            declares a rank failed (rank 0 only).
+            declares a rank failed (rank 0 only; None: PYCOLLECTIVE_HEARTBEAT_TIMEOUT).
         announce: Rank 0 only: called with the service's ``host:port`` once it listens,
             before waiting for the others (how a launcher's own store passes the address on).
 

@@ -411,7 +411,7 @@ class CoordinationClient:
 
     def _heartbeat(self, interval: float, unreachable_after: float | None) -> None:
         if unreachable_after is None:
-            unreachable_after = config.env_float("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", 10.0)
+            unreachable_after = config.heartbeat_timeout()
         # Counted from the last answer, not the first failure: a frozen or cut-off coordinator
         # lets each call run to its deadline, and the group must learn within the window.
         last_answer = time.monotonic()

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from pycollective import config
+
 from . import coordination_pb2 as pb
 from . import coordination_pb2_grpc as pb_grpc
 from . import tls
@@ -55,7 +57,8 @@ class CoordinationService:
             (pycollective/rendezvous/tls.py).
         port: Port to bind; 0 lets the OS choose.
         heartbeat_timeout: A rank whose abort watch is open and that is then
-            silent this many seconds is declared failed and the group aborted.
+            silent this many seconds is declared failed and the group aborted (None:
+            PYCOLLECTIVE_HEARTBEAT_TIMEOUT).
     """
 
     def __init__(
@@ -64,12 +67,14 @@ class CoordinationService:
         token: str,
         host: str = "127.0.0.1",
         port: int = 0,
-        heartbeat_timeout: float = 10.0,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not token:
             raise ValueError("the coordination service needs a non-empty token")
+        if heartbeat_timeout is None:
+            heartbeat_timeout = config.heartbeat_timeout()
         if heartbeat_timeout <= 0:
             raise ValueError(f"heartbeat_timeout must be > 0, got {heartbeat_timeout}")
         self.world_size = world_size
