@@ -20,6 +20,7 @@ import subprocess
 import time
 
 from .fault_ranks import finish, start_job
+from .impaired_link import ImpairedLinks
 from .netns_cluster import ClusterError, NetnsCluster, check_can_build
 
 HEARTBEAT_TIMEOUT_S = 3.0
@@ -80,19 +81,32 @@ def partition_round(
     return _judge(how, hosts, transport, victim, at, reports, survive=not past_timeout)
 
 
-def loss_delay_round(rng: random.Random, netem: str = "loss 2% delay 20ms", hosts: int = 3) -> dict:
-    """Runs a job for 5 s over links with ``netem``; it must go on with every result right.
-    Returns the judged round, or {"skipped": reason} where netem is missing."""
+def loss_delay_round(
+    rng: random.Random, loss: float = 0.02, delay_s: float = 0.02, hosts: int = 3
+) -> dict:
+    """Runs a job for 5 s while every host's outgoing packets are dropped with probability
+    ``loss`` and the rest delayed ``delay_s``: by ``tc netem`` on each host's eth0, or, on a
+    kernel without sch_netem, by a relay in user space (bench/impaired_link.py). The job must
+    go on with every result right. Returns the judged round ("by" says which did it)."""
     from .fault_soak import _judge
 
     transport, seed = rng.choice(TRANSPORTS), rng.getrandbits(32)
+    how = f"loss {loss:.0%} delay {delay_s * 1e3:g}ms"
     with NetnsCluster(hosts, 1, master_port=29500 + rng.randrange(1000)) as cluster:
-        missing = netem_missing(cluster)
-        if missing:
-            return {"fault": f"netem {netem}", "skipped": missing, "problems": []}
+        by = "netem" if not netem_missing(cluster) else "user-space relay (no sch_netem here)"
         job = start_job(hosts, transport, seed, env=_ENV, cluster=cluster)
         at = time.monotonic()
-        for h in range(hosts):
-            cluster.shape(h, "none", netem)
-        reports = finish(job, timeout=60, stop_after=5.0)
-    return _judge(f"netem {netem}", hosts, transport, -1, at, reports, survive=True)
+        if by == "netem":
+            for h in range(hosts):
+                cluster.shape(h, "none", f"loss {loss * 100:g}% delay {delay_s * 1e3:g}ms")
+            reports = finish(job, timeout=60, stop_after=5.0)
+            counts = None
+        else:
+            with ImpairedLinks(cluster, range(hosts), loss, delay_s, seed=seed) as links:
+                reports = finish(job, timeout=60, stop_after=5.0)
+            counts = links.counts
+    result = _judge(how, hosts, transport, -1, at, reports, survive=True)
+    result["by"] = by
+    if counts is not None:
+        result["frames"] = counts
+    return result

@@ -19,7 +19,8 @@ Parts:
 - control-plane fuzz (bench/fault_fuzz.py): malformed, truncated, oversized and replayed
   requests, with and without the token; none without it may be accepted or change the group.
 - network rounds (bench/fault_network.py; root): a host cut off past the heartbeat timeout or
-  for a moment, and packet loss and delay where the kernel has netem.
+  for a moment; and packet loss and delay on every host's link (netem, or
+  bench/impaired_link.py's relay where the kernel lacks it).
 - data-plane fuzz: the native fuzzer of tcp frames and encrypted records
   (tests/native/test_tcp.cc), when ``--native-fuzz`` names its binary (an ASan build:
   .ci/native_tests.sh), with ``--fuzz-inputs`` frames.
@@ -180,8 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         "--network-rounds",
         type=int,
         default=10,
-        help="partition rounds (half short, half past the timeout) and one loss/delay round; "
-        "root only, skipped with the reason elsewhere",
+        help="partition rounds (half short, half past the timeout); root only, skipped with "
+        "the reason elsewhere",
+    )
+    parser.add_argument(
+        "--loss-rounds",
+        type=int,
+        default=3,
+        help="rounds with 2%% packet loss and 20 ms delay on every host's link (netem, or a "
+        "user-space relay where the kernel lacks it); root only, like --network-rounds",
     )
     parser.add_argument(
         "--heartbeat-timeout",
@@ -209,20 +217,24 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print(f"stop {i + 1}/{args.stop_rounds}: {json.dumps(stops[-1])}", flush=True)
-    network = []
+    network: list[dict] = []
+    losses: list[dict] = []
     why_not = fault_network.skip_reason()
-    if args.network_rounds and why_not:
+    if (args.network_rounds or args.loss_rounds) and why_not:
         result["network"] = {"skipped": why_not}
-    elif args.network_rounds:
+    else:
         for i in range(args.network_rounds):
             network.append(fault_network.partition_round(rng, past_timeout=i % 2 == 1))
             print(f"network {i + 1}/{args.network_rounds}: {json.dumps(network[-1])}", flush=True)
-        loss = fault_network.loss_delay_round(rng)
-        print(f"loss/delay: {json.dumps(loss)}", flush=True)
-        result["network"] = summarize(network)
-        result["loss/delay"] = loss if "skipped" in loss else summarize([loss])
-        if "skipped" not in loss:
-            network.append(loss)
+        for i in range(args.loss_rounds):
+            losses.append(fault_network.loss_delay_round(rng))
+            print(f"loss/delay {i + 1}/{args.loss_rounds}: {json.dumps(losses[-1])}", flush=True)
+        if network:
+            result["network"] = summarize(network)
+        if losses:
+            result["loss/delay"] = summarize(losses)
+            result["loss/delay"]["by"] = losses[0]["by"]
+        network += losses
     result["kill"] = summarize(kills)
     result["stop"] = summarize(stops)
     if args.fuzz_inputs:
