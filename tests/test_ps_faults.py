@@ -45,6 +45,17 @@ from pycollective.strategies.parameter_server import UnavailableError
 TOKEN = "faults-token"
 HERE = os.path.dirname(os.path.abspath(__file__))
 _STARTUP_S = 30.0
+_TASK_MODULE = "pycollective.strategies.parameter_server"
+# Dies with the test process (PR_SET_PDEATHSIG = 1), then runs the task module.
+_DIE_WITH_PARENT_THEN_RUN = (
+    "import ctypes, os, runpy, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "del sys.path[0]\n"
+    "sys.argv = [sys.argv[2]]\n"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+)
 
 
 class Task:
@@ -68,12 +79,17 @@ class Task:
             }
         )
         self.job, self.index = job, index
+        if sys.version_info >= (3, 11):
+            # No Python code between fork and exec: a task restarted while this process runs
+            # the coordinator's threads must not run preexec_fn in a child forked from them
+            # (seen: a segfault in threading._after_fork). The child dies with this process.
+            spawn = {"process_group": 0}
+            argv = [sys.executable, "-c", _DIE_WITH_PARENT_THEN_RUN, str(os.getpid()), _TASK_MODULE]
+        else:
+            spawn = {"preexec_fn": own_process_group(then=_die_with_parent(os.getpid()))}
+            argv = [sys.executable, "-m", _TASK_MODULE]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pycollective.strategies.parameter_server"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            preexec_fn=own_process_group(then=_die_with_parent(os.getpid())),
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **spawn
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
