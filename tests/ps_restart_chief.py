@@ -21,6 +21,7 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 )
 import train_digits  # noqa: E402
+from cluster_tasks import task_pid  # noqa: E402
 from train_digits import SoftmaxRegression, load_data, softmax_cross_entropy  # noqa: E402
 
 from pycollective.strategies import (  # noqa: E402
@@ -40,28 +41,6 @@ except ImportError:  # pragma: no cover - the test skips without cloudpickle
     pass
 
 BATCH, LR, MOMENTUM = 32, 0.2, 0.9
-
-
-def task_pid(job: str, index: int) -> int | None:
-    """The pid of a ps or worker task that ``pycollective run`` (this process's parent)
-    started, found by its TF_CONFIG in /proc (Linux)."""
-    launcher = os.getppid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) != launcher:
-                    continue
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        for item in environ:
-            if item.startswith(b"TF_CONFIG="):
-                if json.loads(item[len(b"TF_CONFIG=") :])["task"] == {"type": job, "index": index}:
-                    return int(name)
-    return None
 
 
 def accuracy_and_loss(w, b, x, y):
