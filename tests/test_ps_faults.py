@@ -398,3 +398,76 @@ def test_checkpointing_gives_up_naming_the_ps_that_does_not_come_back(tasks, tmp
             rv.fetch()
     assert coordinator.recoveries == []
     coordinator.close()
+
+
+@pytest.mark.timeout(60)
+def test_checkpoints_are_consistent_cuts(tasks, tmp_path):
+    """Every checkpoint is taken while no function runs: its variables, slots and iterations
+    agree (without the pause they would be read while pushes land between them)."""
+    ps = [tasks("ps", 0), tasks("ps", 1)]
+    workers = [tasks("worker", 0), tasks("worker", 1)]
+    strategy = make_strategy(
+        ps, workers, variable_partitioner=FixedShardsPartitioner(2), rpc_timeout=5
+    )
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros((6, 2), np.float32), name="v")
+        opt = SGD(0.1, momentum=0.9)
+    coordinator.enable_checkpointing(
+        Checkpoint(v=v, optimizer=opt),
+        str(tmp_path),
+        every_functions=5,
+        every_seconds=0.2,
+        keep=1000,
+    )
+    for _ in range(40):
+        coordinator.schedule(slow_ones_step, args=(v, opt))
+    coordinator.join()
+    wait_until(  # the checkpoint after the last function may still be written
+        lambda: (
+            coordinator.latest_checkpoint
+            and int(np.load(coordinator.latest_checkpoint)["optimizer/iterations"]) == 40
+        ),
+        20,
+        "the last checkpoint",
+    )
+    files = sorted(os.listdir(tmp_path), key=lambda n: int(n[len("ckpt-") : -len(".npz")]))
+    counts = []
+    for name in files:
+        with np.load(tmp_path / name) as saved:
+            iterations = int(saved["optimizer/iterations"])
+            expected, velocity = momentum_steps(np.zeros((6, 2)), np.zeros((6, 2)), iterations)
+            np.testing.assert_allclose(saved["v"], expected, rtol=1e-5, err_msg=name)
+            np.testing.assert_allclose(
+                saved["optimizer/slots/v/momentum"], velocity, rtol=1e-5, err_msg=name
+            )
+            counts.append(iterations)
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == 40, counts
+    # At most every 5 finished functions, plus the one still running on the other worker when
+    # the checkpoint became due; every_seconds adds some in between.
+    assert max(b - a for a, b in zip(counts, counts[1:])) <= 6, counts
+    coordinator.close()
+
+
+@pytest.mark.timeout(60)
+def test_checkpointing_gives_up_when_a_ps_fails_before_the_first_checkpoint(tasks, tmp_path):
+    ps = [tasks("ps", 0), tasks("ps", 1)]
+    workers = [tasks("worker", 0)]
+    strategy = make_strategy(ps, workers, rpc_timeout=2, closure_timeout=20)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        a = Variable(np.zeros(4, np.float32), name="a")  # on ps 0
+        b = Variable(np.zeros(4, np.float32), name="b")  # on ps 1
+        opt = SGD(0.1)
+    coordinator.schedule(ones_step, args=(b, opt))
+    coordinator.join()
+    ps[1].kill()
+    coordinator.enable_checkpointing(
+        Checkpoint(a=a, b=b, optimizer=opt), str(tmp_path), restart_timeout=5
+    )
+    coordinator.schedule(ones_step, args=(b, opt))  # the first checkpoint fails
+    with pytest.raises(UnavailableError, match="before the first checkpoint") as info:
+        coordinator.join()
+    assert info.value.task == "/job:ps/replica:0/task:1"
+    assert coordinator.latest_checkpoint is None
+    coordinator.close()

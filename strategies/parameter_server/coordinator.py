@@ -428,7 +428,7 @@ class ClusterCoordinator:
         }
         try:
             body, tensors = wire.dumps((meta, closure.fn, closure.args, closure.kwargs), hook)
-        except _Refused:
+        except (_Refused, UnavailableError):  # a ps task did not take the optimizer
             raise
         except Exception as exc:
             raise TypeError(
