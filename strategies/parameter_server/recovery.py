@@ -63,7 +63,8 @@ class PSRecovery:
         checkpoint: the checkpoint restored on every ps task.
         restarted: the ps tasks that came back as new processes (a new incarnation).
         replayed: functions run again: finished since the checkpoint, or interrupted.
-        seconds: from the failure until functions were handed out again.
+        seconds: from when the coordinator noticed the failure until every ps task held the
+            checkpoint again (waiting for the restarted task included).
     """
 
     task: str | None
