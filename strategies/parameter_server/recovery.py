@@ -337,6 +337,7 @@ class Checkpointing(threading.Thread):
             if coordinator._error is None:
                 coordinator._error = error
             self._lost, self._interrupted = None, 0
-            self._save_due = self.hold = False
+            # Functions scheduled from now on start with a checkpoint if there is none yet.
+            self._save_due = self.hold = self.latest is None
             coordinator._cond.notify_all()
         logger.error("%s", error)
