@@ -5,6 +5,11 @@ variables and the optimizer state, workers compute gradients, this program coord
     pycollective run --ps 2 --workers 2 python examples/ps_train_digits.py
     pycollective run --ps 2 --workers 2 python examples/ps_train_digits.py --update-mode sync
 
+    # checkpointing on: a ps task that dies is restarted by the launcher and restored by the
+    # coordinator from the last checkpoint; the training goes on (async only)
+    pycollective run --ps 2 --workers 2 --max-restarts 3 python examples/ps_train_digits.py \
+        --checkpoint-dir /tmp/ps_ckpt
+
     # no cluster (no TF_CONFIG): one machine, variables in host memory, local replicas
     python examples/ps_train_digits.py --replicas 2
 
@@ -33,6 +38,7 @@ from train_digits import MLP, SoftmaxRegression, load_data, softmax_cross_entrop
 from pycollective.strategies import (
     SGD,
     Adam,
+    Checkpoint,
     ClusterCoordinator,
     FixedShardsPartitioner,
     ParameterServerStrategy,
@@ -73,6 +79,12 @@ def train_cluster(strategy, args, train, test) -> float:
     (x_train, y_train), (x_test, y_test) = train, test
     with strategy.scope():
         model, optimizer = build(args, x_train.shape[1])
+    if args.checkpoint_dir:
+        coordinator.enable_checkpointing(
+            Checkpoint(model=model, optimizer=optimizer),
+            args.checkpoint_dir,
+            every_functions=args.checkpoint_every,
+        )
     batch_size, seed = args.batch_size, args.seed
 
     def dataset_fn(input_context):
@@ -117,6 +129,12 @@ def train_cluster(strategy, args, train, test) -> float:
             f"epoch {epoch:3d}  train loss {train_loss:.4f}  test loss {test_loss:.4f}  "
             f"test accuracy {accuracy:.4f}  ({steps / elapsed:.0f} steps/s, "
             f"{int(optimizer.iterations.read_value())} updates)",
+            flush=True,
+        )
+    for recovery in coordinator.recoveries:
+        print(
+            f"recovered from the loss of {recovery.task}: restored {recovery.checkpoint}, "
+            f"{recovery.replayed} step(s) run again, {recovery.seconds:.2f} s",
             flush=True,
         )
     coordinator.close()
@@ -183,6 +201,15 @@ def main(argv=None) -> float:
         "--replicas", type=int, default=2, help="local replicas when there is no cluster"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="cluster, async: checkpoint there and recover from a lost ps task "
+        "(ClusterCoordinator.enable_checkpointing)",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=50, help="steps between checkpoints"
+    )
     args = parser.parse_args(argv)
     partitioner = FixedShardsPartitioner(args.shards) if args.shards > 1 else None
     strategy = ParameterServerStrategy(

@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="elastic job: start a replacement for up to N failed processes in all; each "
-        "joins the re-formed group (default 0; implies an elastic job)",
+        "joins the re-formed group (default 0; implies an elastic job). With --ps/--workers: "
+        "restart a ps or worker task that exits, on its address, up to N times in all",
     )
     parser.add_argument(
         "--rdzv-last-call",
@@ -159,6 +160,7 @@ def main(args: argparse.Namespace) -> int:
             command,
             args.ps,
             args.workers,
+            max_restarts=args.max_restarts,
             timeout=args.timeout,
             tag_output=args.tag_output,
             grace=args.grace,
@@ -553,6 +555,7 @@ def launch_ps_cluster(
     num_ps: int,
     num_workers: int,
     *,
+    max_restarts: int = 0,
     timeout: float | None = None,
     tag_output: bool = True,
     grace: float = 5.0,
@@ -560,7 +563,10 @@ def launch_ps_cluster(
     """Starts ``num_ps`` ps and ``num_workers`` worker tasks (``python -m
     pycollective.strategies.parameter_server``) and ``command`` as the chief; stops every task
     when the chief exits and returns the chief's exit code. A ps or worker task that exits is
-    reported, not fatal: the chief decides (a worker may be restarted by hand)."""
+    reported, not fatal: the chief decides. While ``max_restarts`` (in all) are left, the
+    task is started again on its address, with the same TF_CONFIG: a worker rejoins, and a ps
+    task comes back empty (the coordinator restores it from a checkpoint: see
+    ClusterCoordinator.enable_checkpointing)."""
     group = _RankGroup(tag_output=tag_output, grace=grace)
     reserved = PortReservation(1 + num_ps + num_workers)  # until the cluster is gone
     with reserved, _supervision(group) as received:
@@ -580,7 +586,8 @@ def launch_ps_cluster(
             return 127
         chief = group.ranks[-1]
         deadline = None if timeout is None else time.monotonic() + timeout
-        reported: set[int] = set()
+        reported: set[int] = set()  # id() of the exited task processes already handled
+        restarts_left = max_restarts
         while True:
             if received:
                 signum = received[0]
@@ -588,12 +595,29 @@ def launch_ps_cluster(
                 group.stop_all(first_signal=signum, interrupts=received)
                 return 128 + signum
             for entry in group.poll():
-                if entry is not chief and entry.rank not in reported:
-                    reported.add(entry.rank)
+                if entry is chief or id(entry) in reported:
+                    continue
+                reported.add(id(entry))
+                what, _ = _describe_exit(entry.returncode or 0)
+                if restarts_left > 0 and chief.returncode is None:
+                    restarts_left -= 1
+                    env = tasks[entry.rank][2]
+                    try:
+                        group.start(
+                            entry.rank,
+                            python_module_command(PS_TASK_MODULE),
+                            env,
+                            label=labels[entry.rank],
+                        )
+                    except OSError as exc:
+                        _say(f"cannot restart {labels[entry.rank]}: {exc}")
+                        continue
                     _say(
-                        f"{labels[entry.rank]} exited with code {entry.returncode}; the "
-                        "chief continues"
+                        f"{labels[entry.rank]} {what}; restarted it on its address "
+                        f"({restarts_left} restart(s) left)"
                     )
+                else:
+                    _say(f"{labels[entry.rank]} {what}; the chief continues")
             if chief.returncode is not None:
                 group.stop_all(interrupts=received)
                 code = chief.returncode

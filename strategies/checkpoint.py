@@ -198,6 +198,57 @@ def latest_checkpoint(checkpoint_dir: str, prefix: str = "") -> str | None:
     return best[1] if best else None
 
 
+class NumberedCheckpoints:
+    """Numbered checkpoints ``<directory>/<prefix>-<n>.npz`` of one Checkpoint: the file of a
+    number, the numbers on disk, saving one and pruning the oldest beyond ``keep``. Shared by
+    the fault-tolerance handlers (fault_tolerance.py) and the ClusterCoordinator's periodic
+    checkpoints (parameter_server/recovery.py)."""
+
+    def __init__(self, checkpoint: Checkpoint, directory: str, prefix: str, keep: int) -> None:
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"expected a pycollective.strategies.Checkpoint, got {type(checkpoint).__name__}"
+            )
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 checkpoint, got {keep}")
+        _check_key(prefix)
+        self.checkpoint = checkpoint
+        self.directory = os.fspath(directory)
+        self.prefix = prefix
+        self.keep = keep
+        self._pattern = re.compile(re.escape(prefix) + r"-(\d+)\.npz$")
+
+    def strategy(self) -> Any:
+        """The strategy of the tracked variables."""
+        variables, _ = self.checkpoint._track()
+        if not variables:
+            raise ValueError("the checkpoint tracks no variables: nothing to back up")
+        return next(iter(variables.values())).distribute_strategy
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, f"{self.prefix}-{step}.npz")
+
+    def steps_on_disk(self) -> list[int]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := self._pattern.match(n)))
+
+    def save(self, step: int) -> str:
+        """Writes checkpoint ``step`` (atomically), then removes all but the ``keep`` newest.
+        In a multi-worker job every worker calls it (values may be collectives); the chief
+        writes and prunes."""
+        path = self.checkpoint.write(self.path(step))
+        if self.strategy().extended.should_checkpoint:
+            for old in self.steps_on_disk()[: -self.keep]:
+                try:
+                    os.unlink(self.path(old))
+                except FileNotFoundError:
+                    pass
+        return path
+
+
 # Helpers -------------------------------------------------------------------------------------------
 
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), np.ndarray, np.generic)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -34,7 +33,7 @@ import numpy as np
 import pycollective as pc
 from pycollective.rendezvous import RendezvousError
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, NumberedCheckpoints
 from .collective_slots import ReplicaFailed
 
 logger = logging.getLogger("pycollective.strategies")
@@ -63,50 +62,10 @@ class Recovery:
     error: str
 
 
-class _Backups:
-    """Numbered checkpoints ``<directory>/<prefix>-<step>.npz`` of one Checkpoint: save, find the
-    newest (the chief's choice, broadcast so that every worker restores the same one), restore,
-    and re-form the group after a failure."""
-
-    def __init__(self, checkpoint: Checkpoint, directory: str, prefix: str, keep: int) -> None:
-        if not isinstance(checkpoint, Checkpoint):
-            raise TypeError(
-                f"expected a pycollective.strategies.Checkpoint, got {type(checkpoint).__name__}"
-            )
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1 checkpoint, got {keep}")
-        self.checkpoint = checkpoint
-        self.directory = os.fspath(directory)
-        self.prefix = prefix
-        self.keep = keep
-        self._pattern = re.compile(re.escape(prefix) + r"-(\d+)\.npz$")
-
-    def strategy(self) -> Any:
-        variables, _ = self.checkpoint._track()
-        if not variables:
-            raise ValueError("the checkpoint tracks no variables: nothing to back up")
-        return next(iter(variables.values())).distribute_strategy
-
-    def path(self, step: int) -> str:
-        return os.path.join(self.directory, f"{self.prefix}-{step}.npz")
-
-    def steps_on_disk(self) -> list[int]:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
-        return sorted(int(m.group(1)) for n in names if (m := self._pattern.match(n)))
-
-    def save(self, step: int) -> str:
-        """Every worker calls it (values may be collectives); the chief writes, then prunes."""
-        path = self.checkpoint.write(self.path(step))
-        if self.strategy().extended.should_checkpoint:
-            for old in self.steps_on_disk()[: -self.keep]:
-                try:
-                    os.unlink(self.path(old))
-                except FileNotFoundError:
-                    pass
-        return path
+class _Backups(NumberedCheckpoints):
+    """Numbered checkpoints of one Checkpoint (NumberedCheckpoints), plus what recovering a
+    synchronous group needs: the newest one chosen by the chief (broadcast so that every worker
+    restores the same one), and re-forming the group after a failure."""
 
     def restore_newest(self) -> tuple[int, str | None]:
         """Restores the newest checkpoint the chief sees; (its step, its path), or (-1, None)."""

@@ -5,7 +5,11 @@ pycollective.strategies.parameter_server``, each on an OS-chosen port it reports
   finishes; the worker restarted on its address rejoins (its per-worker iterator is made anew);
 - a ps task killed: the coordinator raises UnavailableError naming the task within the RPC
   deadline; after the task is back, training resumes from the last checkpoint without losing a
-  checkpointed update.
+  checkpointed update;
+- the same with checkpointing on (ClusterCoordinator.enable_checkpointing): the coordinator
+  waits for the restarted task, restores the last checkpoint on every ps task and runs the
+  functions since then again, without an error; it gives up, naming the task, when the task
+  does not come back. (test_ps_restart.py: the launcher restarts the task, digits converge.)
 
 The functions scheduled here are module-level functions of this file: the workers import them
 (tests/ is on their PYTHONPATH), which is how a program without cloudpickle works too.
@@ -41,6 +45,17 @@ from pycollective.strategies.parameter_server import UnavailableError
 TOKEN = "faults-token"
 HERE = os.path.dirname(os.path.abspath(__file__))
 _STARTUP_S = 30.0
+_TASK_MODULE = "pycollective.strategies.parameter_server"
+# Dies with the test process (PR_SET_PDEATHSIG = 1), then runs the task module.
+_DIE_WITH_PARENT_THEN_RUN = (
+    "import ctypes, os, runpy, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "del sys.path[0]\n"
+    "sys.argv = [sys.argv[2]]\n"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+)
 
 
 class Task:
@@ -64,16 +79,22 @@ class Task:
             }
         )
         self.job, self.index = job, index
+        if sys.version_info >= (3, 11):
+            # No Python code between fork and exec: a task restarted while this process runs
+            # the coordinator's threads must not run preexec_fn in a child forked from them
+            # (seen: a segfault in threading._after_fork). The child dies with this process.
+            spawn = {"process_group": 0}
+            argv = [sys.executable, "-c", _DIE_WITH_PARENT_THEN_RUN, str(os.getpid()), _TASK_MODULE]
+        else:
+            spawn = {"preexec_fn": own_process_group(then=_die_with_parent(os.getpid()))}
+            argv = [sys.executable, "-m", _TASK_MODULE]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pycollective.strategies.parameter_server"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            preexec_fn=own_process_group(then=_die_with_parent(os.getpid())),
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **spawn
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         self.address = self._wait_address()
 
     def _read(self) -> None:
@@ -94,6 +115,7 @@ class Task:
             if " serving on " in line:
                 return line.rsplit(" ", 1)[-1]
         self.kill()
+        self._reader.join(timeout=5)  # the output of a task that exited at once
         raise AssertionError(f"{self.job} {self.index} did not start:\n" + "\n".join(self.log))
 
     def kill(self) -> None:
@@ -146,6 +168,12 @@ def ones_dataset():
 def slow_step(var, optimizer, iterator):
     time.sleep(0.04)
     optimizer.apply_gradients([(next(iterator), var)])
+    return os.getpid()
+
+
+def slow_ones_step(var, optimizer):
+    time.sleep(0.02)
+    optimizer.apply_gradients([(np.ones(var.shape, np.float32), var)])
     return os.getpid()
 
 
@@ -251,4 +279,195 @@ def test_killed_ps_raises_within_deadline_and_resumes_from_checkpoint(tasks, tmp
         expected = expected + momentum
     np.testing.assert_allclose(v.read_value(), expected, rtol=1e-6)
     assert int(opt.iterations.read_value()) == 9
+    coordinator.close()
+
+
+def momentum_steps(start, momentum, steps, lr=0.1, beta=0.9):
+    """numpy reference: ``steps`` SGD-with-momentum updates with a gradient of ones."""
+    value, velocity = start.astype(np.float64), momentum.astype(np.float64)
+    for _ in range(steps):
+        velocity = beta * velocity - lr
+        value = value + velocity
+    return value, velocity
+
+
+@pytest.mark.timeout(90)
+def test_checkpointing_restores_a_restarted_ps_and_loses_no_update(tasks, tmp_path):
+    ps = [tasks("ps", 0), tasks("ps", 1)]
+    workers = [tasks("worker", 0), tasks("worker", 1)]
+    strategy = make_strategy(
+        ps,
+        workers,
+        variable_partitioner=FixedShardsPartitioner(2),
+        rpc_timeout=3,
+        closure_timeout=30,
+    )
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros((6, 2), np.float32), name="v")  # a shard on each ps task
+        opt = SGD(0.1, momentum=0.9)
+    checkpoint = Checkpoint(v=v, optimizer=opt)
+    seen = []
+
+    def on_recovery(record):  # runs before any function runs again
+        with np.load(record.checkpoint) as saved:
+            seen.append(
+                {
+                    "record": record,
+                    "v": v.read_value(),
+                    "momentum": opt.get_slot(v, "momentum").read_value(),
+                    "iterations": int(opt.iterations.read_value()),
+                    "saved_v": saved["v"],
+                    "saved_momentum": saved["optimizer/slots/v/momentum"],
+                    "saved_iterations": int(saved["optimizer/iterations"]),
+                }
+            )
+
+    coordinator.enable_checkpointing(
+        checkpoint, str(tmp_path), every_functions=7, restart_timeout=30, on_recovery=on_recovery
+    )
+    steps, kill_after = 60, int(np.random.default_rng(17).integers(15, 35))
+    results = [coordinator.schedule(slow_ones_step, args=(v, opt)) for _ in range(steps)]
+    wait_until(lambda: sum(r._done for r in results) >= kill_after, 40, f"{kill_after} steps")
+    ps[1].kill()  # SIGKILL; the test restarts it, as pycollective run --max-restarts does
+    restarted = tasks("ps", 1, ps[1].address)
+    assert restarted.process.pid != ps[1].process.pid
+    coordinator.join()  # no error: the recovery is invisible here
+    assert all(isinstance(r.fetch(), np.integer) for r in results)
+
+    assert len(coordinator.recoveries) == 1, coordinator.recoveries
+    record = coordinator.recoveries[0]
+    assert record.task == "/job:ps/replica:0/task:1"
+    assert record.restarted == ("/job:ps/replica:0/task:1",)
+    assert record.replayed >= 1
+    (after,) = seen
+    # Right after the restore, every ps task holds exactly the checkpoint: no checkpointed update
+    # is lost, and the updates since were rolled back on the surviving task too.
+    np.testing.assert_array_equal(after["v"], after["saved_v"])
+    np.testing.assert_array_equal(after["momentum"], after["saved_momentum"])
+    assert after["iterations"] == after["saved_iterations"] >= 7
+    # The functions since the checkpoint ran again: every step applied exactly once.
+    assert int(opt.iterations.read_value()) == steps
+    expected, velocity = momentum_steps(np.zeros((6, 2)), np.zeros((6, 2)), steps)
+    np.testing.assert_allclose(v.read_value(), expected, rtol=1e-5)
+    np.testing.assert_allclose(opt.get_slot(v, "momentum").read_value(), velocity, rtol=1e-5)
+    latest = coordinator.latest_checkpoint
+    assert latest is not None and os.path.exists(latest)
+    assert len(os.listdir(tmp_path)) <= 2  # keep=2
+    coordinator.close()
+
+
+@pytest.mark.timeout(60)
+def test_checkpointing_gives_up_naming_the_ps_that_does_not_come_back(tasks, tmp_path):
+    ps = [tasks("ps", 0), tasks("ps", 1)]
+    workers = [tasks("worker", 0)]
+    rpc_timeout, restart_timeout = 2.0, 3.0
+    strategy = make_strategy(
+        ps,
+        workers,
+        variable_partitioner=FixedShardsPartitioner(2),
+        rpc_timeout=rpc_timeout,
+        closure_timeout=20,
+    )
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros((4, 2), np.float32), name="v")
+        opt = SGD(0.1)
+    coordinator.enable_checkpointing(
+        Checkpoint(v=v, optimizer=opt),
+        str(tmp_path),
+        every_functions=3,
+        restart_timeout=restart_timeout,
+    )
+    for _ in range(6):
+        coordinator.schedule(ones_step, args=(v, opt))
+    coordinator.join()
+    ps[1].kill()  # and nobody restarts it
+    start = time.monotonic()
+    waiting = [coordinator.schedule(ones_step, args=(v, opt)) for _ in range(4)]
+    with pytest.raises(UnavailableError, match="did not answer within 3 s") as info:
+        coordinator.join()
+    elapsed = time.monotonic() - start
+    assert info.value.task == "/job:ps/replica:0/task:1"
+    assert ps[1].address in str(info.value)
+    assert "--max-restarts" in str(info.value)
+    # The RPC deadline, then the restart timeout; the bound leaves room for a loaded machine.
+    assert elapsed < rpc_timeout + restart_timeout + 15.0, elapsed
+    for rv in waiting:
+        with pytest.raises(UnavailableError):
+            rv.fetch()
+    assert coordinator.recoveries == []
+    coordinator.close()
+
+
+@pytest.mark.timeout(60)
+def test_checkpoints_are_consistent_cuts(tasks, tmp_path):
+    """Every checkpoint is taken while no function runs: its variables, slots and iterations
+    agree (without the pause they would be read while pushes land between them)."""
+    ps = [tasks("ps", 0), tasks("ps", 1)]
+    workers = [tasks("worker", 0), tasks("worker", 1)]
+    strategy = make_strategy(
+        ps, workers, variable_partitioner=FixedShardsPartitioner(2), rpc_timeout=5
+    )
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros((6, 2), np.float32), name="v")
+        opt = SGD(0.1, momentum=0.9)
+    coordinator.enable_checkpointing(
+        Checkpoint(v=v, optimizer=opt),
+        str(tmp_path),
+        every_functions=5,
+        every_seconds=0.2,
+        keep=1000,
+    )
+    for _ in range(40):
+        coordinator.schedule(slow_ones_step, args=(v, opt))
+    coordinator.join()
+    wait_until(  # the checkpoint after the last function may still be written
+        lambda: (
+            coordinator.latest_checkpoint
+            and int(np.load(coordinator.latest_checkpoint)["optimizer/iterations"]) == 40
+        ),
+        20,
+        "the last checkpoint",
+    )
+    files = sorted(os.listdir(tmp_path), key=lambda n: int(n[len("ckpt-") : -len(".npz")]))
+    counts = []
+    for name in files:
+        with np.load(tmp_path / name) as saved:
+            iterations = int(saved["optimizer/iterations"])
+            expected, velocity = momentum_steps(np.zeros((6, 2)), np.zeros((6, 2)), iterations)
+            np.testing.assert_allclose(saved["v"], expected, rtol=1e-5, err_msg=name)
+            np.testing.assert_allclose(
+                saved["optimizer/slots/v/momentum"], velocity, rtol=1e-5, err_msg=name
+            )
+            counts.append(iterations)
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == 40, counts
+    # At most every 5 finished functions, plus the one still running on the other worker when
+    # the checkpoint became due; every_seconds adds some in between.
+    assert max(b - a for a, b in zip(counts, counts[1:])) <= 6, counts
+    coordinator.close()
+
+
+@pytest.mark.timeout(60)
+def test_checkpointing_gives_up_when_a_ps_fails_before_the_first_checkpoint(tasks, tmp_path):
+    ps = [tasks("ps", 0), tasks("ps", 1)]
+    workers = [tasks("worker", 0)]
+    strategy = make_strategy(ps, workers, rpc_timeout=2, closure_timeout=20)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        a = Variable(np.zeros(4, np.float32), name="a")  # on ps 0
+        b = Variable(np.zeros(4, np.float32), name="b")  # on ps 1
+        opt = SGD(0.1)
+    coordinator.schedule(ones_step, args=(b, opt))
+    coordinator.join()
+    ps[1].kill()
+    coordinator.enable_checkpointing(
+        Checkpoint(a=a, b=b, optimizer=opt), str(tmp_path), restart_timeout=5
+    )
+    coordinator.schedule(ones_step, args=(b, opt))  # the first checkpoint fails
+    with pytest.raises(UnavailableError, match="before the first checkpoint") as info:
+        coordinator.join()
+    assert info.value.task == "/job:ps/replica:0/task:1"
+    assert coordinator.latest_checkpoint is None
     coordinator.close()

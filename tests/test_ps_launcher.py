@@ -82,3 +82,64 @@ def test_chief_exit_code_and_arguments():
     assert result.returncode == 2 and "--workers" in result.stderr
     result = run(sys.executable, "-c", "pass")
     assert result.returncode == 2 and "-n 4" in result.stderr
+
+
+# The chief of the next test: kills ps 0, waits for the launcher to restart it, kills it again.
+_KILL_TWICE = """
+import json, os, signal, socket, sys, time
+sys.path.insert(0, sys.argv[1])
+from cluster_tasks import task_pid
+host, port = json.loads(os.environ["TF_CONFIG"])["cluster"]["ps"][0].rsplit(":", 1)
+
+def new_pid(old):
+    # the pid of ps 0 once a new process serves its address
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pid = task_pid("ps", 0)
+        if pid is not None and pid != old:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                return pid
+            except OSError:
+                pass
+        time.sleep(0.05)
+    return None
+
+first = new_pid(None)
+os.kill(first, signal.SIGKILL)
+second = new_pid(first)
+print("restarted", second is not None and second != first, flush=True)
+os.kill(second, signal.SIGKILL)
+time.sleep(3)  # the launcher has no restart left: ps 0 stays down
+print("after the second kill", task_pid("ps", 0), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the chief finds the ps in /proc")
+@pytest.mark.timeout(90)
+def test_max_restarts_restarts_a_lost_task_on_its_address_within_the_bound():
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    result = run(
+        "--ps",
+        "1",
+        "--workers",
+        "1",
+        "--max-restarts",
+        "1",
+        "--timeout",
+        "80",
+        sys.executable,
+        "-c",
+        _KILL_TWICE,
+        tests_dir,
+        timeout=85,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "[chief] restarted True" in out, out
+    assert "ps 0 was killed by SIGKILL; restarted it on its address (0 restart(s) left)" in out
+    assert "ps 0 was killed by SIGKILL; the chief continues" in out, out
+    assert "[chief] after the second kill None" in out, out
+    # The restarted task served the address of the first one.
+    served = re.findall(r"\[ps 0\] .* serving on (\S+)", out)
+    assert len(served) == 2 and served[0] == served[1], out

@@ -42,6 +42,7 @@ from .partitioners import (
     MinSizePartitioner,
     Partitioner,
 )
+from .recovery import PSRecovery
 from .server import Server
 from .strategy import (
     CentralStorageStrategy,
@@ -67,6 +68,7 @@ __all__ = [
     "PerWorkerDataset",
     "PerWorkerValue",
     "PerWorkerValues",
+    "PSRecovery",
     "RemoteValue",
     "Server",
     "ShardedVariable",

@@ -120,6 +120,11 @@ class PSClient:
         except grpc.RpcError as exc:
             raise translate(exc, call) from None
 
+    def ping(self, task: int, address: str, timeout: float) -> pb.PingResponse:
+        """Asks a ps task who it is (its incarnation changes when it restarts); raises
+        UnavailableError naming it when it does not answer within ``timeout`` seconds."""
+        return self._ping(task, address, timeout)
+
     def _data_plane(self, task: int, address: str, timeout: float) -> bool:
         return self._data.available(task, address, timeout)
 

@@ -18,6 +18,9 @@ Failures:
   ``rpc_timeout``, naming the task.
 - no worker reachable for ``closure_timeout`` seconds while functions wait: they fail with
   UnavailableError. Nothing waits forever.
+- with ``enable_checkpointing(checkpoint, directory, ...)``: periodic checkpoints taken between
+  functions, and a lost parameter server is waited for, every ps task restored to the last
+  checkpoint and the functions since then run again, without an error (recovery.py).
 
 Without a cluster (one machine) functions run on one local thread of this process.
 """
@@ -38,6 +41,7 @@ import grpc
 from pycollective.rendezvous import tls
 
 from .. import _context, _nest
+from ..checkpoint import Checkpoint
 from ..input_lib import InputContext
 from ..optimizers import Optimizer
 from ..variables import DistributedVariable
@@ -52,6 +56,7 @@ from .errors import (
     UnavailableError,
     worker_task,
 )
+from .recovery import Checkpointing, PSRecovery
 from .strategy import (
     _OPTIMIZER_BOOKKEEPING,
     ParameterServerStrategy,
@@ -258,6 +263,7 @@ class ClusterCoordinator:
         # coordinators apart on workers that serve both.
         self._ids = itertools.count(secrets.randbits(30) << 32)
         self._no_worker_since: float | None = None
+        self._checkpointing: Checkpointing | None = None
         if self._cluster:
             ext = strategy.extended
             assert isinstance(ext, ParameterServerStrategyExtended)
@@ -273,6 +279,78 @@ class ClusterCoordinator:
     def strategy(self) -> ParameterServerStrategy:
         """Returns the Strategy associated with the ClusterCoordinator."""
         return self._strategy
+
+    # Checkpoints and recovery from a lost parameter server -----------------------------------------
+
+    def enable_checkpointing(
+        self,
+        checkpoint: Checkpoint,
+        directory: str,
+        *,
+        every_functions: int | None = 100,
+        every_seconds: float | None = None,
+        keep: int = 2,
+        restart_timeout: float = 60.0,
+        max_recoveries: int | None = None,
+        on_recovery: Callable[[PSRecovery], Any] | None = None,
+    ) -> None:
+        """Checkpoints the training periodically and recovers from a lost parameter server.
+
+        Checkpoints ``<directory>/ckpt-<n>.npz`` are taken between functions (none runs while
+        one is written), the first before the first function runs. When a ps task is lost, the
+        coordinator waits for it to answer again (restarted on its address), restores the last
+        checkpoint on every ps task (the surviving ones are rolled back to it too), runs again
+        the functions that finished since the checkpoint and those that were interrupted, and
+        goes on: ``schedule``/``join`` see no error. See docs/parameter_server.md.
+
+        Args:
+            checkpoint: a Checkpoint of every variable of this strategy and the optimizers
+                (e.g. ``Checkpoint(model=model, optimizer=opt)``).
+            directory: where checkpoints go (created if needed).
+            every_functions: checkpoint after this many finished functions (None: not by count).
+            every_seconds: checkpoint when this many seconds passed since the last one and a
+                function finished since (None: not by time).
+            keep: checkpoint files kept on disk.
+            restart_timeout: seconds a recovery waits for every ps task to answer again; then
+                it fails with UnavailableError naming the task.
+            max_recoveries: give up (raise) after this many recoveries; None: never.
+            on_recovery: called with each PSRecovery once the checkpoint is restored, before
+                functions run again.
+
+        Asynchronous training only (``update_mode="async"``).
+        """
+        if self._checkpointing is not None:
+            raise RuntimeError("checkpointing is already enabled on this ClusterCoordinator")
+        if self._strategy.update_mode != "async":
+            raise ValueError(
+                "enable_checkpointing needs update_mode='async': in synchronous training a "
+                "step waits on the parameter servers for every worker's gradient, so pausing "
+                "between functions for a checkpoint would stall the step"
+            )
+        checkpointing = Checkpointing(
+            self,
+            checkpoint,
+            directory,
+            every_functions=every_functions,
+            every_seconds=every_seconds,
+            keep=keep,
+            restart_timeout=restart_timeout,
+            max_recoveries=max_recoveries,
+            on_recovery=on_recovery,
+        )
+        with self._cond:  # functions running now finish before the first checkpoint
+            self._checkpointing = checkpointing
+        checkpointing.start()
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """The path of the newest checkpoint enable_checkpointing wrote, or None."""
+        return self._checkpointing.latest if self._checkpointing is not None else None
+
+    @property
+    def recoveries(self) -> list[PSRecovery]:
+        """Every recovery from a lost parameter server so far (PSRecovery records)."""
+        return list(self._checkpointing.history) if self._checkpointing is not None else []
 
     # Scheduling -----------------------------------------------------------------------------------
 
@@ -350,7 +428,7 @@ class ClusterCoordinator:
         }
         try:
             body, tensors = wire.dumps((meta, closure.fn, closure.args, closure.kwargs), hook)
-        except _Refused:
+        except (_Refused, UnavailableError):  # a ps task did not take the optimizer
             raise
         except Exception as exc:
             raise TypeError(
@@ -405,6 +483,8 @@ class ClusterCoordinator:
             self._cond.notify_all()
         for d in self._dispatchers:
             d.join(timeout=_PING_TIMEOUT_S + 1.0)
+        if self._checkpointing is not None:
+            self._checkpointing.join(timeout=_PING_TIMEOUT_S + 1.0)
 
     shutdown = close
 
@@ -422,11 +502,15 @@ class ClusterCoordinator:
         if error is not None:
             raise error
 
+    def _holding(self) -> bool:
+        """(lock held) Whether functions wait: a checkpoint or a recovery is due."""
+        return self._checkpointing is not None and self._checkpointing.hold
+
     def _take(self, timeout: float) -> _Closure | None:
         with self._cond:
-            if not self._queue and not self._closed:
+            if (not self._queue or self._holding()) and not self._closed:
                 self._cond.wait(timeout)
-            if self._closed or not self._queue:
+            if self._closed or not self._queue or self._holding():
                 return None
             self._inflight += 1
             return self._queue.popleft()
@@ -441,7 +525,10 @@ class ClusterCoordinator:
         with self._cond:
             self._inflight -= 1
             if error is None:
-                closure.remote_value._set(value, worker)
+                if not closure.remote_value._done:  # a function run again keeps its first result
+                    closure.remote_value._set(value, worker)
+                if self._checkpointing is not None:
+                    self._checkpointing.finished(closure)
             else:
                 closure.remote_value._fail(error)
                 if not isinstance(error, CancelledError):
@@ -472,6 +559,18 @@ class ClusterCoordinator:
             else:
                 self._queue.appendleft(closure)
             self._cond.notify_all()
+
+    def _ps_lost(self, closure: _Closure, error: UnavailableError) -> bool:
+        """A function failed because a ps task is unavailable. With checkpointing on, it is
+        queued again and a recovery starts (returns True); otherwise returns False."""
+        with self._cond:
+            if self._checkpointing is None or self._closed:
+                return False
+            self._inflight -= 1
+            self._queue.appendleft(closure)
+            self._checkpointing.lost(error)
+            self._cond.notify_all()
+        return True
 
     def _requeue_behind_deps(self, closure: _Closure) -> None:
         """Puts back a function whose inputs are not ready: right behind the last of them
@@ -704,6 +803,8 @@ class _WorkerDispatcher(threading.Thread):
             return
         if err.kind == pb.ClosureError.PS_UNAVAILABLE:
             error = UnavailableError(err.message, task=err.task or None)
+            if coordinator._ps_lost(closure, error):
+                return
         elif err.kind == pb.ClosureError.OUT_OF_RANGE:
             error = OutOfRangeError(err.message)
         else:

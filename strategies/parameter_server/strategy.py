@@ -495,26 +495,7 @@ class ParameterServerStrategyExtended(StrategyExtended):
                         f"create one optimizer per strategy"
                     )
                 optimizer_id = f"{self.session}/opt{len(self._optimizers)}"
-                state = {
-                    k: v for k, v in optimizer.__dict__.items() if k not in _OPTIMIZER_BOOKKEEPING
-                }
-                body, tensors = wire.dumps((type(optimizer), state))
-                spec = wire.sign(self.payload_key, "optimizer", body, tensors)
-                self.client.call_many(
-                    [
-                        PSCall(
-                            addr,
-                            task,
-                            "RegisterOptimizer",
-                            pb.RegisterOptimizerRequest(
-                                optimizer_id=optimizer_id,
-                                spec=spec,
-                                sync_replicas=self._sync_replicas,
-                            ),
-                        )
-                        for task, addr in self._ps
-                    ]
-                )
+                self.client.call_many(self._register_calls(optimizer, optimizer_id))
                 with optimizer._lock:
                     previous = optimizer._iterations
                     optimizer._strategy = strategy
@@ -531,6 +512,37 @@ class ParameterServerStrategyExtended(StrategyExtended):
             optimizer_id = entry[1]
             self._adopt_slots(optimizer, optimizer_id)
         return optimizer_id
+
+    def _register_calls(self, optimizer: Optimizer, optimizer_id: str) -> list[PSCall]:
+        """RegisterOptimizer for every ps task: the optimizer's class and hyperparameters,
+        signed (the ps rebuilds it and runs its update arithmetic)."""
+        state = {k: v for k, v in optimizer.__dict__.items() if k not in _OPTIMIZER_BOOKKEEPING}
+        body, tensors = wire.dumps((type(optimizer), state))
+        spec = wire.sign(self.payload_key, "optimizer", body, tensors)
+        return [
+            PSCall(
+                addr,
+                task,
+                "RegisterOptimizer",
+                pb.RegisterOptimizerRequest(
+                    optimizer_id=optimizer_id, spec=spec, sync_replicas=self._sync_replicas
+                ),
+            )
+            for task, addr in self._ps
+        ]
+
+    def reregister_optimizers(self) -> None:
+        """Registers every optimizer on every ps task again: a ps task that restarted lost
+        them (their iterations and slots come back with ``Checkpoint.restore``; a task that
+        kept its state keeps it)."""
+        with self._lock:
+            calls = [
+                call
+                for optimizer, optimizer_id in self._optimizers.values()
+                for call in self._register_calls(optimizer, optimizer_id)
+            ]
+        if calls:
+            self.client.call_many(calls)
 
     def _adopt_slots(self, optimizer: Optimizer, optimizer_id: str) -> None:
         """Slot handles for every trainable variable (the ps creates the slots on first use);
