@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from pycollective.channel import Channel, connect
+from pycollective.channel import Channel, connect, host_identity, shared_memory_allowed
 from pycollective.errors import CollectiveError, ProtocolError
 
 from . import ps_pb2 as pb
@@ -116,13 +116,31 @@ class DataPlaneClient:
             with self._lock:
                 pool = self._pools[call.address]
         assert pool is not None
-        return connect(
+        channel = connect(
             pool.endpoint,
             self._token,
             session(ps_task(call.task)),
             call.timeout,
             peer_name=f"parameter server {ps_task(call.task)}",
         )
+        if shared_memory_allowed():
+            try:
+                self._move_to_shared_memory(channel, call.timeout)
+            except BaseException:
+                channel.close()
+                raise
+        return channel
+
+    def _move_to_shared_memory(self, channel: Channel, timeout: float) -> None:
+        """Offers the task to move a new channel onto shared memory; it accepts when it runs on
+        this host (it creates the segment, this end opens it)."""
+        block = self._block()
+        offer = pb.DataRequest(shm=pb.ShmOffer(host=host_identity()), timeout=timeout)
+        send_message(channel, block, offer, [])
+        reply, inline = receive_header(channel, block, pb.DataReply, timeout)
+        receive_tensors(channel, inline, [], timeout)
+        if reply.shm_segment:
+            channel.use_shared_memory(reply.shm_segment, self._token, False, timeout)
 
     def _give(self, call: DataCall, channel: Channel) -> None:
         with self._lock:
@@ -155,6 +173,7 @@ class DataPlaneClient:
         for i, call in enumerate(calls):
             try:
                 opened = channels[i] = self._take(call)
+                opened.announce()
                 send_message(opened, block, call.request, call.arrays)
             except BaseException as exc:  # noqa: BLE001 - reported below, after the others
                 errors[i] = self._failure(call, channels[i], exc)
