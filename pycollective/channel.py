@@ -17,12 +17,13 @@ instead of landing in the wrong buffer, and a peer that dies mid-message fails t
 A channel moves one message at a time in each direction, in order; callers that share one
 serialize their use of it.
 
-Two processes on one host may move a channel's messages onto shared memory
+Two processes on one host may add shared memory to a channel
 (:meth:`Channel.use_shared_memory`: the process group's ``_C.shm_link``, a segment only holders
-of the cluster token may open): one copy into a ring and one out of it, no system call per
-piece, against two kernel copies and the TCP stack on loopback. The socket stays open: it tells
-when the peer left, and a client rings it (:meth:`Channel.announce`) before each request so that
-a server sleeping in :meth:`Channel.wait_readable` wakes up.
+of the cluster token may open) and send their bulk messages (``bulk=True``) through it: one
+copy into a ring and one out of it, no system call per piece, against two kernel copies and the
+TCP stack on loopback. Small messages stay on the socket: they wake a server sleeping in
+:meth:`Channel.wait_readable`, and a waiter for a short reply sleeps in poll() instead of the
+shared-memory wait's pauses.
 """
 
 from __future__ import annotations
@@ -75,24 +76,24 @@ class Channel:
         self._comm = _C.Communicator(
             rank=rank, size=2, links=links, host_of=[0, 1], timeout=timeout
         )
-        # The communicator over the socket's link (it owns the socket) stays alive when the
-        # messages move to shared memory (self._comm is then the one over the segment).
-        self._socket_comm = self._comm
+        # Bulk messages: the communicator over a shared-memory link once use_shared_memory
+        # added one, else the socket's.
+        self._bulk_comm = self._comm
         self.rank = rank
         self.peer_name = peer_name
         self.timeout = float(timeout)
-        #: "tcp", or "shm" once :meth:`use_shared_memory` moved the messages
+        #: where bulk messages travel: "tcp", or "shm" once :meth:`use_shared_memory` ran
         self.transport = "tcp"
-        self._peer_left: bool | None = None
         self._out = _DIRECTIONS[rank]
         self._in = _DIRECTIONS[1 - rank]
 
     def use_shared_memory(self, name: str, token: str, create: bool, timeout: float) -> None:
-        """Moves this channel's messages onto the shared-memory segment ``name`` (a fresh,
-        unguessable ``/...`` name). Both ends call it at the same point of their conversation,
-        the server with ``create=True`` (it blocks until the client attached, at most
-        ``timeout`` s); the segment is authenticated with the cluster ``token`` and unlinked
-        once both attached. The ring size is ``PYCOLLECTIVE_SHM_RING_BYTES`` (the creator's)."""
+        """From now on, bulk messages travel through the shared-memory segment ``name`` (a
+        fresh, unguessable ``/...`` name). Both ends call it at the same point of their
+        conversation, the server with ``create=True`` (it blocks until the client attached, at
+        most ``timeout`` s); the segment is authenticated with the cluster ``token`` and
+        unlinked once both attached. The ring size is ``PYCOLLECTIVE_SHM_RING_BYTES`` (the
+        creator's)."""
         link = _C.shm_link(
             name=name,
             create=create,
@@ -103,34 +104,32 @@ class Channel:
             timeout=timeout,
         )
         links = [None, link] if self.rank == 0 else [link, None]
-        self._comm = _C.Communicator(
+        self._bulk_comm = _C.Communicator(
             rank=self.rank, size=2, links=links, host_of=[0, 0], timeout=self.timeout
         )
         self.transport = "shm"
 
-    def announce(self) -> None:
-        """Rings the server before a request: a shared-memory channel's messages do not wake a
-        server waiting in :meth:`wait_readable` (a tcp channel's bytes do; then this does
-        nothing)."""
-        if self.transport == "shm" and self._fileno >= 0:
-            try:
-                os.write(self._fileno, b"\x01")
-            except OSError:
-                pass  # the server is gone: the request's send reports it
-
-    def send(self, array: np.ndarray, tag: int = 0, timeout: float | None = None) -> None:
+    def send(
+        self, array: np.ndarray, tag: int = 0, timeout: float | None = None, bulk: bool = False
+    ) -> None:
         """Sends the bytes of a C-contiguous array; the receiver must call :meth:`recv` with
-        an array of the same byte size and the same ``tag``. Empty arrays send nothing."""
-        self._move(_bytes_of(array, "Channel.send"), True, tag, timeout)
+        an array of the same byte size, the same ``tag`` and the same ``bulk``. Empty arrays
+        send nothing. ``bulk``: a large payload, sent through shared memory when the channel
+        has it (never the first message of a request: that one must wake the server)."""
+        self._move(_bytes_of(array, "Channel.send"), True, tag, timeout, bulk)
 
-    def recv(self, out: np.ndarray, tag: int = 0, timeout: float | None = None) -> None:
+    def recv(
+        self, out: np.ndarray, tag: int = 0, timeout: float | None = None, bulk: bool = False
+    ) -> None:
         """Receives one message into ``out`` (C-contiguous, writable, exactly the message's
-        byte size). Empty arrays receive nothing."""
+        byte size). Empty arrays receive nothing. ``bulk`` as the sender's."""
         if not out.flags.writeable:
             raise ValueError("Channel.recv: the output array is read-only")
-        self._move(_bytes_of(out, "Channel.recv"), False, tag, timeout)
+        self._move(_bytes_of(out, "Channel.recv"), False, tag, timeout, bulk)
 
-    def _move(self, data: np.ndarray, sending: bool, tag: int, timeout: float | None) -> None:
+    def _move(
+        self, data: np.ndarray, sending: bool, tag: int, timeout: float | None, bulk: bool
+    ) -> None:
         """One native send/recv in this direction's group; the tag travels in the frame
         header's shape hash, which the receiver checks."""
         if data.size == 0:
@@ -148,7 +147,7 @@ class Channel:
         buffers: list = [None, None]
         buffers[1 - self.rank] = data
         none: list = [None, None]
-        self._comm.exchange(
+        (self._bulk_comm if bulk else self._comm).exchange(
             spec,
             self._out if sending else self._in,
             sends=buffers if sending else none,
@@ -165,24 +164,12 @@ class Channel:
             ready, _, _ = select.select([self._fileno], [], [], timeout)
         except (OSError, ValueError):
             return True  # closed: the receive reports why
-        if ready and self.transport == "shm":
-            # The client's ring (announce): a request follows on shared memory, even if the
-            # client goes away right after sending it. An empty read: it left (peer_closed).
-            try:
-                self._peer_left = os.read(self._fileno, 1) == b""
-            except BlockingIOError:
-                return False
-            except OSError:
-                self._peer_left = True
         return bool(ready)
 
     def peer_closed(self) -> bool:
         """Whether the other end closed the connection cleanly, between messages (call it once
         :meth:`wait_readable` said something arrived): a server tells a client that left from
         one that broke off in the middle of a message."""
-        if self._peer_left is not None:  # what wait_readable read on a shared-memory channel
-            left, self._peer_left = self._peer_left, None
-            return left
         if self._fileno < 0 or self.closed:
             return False
         try:
@@ -195,13 +182,13 @@ class Channel:
 
     def close(self, reason: str = "the channel was closed") -> None:
         """Fails anything pending on this channel, here and at the other end."""
-        for comm in {id(c): c for c in (self._comm, self._socket_comm)}.values():
+        for comm in {id(c): c for c in (self._comm, self._bulk_comm)}.values():
             if not comm.aborted:
                 comm.abort(reason)
 
     @property
     def closed(self) -> bool:
-        return bool(self._comm.aborted or self._socket_comm.aborted)
+        return bool(self._comm.aborted or self._bulk_comm.aborted)
 
     def __repr__(self) -> str:
         closed = " (closed)" if self.closed else ""

@@ -1,5 +1,5 @@
-"""Data-plane channels to a ps task on the same host move onto shared memory
-(pycollective.channel.Channel.use_shared_memory, strategies/parameter_server/data_plane.py).
+"""Data-plane channels to a ps task on the same host send their tensor frames through shared
+memory (pycollective.channel.Channel.use_shared_memory, strategies/parameter_server/data_plane.py).
 
 Covers: tensors larger than the ring cross exact both ways (pull, push applied with the
 optimizer's arithmetic, assign); a client that offers from another host, or when
@@ -71,7 +71,7 @@ def make_strategy(servers):
 
 def open_channel(server, offer_host=None):
     """A data channel to ``server`` that went through the client's shared-memory offer (with
-    ``offer_host`` instead of this host's identity when given)."""
+    ``offer_host`` instead of this host's identity when given) and one served request."""
     client = DataPlaneClient(TOKEN, None, None)
     host = server.address.rpartition(":")[0]
     channel = connect(
@@ -92,9 +92,8 @@ def open_channel(server, offer_host=None):
 
 def refused_round_trip(channel, server):
     """A request the task refuses (an unknown variable) and its reply, over ``channel``: the
-    task serves it (after moving it onto shared memory, when it did)."""
+    task serves it (after adding shared memory to it, when it did)."""
     block = np.empty(BLOCK, np.uint8)
-    channel.announce()
     send_message(channel, block, pb.DataRequest(pull=pb.PullRequest(keys=["nothing"])), [])
     reply, inline = receive_header(channel, block, pb.DataReply, 10)
     receive_tensors(channel, inline, [], 10)
@@ -171,7 +170,6 @@ def test_a_message_cut_short_over_shared_memory_is_refused_and_the_task_keeps_se
             gradients=[pb.Tensor(dtype=np.dtype(np.float32).str, shape=[1 << 20])],
         )
     )
-    channel.announce()
     send_message(channel, np.empty(BLOCK, np.uint8), request, [])
     channel.close("the test client went away mid-message")
     message = wait_for_failure(ps, before + 1)

@@ -132,8 +132,8 @@ class DataPlaneClient:
         return channel
 
     def _move_to_shared_memory(self, channel: Channel, timeout: float) -> None:
-        """Offers the task to move a new channel onto shared memory; it accepts when it runs on
-        this host (it creates the segment, this end opens it)."""
+        """Offers the task to send a new channel's tensor bytes through shared memory; it
+        accepts when it runs on this host (it creates the segment, this end opens it)."""
         block = self._block()
         offer = pb.DataRequest(shm=pb.ShmOffer(host=host_identity()), timeout=timeout)
         send_message(channel, block, offer, [])
@@ -173,7 +173,6 @@ class DataPlaneClient:
         for i, call in enumerate(calls):
             try:
                 opened = channels[i] = self._take(call)
-                opened.announce()
                 send_message(opened, block, call.request, call.arrays)
             except BaseException as exc:  # noqa: BLE001 - reported below, after the others
                 errors[i] = self._failure(call, channels[i], exc)

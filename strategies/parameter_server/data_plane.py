@@ -235,9 +235,10 @@ class DataPlaneServer:
             service.give_buffers(pulled)
 
     def _offer_shared_memory(self, channel: Channel, offer: pb.ShmOffer, block: np.ndarray) -> None:
-        """A client on this host moves its channel onto a fresh shared-memory segment: the reply
-        names it (empty when the client is elsewhere, the channel already moved, or tcp is
-        forced), then the task creates it and waits for the client to open it."""
+        """A client on this host sends its channel's tensor frames through a fresh shared-memory
+        segment: the reply names it (empty when the client is elsewhere, the channel has one
+        already, or tcp is forced), then the task creates it and waits for the client to open
+        it."""
         same_host = offer.host and offer.host == host_identity()
         name = ""
         if same_host and channel.transport == "tcp" and shared_memory_allowed():
