@@ -3,8 +3,9 @@ memory (pycollective.channel.Channel.use_shared_memory, strategies/parameter_ser
 
 Covers: tensors larger than the ring cross exact both ways (pull, push applied with the
 optimizer's arithmetic, assign); a client that offers from another host, or when
-PYCOLLECTIVE_TRANSPORT forces tcp, stays on tcp; a shared-memory message cut short is refused
-with an error naming the task, which keeps serving; a channel whose client left is dropped."""
+PYCOLLECTIVE_TRANSPORT forces tcp, stays on tcp, and so does one that cannot open the segment;
+a message whose shared-memory frames never come is refused with an error naming the task,
+which keeps serving; a channel whose client left is dropped."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 
 from pycollective import config
-from pycollective.channel import connect
+from pycollective.channel import Channel, connect
+from pycollective.errors import CollectiveError
 from pycollective.strategies import (
     SGD,
     FixedShardsPartitioner,
@@ -198,3 +200,28 @@ def test_a_channel_whose_client_left_is_dropped_quietly(servers):
         assert time.monotonic() < deadline, "the ps task kept serving a channel whose client left"
         time.sleep(0.02)
     assert len(ps.data_plane_failures) == before  # leaving between requests is no failure
+
+
+def test_a_client_that_cannot_open_the_segment_stays_on_tcp(servers, monkeypatch):
+    """Shared memory that fails (here: the client cannot open the segment) costs speed, never
+    the connection: the client reconnects over tcp and stops offering; the task logs the
+    abandoned segment and keeps serving."""
+    ps = servers[0]
+    before = len(ps.data_plane_failures)
+    real = Channel.use_shared_memory
+
+    def fail_to_open(self, name, token, create, timeout):
+        if not create:
+            raise CollectiveError(f"cannot open {name} (test)")
+        return real(self, name, token, create, timeout)
+
+    monkeypatch.setattr(Channel, "use_shared_memory", fail_to_open)
+    strategy = make_strategy(servers)
+    with strategy.scope():
+        v = Variable(np.arange(12, dtype=np.float32).reshape(6, 2), name="fallback")
+    np.testing.assert_array_equal(v.numpy(), np.arange(12, dtype=np.float32).reshape(6, 2))
+    pools = [p for p in strategy.extended.client._data._pools.values() if p is not None]
+    assert pools and not any(p.shared_memory for p in pools)
+    assert all(c.transport == "tcp" for p in pools for c in p.free)
+    message = wait_for_failure(ps, before + 1)
+    assert ps.task in message and "shared-memory segment" in message
