@@ -4,7 +4,9 @@ Tensor bytes do not travel in gRPC messages: each client (a worker, the coordina
 native TCP channels to a ps task (pycollective.channel: the process group's ``_C.tcp_link``,
 authenticated with the cluster token), and every request and reply moves as one lead frame plus
 one frame per large tensor, written by the native link straight from the sender's array into the
-receiver's (framing.py). gRPC keeps the control plane: Ping (which says where the data plane
+receiver's (framing.py). A client on the task's host offers, first thing on a new channel, to
+send the large frames through shared memory (``ShmOffer``): the task creates a token-protected
+segment for that channel and names it in its reply. gRPC keeps the control plane: Ping (which says where the data plane
 listens), optimizers, optimizer state, synchronous replicas, scheduling.
 
 A step's push may name variables to read once its gradients are applied (``pull_after``): the
