@@ -6,8 +6,9 @@ authenticated with the cluster token), and every request and reply moves as one 
 one frame per large tensor, written by the native link straight from the sender's array into the
 receiver's (framing.py). A client on the task's host offers, first thing on a new channel, to
 send the large frames through shared memory (``ShmOffer``): the task creates a token-protected
-segment for that channel and names it in its reply. gRPC keeps the control plane: Ping (which says where the data plane
-listens), optimizers, optimizer state, synchronous replicas, scheduling.
+segment for that channel and names it in its reply. gRPC keeps the control plane: Ping (which
+says where the data plane listens), optimizers, optimizer state, synchronous replicas,
+scheduling.
 
 A step's push may name variables to read once its gradients are applied (``pull_after``): the
 reply carries their new values, so a training step costs one exchange per ps task.
@@ -251,8 +252,8 @@ class DataPlaneServer:
                 channel.use_shared_memory(name, self._token, True, SHM_SETUP_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - becomes a protocol failure of this channel
                 raise FrameError(
-                    f"the client did not open the shared-memory segment {name} "
-                    f"within {SHM_SETUP_TIMEOUT_S:g} s ({exc})"
+                    f"the shared-memory segment {name} offered to the client was not set up "
+                    f"(the client must open it within {SHM_SETUP_TIMEOUT_S:g} s): {exc}"
                 ) from exc
 
     def stop(self) -> None:
