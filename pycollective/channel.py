@@ -28,7 +28,6 @@ shared-memory wait's pauses.
 
 from __future__ import annotations
 
-import functools
 import os
 import select
 import socket
@@ -195,12 +194,11 @@ class Channel:
         return f"<Channel rank {self.rank} to {self.peer_name} over {self.transport}{closed}>"
 
 
-@functools.lru_cache(maxsize=1)
 def host_identity() -> str:
     """Names this host for deciding whether two processes may share memory: the host id
     (``PYCOLLECTIVE_HOST_ID``, else the host name), the kernel's boot id and the identity of
     ``/dev/shm`` (processes in containers with separate ``/dev/shm`` differ)."""
-    host = os.environ.get("PYCOLLECTIVE_HOST_ID") or socket.gethostname()
+    host = config.text("PYCOLLECTIVE_HOST_ID") or socket.gethostname()
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
