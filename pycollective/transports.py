@@ -56,6 +56,12 @@ def _mac(token: str, *parts: bytes) -> bytes:
     return hmac.new(token.encode(), b"|".join(parts), hashlib.sha256).digest()
 
 
+def shm_digest(token: str, name: str) -> bytes:
+    """What a shared-memory segment's creator stores and its opener must match: only holders
+    of the cluster token attach to it."""
+    return _mac(token, b"shm", name.encode())
+
+
 def _data_key(token: str, session: bytes, nonce: bytes, peer_nonce: bytes) -> bytes:
     """The link's AES-256-GCM key: fresh for every connection (both nonces), known only to
     holders of the token."""
@@ -317,7 +323,7 @@ def open_links(
             elif kinds[p] == "shm":
                 lo, hi = min(rank, p), max(rank, p)
                 name = f"/pycol-{session[:16]}-{lo}-{hi}"
-                digest = _mac(token, b"shm", name.encode())
+                digest = shm_digest(token, name)
                 links[p] = _C.shm_link(
                     name=name,
                     create=rank == lo,

@@ -9,6 +9,7 @@ thread) takes another channel from the pool, or opens one.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,13 +18,15 @@ from typing import Any
 import grpc
 import numpy as np
 
-from pycollective.channel import Channel, connect
+from pycollective.channel import Channel, connect, host_identity, shared_memory_allowed
 from pycollective.errors import CollectiveError, ProtocolError
 
 from . import ps_pb2 as pb
-from .data_plane import session
+from .data_plane import SHM_SETUP_TIMEOUT_S, session
 from .errors import UnavailableError, ps_task
 from .framing import BLOCK, FrameError, receive_header, receive_tensors, send_message
+
+_log = logging.getLogger("pycollective.strategies.parameter_server")
 
 #: a reply's header and packed bytes -> the arrays its tensors go into
 Destinations = Callable[[pb.DataReply, np.ndarray], Sequence[np.ndarray]]
@@ -48,6 +51,8 @@ class DataCall:
 class _Pool:
     endpoint: str
     free: list[Channel] = field(default_factory=list)
+    #: whether to offer the task shared memory (off after an offer failed)
+    shared_memory: bool = field(default_factory=shared_memory_allowed)
 
 
 class DataPlaneClient:
@@ -116,6 +121,23 @@ class DataPlaneClient:
             with self._lock:
                 pool = self._pools[call.address]
         assert pool is not None
+        channel = self._connect(call, pool)
+        if pool.shared_memory:
+            try:
+                self._move_to_shared_memory(channel, min(call.timeout, SHM_SETUP_TIMEOUT_S))
+            except (CollectiveError, FrameError, OSError) as exc:
+                # The bytes keep to the socket: slower, never broken by shared memory.
+                channel.close()
+                pool.shared_memory = False
+                _log.warning(
+                    "the data channels to %s stay on tcp: adding shared memory failed (%s)",
+                    ps_task(call.task),
+                    exc,
+                )
+                channel = self._connect(call, pool)
+        return channel
+
+    def _connect(self, call: DataCall, pool: _Pool) -> Channel:
         return connect(
             pool.endpoint,
             self._token,
@@ -123,6 +145,17 @@ class DataPlaneClient:
             call.timeout,
             peer_name=f"parameter server {ps_task(call.task)}",
         )
+
+    def _move_to_shared_memory(self, channel: Channel, timeout: float) -> None:
+        """Offers the task to send a new channel's tensor bytes through shared memory; it
+        accepts when it runs on this host (it creates the segment, this end opens it)."""
+        block = self._block()
+        offer = pb.DataRequest(shm=pb.ShmOffer(host=host_identity()), timeout=timeout)
+        send_message(channel, block, offer, [])
+        reply, inline = receive_header(channel, block, pb.DataReply, timeout)
+        receive_tensors(channel, inline, [], timeout)
+        if reply.shm_segment:
+            channel.use_shared_memory(reply.shm_segment, self._token, False, timeout)
 
     def _give(self, call: DataCall, channel: Channel) -> None:
         with self._lock:

@@ -4,8 +4,11 @@ Tensor bytes do not travel in gRPC messages: each client (a worker, the coordina
 native TCP channels to a ps task (pycollective.channel: the process group's ``_C.tcp_link``,
 authenticated with the cluster token), and every request and reply moves as one lead frame plus
 one frame per large tensor, written by the native link straight from the sender's array into the
-receiver's (framing.py). gRPC keeps the control plane: Ping (which says where the data plane
-listens), optimizers, optimizer state, synchronous replicas, scheduling.
+receiver's (framing.py). A client on the task's host offers, first thing on a new channel, to
+send the large frames through shared memory (``ShmOffer``): the task creates a token-protected
+segment for that channel and names it in its reply. gRPC keeps the control plane: Ping (which
+says where the data plane listens), optimizers, optimizer state, synchronous replicas,
+scheduling.
 
 A step's push may name variables to read once its gradients are applied (``pull_after``): the
 reply carries their new values, so a training step costs one exchange per ps task.
@@ -21,6 +24,7 @@ logged error naming the task; the task keeps serving every other channel.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from typing import Any
@@ -28,7 +32,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from pycollective.channel import Channel, ChannelListener
+from pycollective.channel import (
+    Channel,
+    ChannelListener,
+    host_identity,
+    shared_memory_allowed,
+)
 from pycollective.errors import CollectiveError
 
 from . import ps_pb2 as pb
@@ -39,6 +48,8 @@ _log = logging.getLogger("pycollective.strategies.parameter_server")
 
 #: how long a channel may stay silent in the middle of a message
 CHANNEL_TIMEOUT_S = 60.0
+#: how long a task waits for a client to open the shared-memory segment it offered
+SHM_SETUP_TIMEOUT_S = 10.0
 _MAX_DIMS = 32
 
 
@@ -111,6 +122,7 @@ class DataPlaneServer:
     def __init__(self, service: Any, token: str, host: str) -> None:
         self._service = service
         self._task = service.task
+        self._token = token
         self._listener = ChannelListener(
             token, session(self._task), host=host, timeout=CHANNEL_TIMEOUT_S
         )
@@ -172,6 +184,10 @@ class DataPlaneServer:
         op = request.WhichOneof("op")
         service = self._service
         context = ChannelContext(channel, request.timeout)
+        if op == "shm":
+            receive_tensors(channel, inline, [])
+            self._offer_shared_memory(channel, request.shm, block)
+            return
         if op == "pull":
             receive_tensors(channel, inline, [])
             try:
@@ -220,6 +236,25 @@ class DataPlaneServer:
         finally:
             service.give_buffers(received)
             service.give_buffers(pulled)
+
+    def _offer_shared_memory(self, channel: Channel, offer: pb.ShmOffer, block: np.ndarray) -> None:
+        """A client on this host sends its channel's tensor frames through a fresh shared-memory
+        segment: the reply names it (empty when the client is elsewhere, the channel has one
+        already, or tcp is forced), then the task creates it and waits for the client to open
+        it."""
+        same_host = offer.host and offer.host == host_identity()
+        name = ""
+        if same_host and channel.transport == "tcp" and shared_memory_allowed():
+            name = f"/pycol-ps{self._service.task_index}-{secrets.token_hex(12)}"
+        send_message(channel, block, pb.DataReply(shm_segment=name), [])
+        if name:
+            try:
+                channel.use_shared_memory(name, self._token, True, SHM_SETUP_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - becomes a protocol failure of this channel
+                raise FrameError(
+                    f"the shared-memory segment {name} offered to the client was not set up "
+                    f"(the client must open it within {SHM_SETUP_TIMEOUT_S:g} s): {exc}"
+                ) from exc
 
     def stop(self) -> None:
         self._stopped.set()

@@ -7,6 +7,10 @@ DataRequest or DataReply whose tensors carry dtype and shape only) and, packed a
 bytes of the first tensors while they add up to at most ``INLINE_BYTES`` (a small model's whole
 step fits in one frame each way). What does not fit in the lead frame follows in one more
 frame. Every frame carries a tag (checked by the receiver) naming its place in the message.
+
+The lead frames travel on the channel's socket (they wake a server waiting for the next
+request); the large tensors' frames are bulk messages, through shared memory when the channel
+has it (pycollective.channel.Channel.use_shared_memory).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ def send_message(
     if length > BLOCK:
         channel.send(frame[BLOCK:length], _TAG_REST)
     for index in range(inline, len(arrays)):
-        channel.send(arrays[index], _TAG_TENSOR + index)
+        channel.send(arrays[index], _TAG_TENSOR + index, bulk=True)
 
 
 def receive_header(
@@ -118,4 +122,4 @@ def receive_tensors(
     if at != inline.size:
         raise FrameError(f"a message packed {inline.size} bytes, its tensors hold {at}")
     for i in range(index, len(outs)):
-        channel.recv(outs[i], _TAG_TENSOR + i, timeout)
+        channel.recv(outs[i], _TAG_TENSOR + i, timeout, bulk=True)
