@@ -402,19 +402,19 @@ def describe_failure(
     if code in UNREACHABLE:
         within = f" within {timeout:g} s" if timeout else ""
         return UnavailableError(
-            f"parameter server {task} ({address}) did not answer {method}{within} "
-            f"({detail}). If it died, restart it and restore the last checkpoint "
-            "(Checkpoint.restore) before scheduling more steps: its variables are lost.",
+            f"parameter server {task} ({address}) did not answer {method}{within} ({detail}).",
             task=task,
             address=address,
+            advice="If it died, restart it and restore the last checkpoint (Checkpoint.restore) "
+            "before scheduling more steps: its variables are lost.",
         )
     if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
         return UnavailableError(
             f"parameter server {task} ({address}) no longer has the state this call needs "
-            f"({detail}); it probably restarted. Restore the last checkpoint (Checkpoint.restore) "
-            "to put the variables back.",
+            f"({detail}); it probably restarted.",
             task=task,
             address=address,
+            advice="Restore the last checkpoint (Checkpoint.restore) to put the variables back.",
         )
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return PermissionError(f"parameter server {task} ({address}) refused {method}: {detail}")

@@ -234,11 +234,11 @@ class DataPlaneClient:
             )
         return UnavailableError(
             f"parameter server {task} ({call.address}) did not complete {call.method} over "
-            f"its data channel within {call.timeout:g} s ({type(exc).__name__}: {exc}). If it "
-            "died, restart it and restore the last checkpoint (Checkpoint.restore) before "
-            "scheduling more steps: its variables are lost.",
+            f"its data channel within {call.timeout:g} s ({type(exc).__name__}: {exc}).",
             task=task,
             address=call.address,
+            advice="If it died, restart it and restore the last checkpoint (Checkpoint.restore) "
+            "before scheduling more steps: its variables are lost.",
         )
 
     def close(self) -> None:

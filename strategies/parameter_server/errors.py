@@ -14,15 +14,25 @@ class UnavailableError(RuntimeError):
         task: the task that failed, e.g. ``"/job:ps/replica:0/task:1"`` (None when no single
             task is to blame).
         address: its ``host:port``, when known.
+        fact: what happened, without the advice on what to do (the message is the fact, then
+            the advice): a coordinator that recovers by itself logs only the fact.
     """
 
-    def __init__(self, message: str, task: str | None = None, address: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        task: str | None = None,
+        address: str | None = None,
+        advice: str = "",
+    ) -> None:
+        super().__init__(f"{message} {advice}" if advice else message)
+        self.fact = message
         self.task = task
         self.address = address
+        self._advice = advice
 
     def __reduce__(self):
-        return (type(self), (str(self), self.task, self.address))
+        return (type(self), (self.fact, self.task, self.address, self._advice))
 
 
 class OutOfRangeError(RuntimeError):

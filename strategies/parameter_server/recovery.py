@@ -142,7 +142,10 @@ class Checkpointing(threading.Thread):
         self._interrupted += int(interrupted)
         if self._lost is None:
             logger.warning(
-                "%s is unavailable (%s): pausing to restore the last checkpoint", error.task, error
+                "%s is unavailable: checkpointing is on, so the coordinator pauses, waits for it "
+                "and restores the last checkpoint on every ps task itself (the error: %s)",
+                error.task,
+                error.fact,
             )
             self._lost, self._lost_at = error, time.monotonic()
         self.hold = True
