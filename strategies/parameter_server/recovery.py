@@ -264,6 +264,7 @@ class Checkpointing(threading.Thread):
         the tasks that restarted. Another failure meanwhile starts it over, within the
         deadline."""
         ext = self._coordinator.strategy.extended
+        self._check_covered(error)
         deadline = time.monotonic() + self.restart_timeout
         restarted: set[str] = set()
         while True:
@@ -282,15 +283,29 @@ class Checkpointing(threading.Thread):
                 f"checkpoint {self.latest} has no value for {status.missing}: they were "
                 "created after it was written, and the parameter servers are now without them"
             )
-        tracked = {id(v) for v in self.files.checkpoint._track()[0].values()}
+        return tuple(sorted(restarted))
+
+    def _check_covered(self, error: UnavailableError) -> None:
+        """Refuses, before any ps task is touched, a restore that would leave state the
+        checkpoint does not hold: an untracked variable or optimizer would keep its newer
+        values on the surviving tasks and start empty on the restarted one."""
+        ext = self._coordinator.strategy.extended
+        variables, optimizers = self.files.checkpoint._track()
+        tracked = {id(v) for v in variables.values()}
         untracked = [v.name for v in ext.variables if id(v) not in tracked]
+        tracked_optimizers = {id(o) for o in optimizers.values()}
+        untracked += [
+            f"optimizer {name!r}"
+            for optimizer, name in ext._optimizers.values()
+            if id(optimizer) not in tracked_optimizers
+        ]
         if untracked:
             raise RuntimeError(
-                f"variables {untracked} are not in the checkpoint the coordinator restores, so "
-                f"their values after {error.task} failed are lost or stale; add them to the "
-                "Checkpoint given to enable_checkpointing"
+                f"{untracked} are not in the checkpoint the coordinator restores, so after "
+                f"{error.task} failed their state would be lost on it and newer than the "
+                "checkpoint on the other ps tasks; add them to the Checkpoint given to "
+                "enable_checkpointing"
             )
-        return tuple(sorted(restarted))
 
     def _wait_for_tasks(self, deadline: float, error: UnavailableError) -> list[str]:
         """Pings every ps task until each answered (or the deadline: UnavailableError naming
