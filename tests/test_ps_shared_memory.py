@@ -9,6 +9,7 @@ which keeps serving; a channel whose client left is dropped."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -225,3 +226,27 @@ def test_a_client_that_cannot_open_the_segment_stays_on_tcp(servers, monkeypatch
     assert all(c.transport == "tcp" for p in pools for c in p.free)
     message = wait_for_failure(ps, before + 1)
     assert ps.task in message and "shared-memory segment" in message
+
+
+def test_a_full_dev_shm_keeps_channels_on_tcp_without_waiting(servers, monkeypatch, caplog):
+    """A ps task whose /dev/shm cannot hold another segment declines the offer at once, so the
+    client neither waits for a segment that will not come nor fails: it stays on tcp, and the
+    task says why."""
+    from pycollective.strategies.parameter_server import data_plane
+
+    real = os.statvfs
+
+    def full(path):
+        stat = real(path)
+        if path != "/dev/shm":
+            return stat
+        return os.statvfs_result((*stat[:4], 0, *stat[5:]))  # f_bavail = 0
+
+    monkeypatch.setattr(data_plane.os, "statvfs", full)
+    start = time.monotonic()
+    channel = open_channel(servers[1])
+    assert channel.transport == "tcp"
+    # Declined in the reply: far below the setup's 10 s wait.
+    assert time.monotonic() - start < 5.0
+    assert "/dev/shm has 0 MiB free" in caplog.text
+    channel.close()

@@ -315,7 +315,9 @@ class ClusterCoordinator:
                 it fails with UnavailableError naming the task.
             max_recoveries: give up (raise) after this many recoveries; None: never.
             on_recovery: called with each PSRecovery once the checkpoint is restored, before
-                functions run again.
+                functions run again. It runs on the coordinator's recovery thread while
+                functions are held back, so it must not wait on them: no ``join()``,
+                ``done()``, ``fetch()`` or ``schedule()`` in it (they would wait forever).
 
         Asynchronous training only (``update_mode="async"``).
         """
@@ -802,7 +804,15 @@ class _WorkerDispatcher(threading.Thread):
             coordinator._requeue(closure, err.message, count=False)
             return
         if err.kind == pb.ClosureError.PS_UNAVAILABLE:
-            error = UnavailableError(err.message, task=err.task or None)
+            # The worker sends what happened; what to do depends on this side: with
+            # checkpointing on the coordinator recovers by itself, else the program must.
+            error = UnavailableError(
+                err.message,
+                task=err.task or None,
+                advice="If it died, restart it and restore the last checkpoint "
+                "(Checkpoint.restore), or turn on coordinator.enable_checkpointing to have the "
+                "coordinator do it.",
+            )
             if coordinator._ps_lost(closure, error):
                 return
         elif err.kind == pb.ClosureError.OUT_OF_RANGE:

@@ -70,6 +70,9 @@ class DataPlaneClient:
         self._ping = ping
         self._describe_refusal = describe_refusal
         self._pools: dict[str, _Pool | None] = {}
+        # Tasks to which adding shared memory failed once: their channels stay on tcp, also
+        # after a restart of the task (a new pool), so a failing setup is not paid again.
+        self._tcp_only: set[str] = set()
         self._lock = threading.Lock()
         self._blocks = threading.local()
         self._writes: dict[int, int] = {}
@@ -96,6 +99,8 @@ class DataPlaneClient:
         host = address.rpartition(":")[0]
         pool = _Pool(f"{host}:{reply.data_port}") if reply.data_port > 0 else None
         with self._lock:
+            if pool is not None and address in self._tcp_only:
+                pool.shared_memory = False
             self._pools[address] = pool
         return pool is not None
 
@@ -125,10 +130,13 @@ class DataPlaneClient:
         if pool.shared_memory:
             try:
                 self._move_to_shared_memory(channel, min(call.timeout, SHM_SETUP_TIMEOUT_S))
-            except (CollectiveError, FrameError, OSError) as exc:
-                # The bytes keep to the socket: slower, never broken by shared memory.
+            except (CollectiveError, FrameError, OSError, ValueError) as exc:
+                # The bytes keep to the socket: slower, never broken by shared memory. (A
+                # ValueError: this side's PYCOLLECTIVE_SHM_RING_BYTES is malformed.)
                 channel.close()
                 pool.shared_memory = False
+                with self._lock:
+                    self._tcp_only.add(call.address)
                 _log.warning(
                     "the data channels to %s stay on tcp: adding shared memory failed (%s)",
                     ps_task(call.task),

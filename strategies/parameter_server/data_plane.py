@@ -24,6 +24,7 @@ logged error naming the task; the task keeps serving every other channel.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -32,6 +33,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from pycollective import config
 from pycollective.channel import (
     Channel,
     ChannelListener,
@@ -244,7 +246,7 @@ class DataPlaneServer:
         it."""
         same_host = offer.host and offer.host == host_identity()
         name = ""
-        if same_host and channel.transport == "tcp" and shared_memory_allowed():
+        if same_host and channel.transport == "tcp" and shared_memory_allowed() and _shm_room():
             name = f"/pycol-ps{self._service.task_index}-{secrets.token_hex(12)}"
         send_message(channel, block, pb.DataReply(shm_segment=name), [])
         if name:
@@ -263,6 +265,28 @@ class DataPlaneServer:
             channels = list(self._channels)
         for channel in channels:
             channel.close(f"{self._task} stopped")
+
+
+def _shm_room() -> bool:
+    """Whether /dev/shm can hold one more channel's segment (its two rings, with room to
+    spare). Checked before the offer is accepted: the client waits for a segment it was
+    promised, so a creation that then fails (a container's small /dev/shm) would cost it the
+    whole setup timeout before it falls back to tcp."""
+    need = 4 * config.env_int("PYCOLLECTIVE_SHM_RING_BYTES", 4 << 20)
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return False
+    if stat.f_bavail * stat.f_frsize >= need:
+        return True
+    _log.warning(
+        "this ps task keeps a channel on tcp: /dev/shm has %d MiB free, a shared-memory "
+        "channel needs %d MiB (raise the container's /dev/shm, or lower "
+        "PYCOLLECTIVE_SHM_RING_BYTES)",
+        stat.f_bavail * stat.f_frsize >> 20,
+        need >> 20,
+    )
+    return False
 
 
 def _refusal(refusal: Refused) -> pb.DataReply:

@@ -407,7 +407,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             result = fn(*args, **kwargs)
         except UnavailableError as exc:
             return self._error(
-                pb.ClosureError.PS_UNAVAILABLE, str(exc), "UnavailableError", exc.task or ""
+                pb.ClosureError.PS_UNAVAILABLE, exc.fact, "UnavailableError", exc.task or ""
             )
         except (StopIteration, OutOfRangeError) as exc:
             return self._error(
