@@ -182,6 +182,12 @@ def ones_step(var, optimizer):
     return 0
 
 
+def late_ones_step(var, optimizer, seconds):
+    time.sleep(seconds)  # past the coordinator's closure_timeout
+    optimizer.apply_gradients([(np.ones(var.shape, np.float32), var)])
+    return 0
+
+
 # Tests --------------------------------------------------------------------------------------------------
 
 
@@ -426,6 +432,31 @@ def test_checkpointing_refuses_to_restore_without_the_optimizer(tasks, tmp_path)
         coordinator.schedule(ones_step, args=(v, opt))
         coordinator.join()
     assert coordinator.recoveries == []
+    coordinator.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_function_the_coordinator_gave_up_on_writes_nothing_after(tasks):
+    """The coordinator stops waiting for a function (here: past closure_timeout; a broken
+    connection to its worker does the same) while the worker still runs it: its late push is
+    refused on the worker, so the update cannot land beside a retry or a restore."""
+    ps = [tasks("ps", 0)]
+    workers = [tasks("worker", 0)]
+    strategy = make_strategy(ps, workers, rpc_timeout=5, closure_timeout=1.0)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = Variable(np.zeros((4, 2), np.float32), name="v")
+        opt = SGD(0.1)
+    coordinator.schedule(ones_step, args=(v, opt))
+    coordinator.join()
+    late = coordinator.schedule(late_ones_step, args=(v, opt, 2.5))
+    with pytest.raises(RuntimeError, match="late_ones_step"):
+        coordinator.join()
+    with pytest.raises(RuntimeError):
+        late.fetch()
+    time.sleep(3.0)  # the worker wakes up and tries to push
+    assert int(opt.iterations.read_value()) == 1
+    np.testing.assert_array_equal(v.read_value(), np.full((4, 2), -0.1, np.float32))
     coordinator.close()
 
 

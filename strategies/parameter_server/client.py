@@ -29,7 +29,29 @@ from . import ps_pb2_grpc as pb_grpc
 from . import wire
 from .data_client import DataCall, DataPlaneClient
 from .data_plane import tensor_headers
-from .errors import UnavailableError, ps_task
+from .errors import CancelledError, UnavailableError, ps_task
+
+# On a worker, while it runs a scheduled function: an Event set once the coordinator's call for
+# that function ended (the coordinator gave up on it: its connection broke or the function ran
+# past closure_timeout). The coordinator may run the function again elsewhere, so this run must
+# not write any more: its pushes and assigns are refused from then on (see abandoned_writes).
+_run = threading.local()
+
+
+def set_abandon_event(event: threading.Event | None) -> None:
+    """The worker service marks the thread that runs a scheduled function (None: done)."""
+    _run.abandoned = event
+
+
+def _refuse_abandoned_writes() -> None:
+    event = getattr(_run, "abandoned", None)
+    if event is not None and event.is_set():
+        raise CancelledError(
+            "the coordinator gave up on this scheduled function (its call ended) while it "
+            "still ran here, and may run it again elsewhere: its writes to the parameter "
+            "servers stop here, so its update is not applied twice"
+        )
+
 
 # gRPC codes that mean "the task is gone or did not answer in time".
 UNREACHABLE = (
@@ -143,6 +165,7 @@ class PSClient:
         applied: one exchange per task. Returns the PushResponses, the values read and each
         task's write clock of those values. A task without a data plane gets a plain push
         (nothing read)."""
+        _refuse_abandoned_writes()
         timeout = self.rpc_timeout
         if (
             not all(self._data_plane(c.task, c.address, c.timeout or timeout) for c in calls)
@@ -190,7 +213,9 @@ class PSClient:
     def call_many(self, calls: Sequence[PSCall]) -> list[Any]:
         """Issues every call at once, waits for all; raises the first failure (after all
         finished, so no call is left running), as UnavailableError naming the task when it was
-        unreachable or slow, RuntimeError otherwise."""
+        unreachable or slow, RuntimeError otherwise. On a worker whose function the coordinator
+        gave up on, raises CancelledError before sending anything."""
+        _refuse_abandoned_writes()
         pending: list[Any] = []
         data_calls: list[DataCall] = []
         for c in calls:

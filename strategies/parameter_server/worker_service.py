@@ -24,7 +24,7 @@ from . import ps_pb2 as pb
 from . import ps_pb2_grpc as pb_grpc
 from . import wire
 from ._service_util import abort, rebuild_optimizer, refuse_payload
-from .client import PSClient, PullEntry
+from .client import PSClient, PullEntry, set_abandon_event
 from .errors import OutOfRangeError, UnavailableError, worker_task
 from .variables import (
     IterationsVariable,
@@ -376,7 +376,13 @@ class WorkerService(pb_grpc.WorkerServicer):
         resolved = {r.closure_id: wire.decode_value(r.value) for r in request.resolved}
         store = ClosureStore(self, resolved)
         store.required = dict(request.ps_writes)
-        response = self._run_closure(request, store)
+        abandoned = threading.Event()
+        context.add_callback(abandoned.set)  # the call ended: a give-up, or our own reply
+        set_abandon_event(abandoned)
+        try:
+            response = self._run_closure(request, store)
+        finally:
+            set_abandon_event(None)
         response.ps_writes.update(self.writes_seen())
         return response
 
