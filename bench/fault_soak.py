@@ -231,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"loss/delay {i + 1}/{args.loss_rounds}: {json.dumps(losses[-1])}", flush=True)
         if network:
             result["network"] = summarize(network)
-        if losses:
+        if losses and "skipped" in losses[0]:
+            result["loss/delay"] = {"skipped": losses[0]["skipped"]}
+            losses = []
+        elif losses:
             result["loss/delay"] = summarize(losses)
             result["loss/delay"]["by"] = losses[0]["by"]
         network += losses

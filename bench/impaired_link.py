@@ -47,6 +47,15 @@ _FRAME_MAX = 65536 + 64  # a frame with its virtio-net header, offloads or not
 _SOCKET_BUFFER = 8 << 20  # frames queue here while the relay thread waits for the GIL
 
 
+def relay_missing() -> str:
+    """ "" when this machine can run the relay (a TUN/TAP device), else why not."""
+    if not os.path.exists("/dev/net/tun"):
+        return (
+            "loss and delay need sch_netem or /dev/net/tun (TUN/TAP), and this machine has neither"
+        )
+    return ""
+
+
 def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:

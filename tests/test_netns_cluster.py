@@ -168,7 +168,10 @@ def test_impaired_links_drop_and_delay_then_restore():
     netem: TCP between two impaired hosts still delivers every byte, a round trip crosses two
     delayed egresses, frames were really dropped, and leaving restores the bridge."""
     _can_build_or_skip()
-    from pycollective.bench.impaired_link import ImpairedLinks
+    from pycollective.bench.impaired_link import ImpairedLinks, relay_missing
+
+    if relay_missing():
+        pytest.skip(relay_missing())
 
     with NetnsCluster(2, 1) as cluster:
         server = subprocess.Popen(cluster.in_host(1, [sys.executable, "-c", _ECHO_SERVER]))
