@@ -94,8 +94,9 @@ def loss_delay_round(
     how = f"loss {loss:.0%} delay {delay_s * 1e3:g}ms"
     with NetnsCluster(hosts, 1, master_port=29500 + rng.randrange(1000)) as cluster:
         by = "netem" if not netem_missing(cluster) else "user-space relay (no sch_netem here)"
-        if by != "netem" and relay_missing():
-            return {"fault": how, "skipped": relay_missing(), "problems": []}
+        missing = relay_missing() if by != "netem" else ""
+        if missing:
+            return {"fault": how, "skipped": missing, "problems": []}
         job = start_job(hosts, transport, seed, env=_ENV, cluster=cluster)
         at = time.monotonic()
         if by == "netem":
