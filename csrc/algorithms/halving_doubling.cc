@@ -249,7 +249,7 @@ class HalvingDoubling : public Algorithm {
         // (`direct` has no such pass: with 2 in-process replicas at 16-64 MiB it measured
         // 1.5-1.7x faster, where the models tied).
         return 2 * exchanges([S, p](int mask) { return S * mask / p; }) +
-               S / p * g.comm().localCost.beta + (p - 1) / p * S * c.gamma + fold;
+               S / p * g.comm().localCost().beta + (p - 1) / p * S * c.gamma + fold;
       case CollectiveKind::kReduceScatter:
         return exchanges([S, p](int mask) { return S * mask / p; }) + (p - 1) / p * S * c.gamma;
       case CollectiveKind::kAllgather: return rounds * c.alpha + (n - 1) * S * c.beta;

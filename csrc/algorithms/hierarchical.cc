@@ -28,8 +28,8 @@ Layout layoutOf(const Group& g) {
   Layout l;
   const Communicator& comm = g.comm();
   const int n = g.size();
-  if (comm.hierarchicalGroupSize > 0) {
-    int size = comm.hierarchicalGroupSize;
+  if (comm.hierarchicalGroupSize() > 0) {
+    int size = comm.hierarchicalGroupSize();
     if (n % size != 0) {
       l.problem =
           "group size " + std::to_string(size) + " does not divide " + std::to_string(n) + " ranks";
@@ -79,8 +79,8 @@ class Hierarchical : public Algorithm {
     const double L = l.groups[0].size(), H = l.groups.size();
     // A layout of one host or one rank per host is just a ring: leave it to the ring.
     if (L == 1 || H == 1) return 1e30;
-    const LinkCost& lc = g.comm().localCost;
-    const LinkCost rc = onWire(g.comm().remoteCost, a);
+    const LinkCost& lc = g.comm().localCost();
+    const LinkCost rc = onWire(g.comm().remoteCost(), a);
     // Where each rank sends in the two kinds of step: to the next rank of its own group (the
     // local reduce-scatter and allgather), and to the rank of the same local index in the next
     // group (the cross-group rings, all at once: L of them share each host link, link_load.h).

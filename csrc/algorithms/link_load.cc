@@ -9,7 +9,7 @@ namespace pycollective {
 
 double stepBeta(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to) {
   const Communicator& comm = g.comm();
-  const double remoteBeta = onWire(comm.remoteCost, args).beta;
+  const double remoteBeta = onWire(comm.remoteCost(), args).beta;
   const auto& hosts = comm.hostOf();
   std::unordered_map<int, int> leaving, entering;  // cross-host messages per host and direction
   for (int i = 0; i < g.size(); ++i) {
@@ -26,10 +26,10 @@ double stepBeta(const Group& g, const CollectiveArgs& args, const std::function<
     if (j < 0 || j == i) continue;
     const int from = hosts[g.globalRank(i)], into = hosts[g.globalRank(j)];
     const double b =
-        from == into ? comm.localCost.beta : remoteBeta * std::max(leaving[from], entering[into]);
+        from == into ? comm.localCost().beta : remoteBeta * std::max(leaving[from], entering[into]);
     beta = std::max(beta, b);
   }
-  return beta > 0 ? beta : comm.localCost.beta;
+  return beta > 0 ? beta : comm.localCost().beta;
 }
 
 double stepAlpha(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to) {
@@ -38,9 +38,9 @@ double stepAlpha(const Group& g, const CollectiveArgs& args, const std::function
   for (int i = 0; i < g.size(); ++i) {
     const int j = to(i);
     if (j >= 0 && j != i && hosts[g.globalRank(i)] != hosts[g.globalRank(j)])
-      return onWire(comm.remoteCost, args).alpha;
+      return onWire(comm.remoteCost(), args).alpha;
   }
-  return comm.localCost.alpha;
+  return comm.localCost().alpha;
 }
 
 }  // namespace pycollective

@@ -68,8 +68,8 @@ class ReduceToOne : public Algorithm {
     for (int i = 0; i < g.size(); ++i)
       if (hosts[g.globalRank(i)] != rootHost) ++remote;
     const double local = n - 1 - remote, gamma = costOf(g, a).gamma;
-    const LinkCost& lc = comm.localCost;
-    const LinkCost rc = onWire(comm.remoteCost, a);  // compressed calls send fewer bytes
+    const LinkCost& lc = comm.localCost();
+    const LinkCost rc = onWire(comm.remoteCost(), a);  // compressed calls send fewer bytes
     const double in =
         local * (lc.alpha + S * (lc.beta + gamma)) + remote * (rc.alpha + S * (rc.beta + gamma));
     const double outAll = local * (lc.alpha + S * lc.beta) + remote * (rc.alpha + S * rc.beta);

@@ -92,7 +92,8 @@ const Algorithm* tunedChoice(const Group& group, const CollectiveArgs& args) {
   return nullptr;
 }
 
-// The table (for the log) is only written when asked: this runs on every auto call.
+// The table (for the log) is only written when asked. Runs once per call shape: the
+// communicator remembers auto's answer (chooseAlgorithm).
 Choice chooseAuto(const Group& group, const CollectiveArgs& args, bool withTable) {
   Choice c;
   double best = std::numeric_limits<double>::infinity();
@@ -179,6 +180,12 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
 
   const Algorithm* algo = nullptr;
   const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);
+  const CallShape shape =
+      algoName == "auto" ? callShape(kWhichAlgorithm, group, groupId, args) : CallShape{};
+  if (algoName == "auto") {
+    const int known = comm.autoChoices().find(shape);
+    if (known >= 0) return *registry()[known];
+  }
   if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
     if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
       PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
@@ -205,6 +212,7 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
     PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
              collectiveName(args.kind), " here: ", why);
   }
+  if (algoName == "auto") comm.autoChoices().remember(shape, indexOf(algo));
   return *algo;
 }
 
@@ -230,15 +238,35 @@ void runWith(Group& group, int groupId, const CollectiveArgs& args, const Algori
 
 const TunedChoice* tunedEntry(const Group& group, const CollectiveArgs& args) {
   const Communicator& comm = group.comm();
-  if (comm.tuned.empty() || group.size() != comm.size()) return nullptr;
+  if (comm.tuned().empty() || group.size() != comm.size()) return nullptr;
   const size_t bytes = args.count * elementSize(args.dtype);
   const TunedChoice* pick = nullptr;
-  for (const TunedChoice& t : comm.tuned) {
+  for (const TunedChoice& t : comm.tuned()) {
     if (t.kind != static_cast<int>(args.kind)) continue;
     pick = &t;  // the largest entry serves anything bigger than the table covers
     if (bytes <= t.maxBytes) break;
   }
   return pick;
+}
+
+CallShape callShape(AutoQuestion question, const Group& group, int groupId,
+                    const CollectiveArgs& args) {
+  CallShape c;
+  c.question = question;
+  c.groupId = groupId;
+  uint64_t members = static_cast<uint64_t>(group.size());
+  for (int i = 0; i < group.size(); ++i)
+    members = (members ^ static_cast<uint64_t>(group.globalRank(i))) * 0x100000001b3ull;
+  c.members = members;
+  c.kind = static_cast<uint8_t>(args.kind);
+  c.dtype = static_cast<uint8_t>(args.dtype);
+  c.op = static_cast<uint8_t>(args.op);
+  c.wire = static_cast<uint8_t>(args.wire);
+  c.root = args.root;
+  c.device = args.device >= 0;
+  c.count = args.count;
+  c.segmentBytes = args.segmentBytes;
+  return c;
 }
 
 double bestModelCost(const Group& group, const CollectiveArgs& args) {
@@ -279,8 +307,8 @@ LinkCost costOf(const Group& group, const CollectiveArgs& args) {
   const auto& hosts = group.comm().hostOf();
   int first = hosts[group.globalRank(0)];
   for (int i = 1; i < group.size(); ++i)
-    if (hosts[group.globalRank(i)] != first) return onWire(group.comm().remoteCost, args);
-  return group.comm().localCost;
+    if (hosts[group.globalRank(i)] != first) return onWire(group.comm().remoteCost(), args);
+  return group.comm().localCost();
 }
 
 std::string explainChoice(const Group& group, const CollectiveArgs& args) {
@@ -297,8 +325,7 @@ std::vector<ModelEstimate> modelEstimates(const std::vector<int>& hostOf, const 
   PC_CHECK(n >= 1, "the layout needs at least one rank");
   // Rank 0's view of a communicator without links: the costs read only the layout.
   Communicator comm(0, n, std::vector<std::unique_ptr<Link>>(n), hostOf, 0);
-  comm.localCost = local;
-  comm.remoteCost = remote;
+  comm.setCosts(local, remote);
   const Group group = Group::world(comm);
   std::vector<ModelEstimate> out;
   for (const Algorithm* a : registry()) {

@@ -43,6 +43,14 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
 // reduce_scatter of host buffers -- throws InvalidArgument saying why; `who` names the rank.
 void checkCompressible(const std::string& who, const CollectiveArgs& args);
 
+// The questions auto answers once per call shape (Communicator::autoChoices()).
+enum AutoQuestion : int {
+  kWhichAlgorithm = 1,  // answer: the algorithm's registry index
+  kInlineBeatsAll = 2,  // answer: 1 if a LocalGroup's inline path beats every algorithm, else 0
+};
+CallShape callShape(AutoQuestion question, const Group& group, int groupId,
+                    const CollectiveArgs& args);
+
 // The algorithm a call runs: by name, or auto's choice (the tuned table, else the cost model).
 // Checks the call (root, integer avg, whether the algorithm can run it) and throws
 // InvalidArgument/InvalidType before anything moves.

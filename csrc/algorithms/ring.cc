@@ -238,7 +238,7 @@ class RingAlgorithm : public Algorithm {
     const double alpha = c.alpha, gamma = c.gamma;
     // Every rank sends to the next at once: the busiest host link sets the pace (link_load.h).
     const double beta = stepBeta(g, a, [size](int i) { return (i + 1) % size; });
-    const double copyBeta = g.comm().localCost.beta;  // a copy within this rank's memory
+    const double copyBeta = g.comm().localCost().beta;  // a copy within this rank's memory
     const double seg = static_cast<double>(a.segmentBytes ? a.segmentBytes : 262144);
     // Each chunk travels in segments: the pipeline hides their transfers but not one message's
     // fixed cost per segment (between threads a wake-up each: with 2 in-process replicas at

@@ -168,8 +168,7 @@ void bindGroup(py::module_& m) {
       .def(
           "set_costs",
           [](Communicator& c, const CostTuple& local, const CostTuple& remote) {
-            c.localCost = linkCost(local);
-            c.remoteCost = linkCost(remote);
+            c.setCosts(linkCost(local), linkCost(remote));
           },
           py::arg("local"), py::arg("remote"),
           "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links")
@@ -265,7 +264,8 @@ void bindGroup(py::module_& m) {
           "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
           py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")
       .def(
-          "set_tuned", [](Communicator& c, const TunedRows& table) { c.tuned = tunedTable(table); },
+          "set_tuned",
+          [](Communicator& c, const TunedRows& table) { c.setTuned(tunedTable(table)); },
           py::arg("table"), "[(collective kind, max bytes, algorithm)] sorted by max bytes")
       .def_property_readonly("aborted", &Communicator::aborted)
       .def_property_readonly("abort_reason", &Communicator::abortReason);

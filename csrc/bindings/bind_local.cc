@@ -78,13 +78,13 @@ void bindLocal(py::module_& m) {
           "set_costs",
           [](LocalGroup& g, const CostTuple& cost) {
             for (int r = 0; r < g.size(); ++r)
-              g.communicator(r).localCost = g.communicator(r).remoteCost = linkCost(cost);
+              g.communicator(r).setCosts(linkCost(cost), linkCost(cost));
           },
           py::arg("cost"))
       .def(
           "set_tuned",
           [](LocalGroup& g, const TunedRows& table) {
-            for (int r = 0; r < g.size(); ++r) g.communicator(r).tuned = tunedTable(table);
+            for (int r = 0; r < g.size(); ++r) g.communicator(r).setTuned(tunedTable(table));
           },
           py::arg("table"))
       .def(

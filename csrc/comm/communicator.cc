@@ -41,6 +41,22 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
 
 Communicator::~Communicator() = default;
 
+void Communicator::setCosts(const LinkCost& local, const LinkCost& remote) {
+  localCost_ = local;
+  remoteCost_ = remote;
+  autoChoices_.forget();
+}
+
+void Communicator::setHierarchicalGroupSize(int size) {
+  hierarchicalGroupSize_ = size;
+  autoChoices_.forget();
+}
+
+void Communicator::setTuned(std::vector<TunedChoice> table) {
+  tuned_ = std::move(table);
+  autoChoices_.forget();
+}
+
 Link& Communicator::link(int peer) {
   PC_ASSERT(peer >= 0 && peer < size_ && peer != rank_ && links_[peer], "bad peer ", peer);
   return *links_[peer];

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/choice_memo.h"
 #include "comm/executor.h"
 #include "core/deadline.h"
 #include "cuda/device_ops.h"
@@ -60,13 +61,19 @@ class Communicator {
   void setTimeoutSeconds(double s) { timeoutSeconds_ = s; }
 
   // Costs of links between ranks on the same host / different hosts.
-  LinkCost localCost, remoteCost;
+  const LinkCost& localCost() const { return localCost_; }
+  const LinkCost& remoteCost() const { return remoteCost_; }
+  void setCosts(const LinkCost& local, const LinkCost& remote);
   // Ranks per hierarchical group when the host layout does not say (in-process replicas);
   // 0 = derive from hostOf.
-  int hierarchicalGroupSize = 0;
+  int hierarchicalGroupSize() const { return hierarchicalGroupSize_; }
+  void setHierarchicalGroupSize(int size);
   // Measured choices for algo="auto" on this group (sorted by maxBytes); the cost model decides
   // where the table says nothing.
-  std::vector<TunedChoice> tuned;
+  const std::vector<TunedChoice>& tuned() const { return tuned_; }
+  void setTuned(std::vector<TunedChoice> table);
+  // auto's decisions so far; the setters above empty it, since they change what auto decides.
+  ChoiceMemo& autoChoices() const { return autoChoices_; }
 
   // Sequence number of the next collective of group `groupId` (0 = all ranks).
   uint64_t nextSeq(int groupId = 0);
@@ -99,6 +106,10 @@ class Communicator {
   std::vector<int> hostOf_;
   double timeoutSeconds_;
   int reduceThreads_ = 1;
+  LinkCost localCost_, remoteCost_;
+  int hierarchicalGroupSize_ = 0;
+  std::vector<TunedChoice> tuned_;
+  mutable ChoiceMemo autoChoices_;
   std::mutex seqMu_;
   std::map<int, uint64_t> seq_;
   std::atomic<bool> aborted_{false};

@@ -23,9 +23,9 @@ LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
                                                timeoutSeconds);
     // In-process links: a message costs a doorbell and often a thread wake-up (`pycollective
     // tune` measured 17 us on a 2-vCPU VM with 4 replicas), and one pass over memory.
-    comm->localCost = LinkCost{15e-6, 1.0 / 6e9, 1.0 / 6e9};
-    comm->remoteCost = comm->localCost;
-    comm->hierarchicalGroupSize = groupSize;
+    const LinkCost inproc{15e-6, 1.0 / 6e9, 1.0 / 6e9};
+    comm->setCosts(inproc, inproc);
+    comm->setHierarchicalGroupSize(groupSize);
     comms_.push_back(std::move(comm));
   }
 }
@@ -59,8 +59,9 @@ LocalGroup::LocalGroup(int worker, int numWorkers,
                                                timeoutSeconds);
     // Each process's replicas form one hierarchical group, whatever the hosts say (several
     // workers may share a host).
-    comm->hierarchicalGroupSize = size;
-    comm->localCost = LinkCost{15e-6, 1.0 / 6e9, 1.0 / 6e9};  // the in-process links (above)
+    comm->setHierarchicalGroupSize(size);
+    comm->setCosts(LinkCost{15e-6, 1.0 / 6e9, 1.0 / 6e9},  // the in-process links (above)
+                   comm->remoteCost());
     comms_.push_back(std::move(comm));
   }
 }
@@ -122,8 +123,16 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
   if (args[0].device >= 0) return false;
   Communicator& first = *comms_[0];
   const Group group = Group::world(first);
-  if (const TunedChoice* t = tunedEntry(group, args[0])) return t->algo == kInlineAlgorithm;
-  return inlineCost(args) < bestModelCost(group, args[0]);
+  const CallShape shape = callShape(kInlineBeatsAll, group, 0, args[0]);
+  const int known = first.autoChoices().find(shape);
+  if (known >= 0) return known == 1;
+  bool best;
+  if (const TunedChoice* t = tunedEntry(group, args[0]))
+    best = t->algo == kInlineAlgorithm;
+  else
+    best = inlineCost(args) < bestModelCost(group, args[0]);
+  first.autoChoices().remember(shape, best ? 1 : 0);
+  return best;
 }
 
 void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string& algo) {
