@@ -106,6 +106,7 @@ class Communicator {
   std::vector<int> hostOf_;
   double timeoutSeconds_;
   int reduceThreads_ = 1;
+  double spinSeconds_ = 5e-6;  // how long a wait spins before it yields the core
   LinkCost localCost_, remoteCost_;
   int hierarchicalGroupSize_ = 0;
   std::vector<TunedChoice> tuned_;
