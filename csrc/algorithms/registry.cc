@@ -182,8 +182,9 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
   const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);
   const CallShape shape =
       algoName == "auto" ? callShape(kWhichAlgorithm, group, groupId, args) : CallShape{};
+  uint64_t epoch = 0;
   if (algoName == "auto") {
-    const int known = comm.autoChoices().find(shape);
+    const int known = comm.autoChoices().find(shape, &epoch);
     if (known >= 0) return *registry()[known];
   }
   if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
@@ -212,7 +213,7 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
     PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
              collectiveName(args.kind), " here: ", why);
   }
-  if (algoName == "auto") comm.autoChoices().remember(shape, indexOf(algo));
+  if (algoName == "auto") comm.autoChoices().remember(shape, indexOf(algo), epoch);
   return *algo;
 }
 

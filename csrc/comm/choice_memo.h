@@ -46,14 +46,18 @@ struct CallShapeHash {
 
 class ChoiceMemo {
  public:
-  // The remembered answer, or -1.
-  int find(const CallShape& shape) {
+  // The remembered answer, or -1. `*epoch` receives the memo's epoch, to pass to remember().
+  int find(const CallShape& shape, uint64_t* epoch) {
     std::lock_guard<std::mutex> lock(mu_);
+    *epoch = epoch_;
     auto it = answers_.find(shape);
     return it == answers_.end() ? -1 : it->second;
   }
-  void remember(const CallShape& shape, int answer) {
+  // Keeps an answer worked out since find() returned `epoch`, unless forget() ran in between:
+  // then the answer may rest on the old costs or table, and is dropped.
+  void remember(const CallShape& shape, int answer, uint64_t epoch) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (epoch != epoch_) return;
     // A program that calls with ever new sizes must not grow this without bound.
     if (answers_.size() >= kMaxShapes) answers_.clear();
     answers_[shape] = answer;
@@ -61,11 +65,13 @@ class ChoiceMemo {
   void forget() {
     std::lock_guard<std::mutex> lock(mu_);
     answers_.clear();
+    ++epoch_;
   }
 
  private:
   static constexpr size_t kMaxShapes = 4096;
   std::mutex mu_;
+  uint64_t epoch_ = 0;
   std::unordered_map<CallShape, int, CallShapeHash> answers_;
 };
 

@@ -1,7 +1,6 @@
 #include "comm/communicator.h"
 
 #include <poll.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,16 +20,6 @@
 
 namespace pycollective {
 
-namespace {
-// The cores this process may run on (its affinity mask, which containers and taskset narrow),
-// else the machine's.
-int usableCores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-}  // namespace
-
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>> links,
                            std::vector<int> hostOf, double timeoutSeconds)
     : rank_(rank),
@@ -45,7 +34,11 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
   PC_CHECK(static_cast<int>(hostOf_.size()) == size, "host table has ", hostOf_.size(),
            " entries for ", size, " ranks");
   const int onMyHost = static_cast<int>(std::count(hostOf_.begin(), hostOf_.end(), hostOf_[rank]));
-  const int cores = usableCores();
+  // The host's cores, not this process's affinity mask: a launcher that binds each rank to its
+  // own cores (Slurm's --cpus-per-task, mpirun --bind-to) narrows the mask to the rank's share,
+  // and dividing that by the ranks on the host again would undercount. (A container that
+  // narrows every rank's mask to the same few cores is not seen as oversubscribed.)
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   reduceThreads_ =
       params::reduceThreads() > 0 ? params::reduceThreads() : std::max(1, cores / onMyHost);
   // More ranks than cores: the peer a rank waits for is often parked on this very core, and

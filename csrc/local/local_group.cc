@@ -124,14 +124,15 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
   Communicator& first = *comms_[0];
   const Group group = Group::world(first);
   const CallShape shape = callShape(kInlineBeatsAll, group, 0, args[0]);
-  const int known = first.autoChoices().find(shape);
+  uint64_t epoch = 0;
+  const int known = first.autoChoices().find(shape, &epoch);
   if (known >= 0) return known == 1;
   bool best;
   if (const TunedChoice* t = tunedEntry(group, args[0]))
     best = t->algo == kInlineAlgorithm;
   else
     best = inlineCost(args) < bestModelCost(group, args[0]);
-  first.autoChoices().remember(shape, best ? 1 : 0);
+  first.autoChoices().remember(shape, best ? 1 : 0, epoch);
   return best;
 }
 

@@ -1,8 +1,9 @@
 // auto's remembered choices (comm/choice_memo.h): the communicator answers "which algorithm" once
 // per call shape, and must answer again whenever what the answer depends on changes -- the link
-// costs, the tuned table, the call's size or group. A memo that kept a stale answer would run a
-// slow algorithm forever after `pycollective tune` or set_costs; this checks each way of going
-// stale against the model evaluated afresh (modelEstimates).
+// costs, the tuned table, the call's size or group -- even when it changes while an answer is
+// being worked out. A memo that kept a stale answer would run a slow algorithm forever after
+// `pycollective tune` or set_costs; this checks each way of going stale against the model
+// evaluated afresh (modelEstimates).
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,19 @@ int main() {
   const Group pair(comm, {0, 1});
   const std::string forPair = chooseAlgorithm(pair, 7, big, "auto").name();
   EXPECT(forPair == modelPick({0, 0}, byteBound, byteBound, big), "pair pick %s", forPair.c_str());
+
+  // An answer worked out while another thread changed the costs is not kept: it may rest on
+  // the old ones.
+  ChoiceMemo memo;
+  CallShape shape;
+  shape.count = 42;
+  uint64_t epoch = 0;
+  EXPECT(memo.find(shape, &epoch) == -1, "empty memo");
+  memo.forget();  // the costs changed between the look-up and the answer
+  memo.remember(shape, 3, epoch);
+  EXPECT(memo.find(shape, &epoch) == -1, "a stale answer was kept");
+  memo.remember(shape, 3, epoch);
+  EXPECT(memo.find(shape, &epoch) == 3, "a fresh answer is kept");
 
   std::printf("%d checks, %d failures\n", gChecks, gFailures);
   return gFailures == 0 ? 0 : 1;
