@@ -180,19 +180,19 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
 
   const Algorithm* algo = nullptr;
   const bool explain = logEnabled(LogLevel::kInfo, LogSubsys::kColl);
-  const CallShape shape =
-      algoName == "auto" ? callShape(kWhichAlgorithm, group, groupId, args) : CallShape{};
+  const bool isAuto = algoName == "auto";
+  const CallShape shape = isAuto ? callShape(kWhichAlgorithm, group, groupId, args) : CallShape{};
   uint64_t epoch = 0;
-  if (algoName == "auto") {
+  if (isAuto) {
     const int known = comm.autoChoices().find(shape, &epoch);
     if (known >= 0) return *registry()[known];
   }
-  if (algoName == "auto" && (algo = tunedChoice(group, args)) != nullptr) {
+  if (isAuto && (algo = tunedChoice(group, args)) != nullptr) {
     if (explain && firstOfSizeClass(comm.who(), groupId, args, algo))
       PC_INFO(kColl, comm.who(), " auto chose ", algo->name(), " for ", collectiveName(args.kind),
               " of ", args.count * elementSize(args.dtype),
               " bytes from the tuned table (said once per size class)");
-  } else if (algoName == "auto") {
+  } else if (isAuto) {
     Choice c = chooseAuto(group, args, explain);
     PC_ASSERT(c.algo != nullptr, "no algorithm supports ", collectiveName(args.kind));
     algo = c.algo;
@@ -213,7 +213,7 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
     PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",
              collectiveName(args.kind), " here: ", why);
   }
-  if (algoName == "auto") comm.autoChoices().remember(shape, indexOf(algo), epoch);
+  if (isAuto) comm.autoChoices().remember(shape, indexOf(algo), epoch);
   return *algo;
 }
 

@@ -12,6 +12,12 @@
 
 namespace pycollective {
 
+namespace {
+// In-process links: a message costs a doorbell and often a thread wake-up (`pycollective tune`
+// measured 17 us on a 2-vCPU VM with 4 replicas), and one pass over memory.
+const LinkCost kInprocLink{15e-6, 1.0 / 6e9, 1.0 / 6e9};
+}  // namespace
+
 LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
   PC_CHECK(size >= 1, "a LocalCommunicator needs at least one replica, got ", size);
   PC_CHECK(groupSize >= 0, "group_size must be positive, got ", groupSize);
@@ -21,10 +27,7 @@ LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
   for (int r = 0; r < size; ++r) {
     auto comm = std::make_unique<Communicator>(r, size, fabric.links(r), std::vector<int>(size, 0),
                                                timeoutSeconds);
-    // In-process links: a message costs a doorbell and often a thread wake-up (`pycollective
-    // tune` measured 17 us on a 2-vCPU VM with 4 replicas), and one pass over memory.
-    const LinkCost inproc{15e-6, 1.0 / 6e9, 1.0 / 6e9};
-    comm->setCosts(inproc, inproc);
+    comm->setCosts(kInprocLink, kInprocLink);
     comm->setHierarchicalGroupSize(groupSize);
     comms_.push_back(std::move(comm));
   }
@@ -60,8 +63,7 @@ LocalGroup::LocalGroup(int worker, int numWorkers,
     // Each process's replicas form one hierarchical group, whatever the hosts say (several
     // workers may share a host).
     comm->setHierarchicalGroupSize(size);
-    comm->setCosts(LinkCost{15e-6, 1.0 / 6e9, 1.0 / 6e9},  // the in-process links (above)
-                   comm->remoteCost());
+    comm->setCosts(kInprocLink, comm->remoteCost());
     comms_.push_back(std::move(comm));
   }
 }

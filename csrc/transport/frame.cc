@@ -82,7 +82,7 @@ bool sameFrame(const FrameHeader& a, const FrameHeader& b) {
 }  // namespace
 
 std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got) {
-  if (got.magic == FrameHeader::kMagic && sameFrame(expected, got)) return "";
+  if (sameFrame(expected, got)) return "";  // `expected` carries the magic
   if (got.magic != FrameHeader::kMagic)
     return "the frame is not a pycollective frame (bad magic): the byte stream is corrupt or "
            "something else is connected to this port";
