@@ -12,6 +12,7 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/wire_arena.h"
+#include "core/host_copy.h"
 #include "reduce/reduce.h"
 #include "reduce/wire_codec.h"
 
@@ -46,12 +47,12 @@ class Exchange {
   // output): streaming stores for host buffers, which skip reading the destination first.
   void store(void* dst, const void* src, size_t bytes) const;
 
-  // dst = src over `bytes` in the call's memory: std::memcpy for host buffers, a device copy
+  // dst = src over `bytes` in the call's memory: hostCopy for host buffers, a device copy
   // (finished on return) for device buffers. Algorithms copy only through this.
   void copy(void* dst, const void* src, size_t bytes) const {
     if (bytes == 0) return;  // an empty buffer's pointer may be null: memcpy must not see it
     if (state_->copy == nullptr) {
-      std::memcpy(dst, src, bytes);
+      hostCopy(dst, src, bytes);
     } else {
       state_->copy(dst, src, bytes);
     }
@@ -96,7 +97,7 @@ class Exchange {
     Communicator* comm;
     FrameHeader header;  // template: step/bytes filled per message
     ReduceFn reduce;
-    CopyFn copy = nullptr;  // nullptr: host memory (std::memcpy)
+    CopyFn copy = nullptr;  // nullptr: host memory (hostCopy)
     int device = -1;        // CUDA device of the call's buffers, -1 for host memory
     int reduceThreads = 1;  // host reductions may split over this many threads
     DType dtype = DType::kFloat32;

@@ -4,6 +4,7 @@
 
 #include "algorithms/chunking.h"
 #include "core/error.h"
+#include "core/host_copy.h"
 #include "reduce/reduce.h"
 #include "transport/frame.h"
 
@@ -12,7 +13,7 @@ namespace pycollective {
 namespace {
 
 void copyIfApart(void* dst, const void* src, size_t bytes) {
-  if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+  if (dst != src && bytes > 0) hostCopy(dst, src, bytes);
 }
 
 // Scratch kept by a thread between calls, up to this size (inline calls are small unless a

@@ -5,6 +5,7 @@
 
 #include "algorithms/registry.h"
 #include "core/error.h"
+#include "core/host_copy.h"
 #include "cuda/device_ops.h"
 #include "local/inline_collective.h"
 #include "reduce/reduce.h"
@@ -103,7 +104,7 @@ void LocalGroup::runCrossSmall(const std::vector<CollectiveArgs>& args) {
   // 3. The other replicas get copies.
   const size_t bytes = args[0].count * elementSize(args[0].dtype);
   for (int r = 1; r < size; ++r)
-    if (args[r].out != args[0].out) std::memcpy(args[r].out, args[0].out, bytes);
+    if (args[r].out != args[0].out) hostCopy(args[r].out, args[0].out, bytes);
 }
 
 void LocalGroup::checkCrossProcessCall(const CollectiveArgs& args, const std::string& algo) const {

@@ -13,7 +13,8 @@ namespace pycollective {
 // dst[i] = a[i] OP b[i] for i < count. dst may alias a or b exactly (never a partial overlap).
 using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count);
 
-// dst = src over `bytes`: std::memcpy for host buffers; device buffers use DeviceOps::copyFn().
+// dst = src over `bytes`: hostCopy (core/host_copy.h) for host buffers; device buffers use
+// DeviceOps::copyFn().
 using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
 
 // float32 arrays to 16-bit ones and back (round to nearest even, see half.h), for the

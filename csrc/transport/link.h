@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "core/host_copy.h"
 #include "reduce/reduce.h"
 #include "transport/frame.h"
 
@@ -35,7 +36,7 @@ struct RecvSpec {
   const void* accum = nullptr;  // with reduce: dst = accum OP incoming (nullptr means dst)
   size_t elemSize = 1;          // element size for reduce
   int threads = 1;              // threads a reduction may use (reduceParallel)
-  CopyFn copy = nullptr;        // nullptr: std::memcpy (device buffers: a device copy). Only
+  CopyFn copy = nullptr;        // nullptr: hostCopy (device buffers: a device copy). Only
                                 // links that share memory (sharesMemory()) get device buffers.
 };
 
@@ -49,7 +50,7 @@ inline void applyPayload(const RecvSpec& s, const void* src) {
   } else if (s.copy != nullptr) {
     s.copy(s.dst, src, s.bytes);
   } else {
-    std::memcpy(s.dst, src, s.bytes);
+    hostCopy(s.dst, src, s.bytes);
   }
 }
 

@@ -20,6 +20,7 @@
 
 #include "core/deadline.h"
 #include "core/error.h"
+#include "core/host_copy.h"
 #include "core/logging.h"
 
 namespace pycollective {
@@ -321,15 +322,15 @@ class ShmLink : public Link {
   void copyIntoRing(uint64_t pos, const void* src, size_t n) {
     size_t off = static_cast<size_t>(pos % ringBytes_);
     size_t first = std::min(n, ringBytes_ - off);
-    std::memcpy(sendRing_ + off, src, first);
-    if (first < n) std::memcpy(sendRing_, static_cast<const char*>(src) + first, n - first);
+    hostCopy(sendRing_ + off, src, first);
+    if (first < n) hostCopy(sendRing_, static_cast<const char*>(src) + first, n - first);
   }
 
   void copyFromRing(void* dst, uint64_t pos, size_t n) {
     size_t off = static_cast<size_t>(pos % ringBytes_);
     size_t first = std::min(n, ringBytes_ - off);
-    std::memcpy(dst, recvRing_ + off, first);
-    if (first < n) std::memcpy(static_cast<char*>(dst) + first, recvRing_, n - first);
+    hostCopy(dst, recvRing_ + off, first);
+    if (first < n) hostCopy(static_cast<char*>(dst) + first, recvRing_, n - first);
   }
 
   // Copies or reduces n payload bytes at ring position `pos` into the receive's destination,
@@ -341,8 +342,8 @@ class ShmLink : public Link {
     size_t off = static_cast<size_t>(pos % ringBytes_);
     size_t first = std::min(n, ringBytes_ - off);
     if (s.reduce == nullptr) {
-      std::memcpy(dst, recvRing_ + off, first);
-      if (first < n) std::memcpy(dst + first, recvRing_, n - first);
+      hostCopy(dst, recvRing_ + off, first);
+      if (first < n) hostCopy(dst + first, recvRing_, n - first);
       return;
     }
     const char* accum =

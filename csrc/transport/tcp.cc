@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/host_copy.h"
 #include "transport/aead.h"
 
 namespace pycollective {
@@ -196,7 +197,7 @@ class TcpLink : public Link {
       offset += take;
       n -= take;
     }
-    if (n > 0) std::memcpy(dst, s.data + (offset - sizeof(FrameHeader)), n);
+    if (n > 0) hostCopy(dst, s.data + (offset - sizeof(FrameHeader)), n);
   }
 
   bool pushPlain() {
@@ -242,7 +243,7 @@ class TcpLink : public Link {
     if (!cipher_) return readSocket(dst, len);
     if (openPos_ == openBytes_) return openRecord(static_cast<uint8_t*>(dst), len);
     size_t n = std::min(len, openBytes_ - openPos_);
-    std::memcpy(dst, record_.data() + kRecordHead + openPos_, n);
+    hostCopy(dst, record_.data() + kRecordHead + openPos_, n);
     openPos_ += n;
     return n;
   }
@@ -284,7 +285,7 @@ class TcpLink : public Link {
     }
     openBytes_ = n;
     openPos_ = std::min(len, n);
-    std::memcpy(dst, body, openPos_);
+    hostCopy(dst, body, openPos_);
     return openPos_;
   }
 
