@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 
+#include "algorithms/cache_model.h"
 #include "algorithms/chunking.h"
 #include "algorithms/exchange.h"
 #include "algorithms/link_load.h"
@@ -244,12 +245,15 @@ class HalvingDoubling : public Algorithm {
       case CollectiveKind::kAllreduce:
         if (S <= kWholeVectorBytes)
           return exchanges([S](int) { return S; }) + L * S * c.gamma + fold;
-        // Halving sends S * mask / p at each distance, doubling the same back. + S / p: this
-        // rank's own part also passes from its input into its output, which no message counts
-        // (`direct` has no such pass: with 2 in-process replicas at 16-64 MiB it measured
-        // 1.5-1.7x faster, where the models tied).
+        // Halving sends S * mask / p at each distance, doubling the same back. + S / p, once
+        // the call's buffers leave the cache: this rank's own part also passes from its input
+        // into its output, which no message counts (`direct` has no such pass: with 2
+        // in-process replicas at 16-64 MiB it measured 1.5-1.7x faster, where the models tied).
+        // In cache that pass is cheap and `direct` pays for its accumulator instead (4 MiB:
+        // halving-doubling 198-201 us, `direct` 272-277).
         return 2 * exchanges([S, p](int mask) { return S * mask / p; }) +
-               S / p * g.comm().localCost().beta + (p - 1) / p * S * c.gamma + fold;
+               (callStaysInCache(n, S) ? 0 : S / p * g.comm().localCost().beta) +
+               (p - 1) / p * S * c.gamma + fold;
       case CollectiveKind::kReduceScatter:
         return exchanges([S, p](int mask) { return S * mask / p; }) + (p - 1) / p * S * c.gamma;
       case CollectiveKind::kAllgather: return rounds * c.alpha + (n - 1) * S * c.beta;
