@@ -5,9 +5,10 @@
 // glibc copies 2 KiB to a few hundred KiB with `rep movsb` on CPUs that report fast short rep
 // movsb (FSRM); Debian 12's glibc 2.36 does, as do the releases before the fix of glibc bug
 // 30994. On AMD Zen that instruction runs at about 3 GB/s, against 40-80 GB/s otherwise,
-// whenever the destination sits 1-31 bytes above the source modulo the 4 KiB page. Two numpy arrays from the heap land that way often
-// enough: on this project's 2-vCPU EPYC an in-process all-reduce of 256 KiB took 117 us
-// instead of 32 us in the benchmark. Within that window the copy runs as a plain SIMD loop.
+// whenever the destination sits 1-31 bytes above the source modulo the 4 KiB page. Two numpy arrays
+// from the heap land that way often enough: on this project's 2-vCPU EPYC an in-process all-reduce
+// of 256 KiB took 117 us instead of 32 us in the benchmark. Within that window the copy runs as a
+// plain SIMD loop.
 #include <cstddef>
 
 namespace pycollective {
