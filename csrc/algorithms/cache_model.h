@@ -8,6 +8,9 @@ namespace pycollective {
 // size there is the whole socket's 256 MiB, which no VM gets, so it is not asked.)
 constexpr double kCacheResidentBytes = 32 << 20;
 
+// The model changes regime at this line, so a cost may jump there (direct gets cheaper by its
+// accumulator's passes, halving-doubling dearer by its own part's copy) where the measured
+// times change smoothly: near the line `auto` may take either.
 inline bool callStaysInCache(double ranks, double bytesPerRank) {
   return 2 * ranks * bytesPerRank <= kCacheResidentBytes;
 }

@@ -88,8 +88,9 @@ class Direct : public Algorithm {
     // Two all-to-all rounds of tiny messages, then one read of the inputs and one write of
     // the outputs, spread over the ranks.
     const double sync = 2 * (n - 1) * c.alpha;
-    // In cache the accumulator's passes cost as much as the rest: it is written once and read
-    // once per output, (1 + 1/n) / 2 of S more moved per rank (out of cache it stays in L1).
+    // In cache the accumulator's passes cost as much as the rest: per rank it is written (S/n)
+    // and read once per output (S). beta prices a byte moved, one read and one write, hence
+    // (1 + 1/n) / 2 of S more per rank. Out of cache those passes hide in L1.
     const double accumulator = callStaysInCache(n, S) ? (1 + 1 / n) / 2 * S * c.beta : 0;
     switch (a.kind) {
       case CollectiveKind::kAllreduce:

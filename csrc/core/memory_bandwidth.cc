@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/host_copy.h"
 #include "core/stream_copy.h"
 
 namespace pycollective {
@@ -35,7 +36,7 @@ double measureCopyBandwidth(size_t bytesPerThread, int threads, int reps) {
         if (streaming)
           streamCopy(dst[t].get(), src[t].get(), bytesPerThread);
         else
-          std::memcpy(dst[t].get(), src[t].get(), bytesPerThread);
+          hostCopy(dst[t].get(), src[t].get(), bytesPerThread);
       });
     while (ready.load() < threads) std::this_thread::yield();
     auto start = std::chrono::steady_clock::now();

@@ -6,8 +6,8 @@
 namespace pycollective {
 
 // Bytes read + written per second, best of `reps`, each thread copying `bytesPerThread`, with
-// the better of memcpy and streaming stores (a ceiling must not sit below what the collectives
-// themselves reach).
+// the better of hostCopy (memcpy) and streaming stores (a ceiling must not sit below what the
+// collectives themselves reach).
 double measureCopyBandwidth(size_t bytesPerThread, int threads, int reps);
 
 }  // namespace pycollective

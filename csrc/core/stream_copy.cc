@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/host_copy.h"
+
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
@@ -13,7 +15,7 @@ void streamCopy(void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
   constexpr size_t kMinBytes = 4096;  // below this, memcpy into the cache is as good
   if (bytes < kMinBytes) {
-    std::memcpy(dst, src, bytes);
+    hostCopy(dst, src, bytes);
     return;
   }
   auto* d = static_cast<char*>(dst);
@@ -39,7 +41,7 @@ void streamCopy(void* dst, const void* src, size_t bytes) {
   // Streaming stores are weakly ordered: make them visible before anyone is told we are done.
   _mm_sfence();
 #else
-  std::memcpy(dst, src, bytes);
+  hostCopy(dst, src, bytes);
 #endif
 }
 

@@ -67,6 +67,8 @@ double inlineCost(const std::vector<CollectiveArgs>& args) {
   // of traffic.
   constexpr double kInCacheSecondsPerByte = 1.0 / 25e9;
   constexpr double kOutOfCacheSecondsPerByte = 1.0 / 12e9;
+  // One thread's working set, hence smaller than the whole call's line in algorithms/
+  // cache_model.h, where every core's share of L3 and its own L2 hold the buffers.
   constexpr double kCacheBytes = 8 << 20;
   const CollectiveArgs& a = args[0];
   const double n = static_cast<double>(args.size());
