@@ -22,13 +22,13 @@ constexpr size_t kMaxBytes = 1 << 20;
 constexpr uintptr_t kBadDistance = 64;
 constexpr uintptr_t kPageMask = 4095;
 
-bool overlapping(const void* dst, const void* src, size_t bytes) {
-  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-  return (d > s ? d - s : s - d) < bytes;
-}
-
 }  // namespace
 #endif
+
+bool rangesOverlap(const void* a, const void* b, size_t bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return (x > y ? x - y : y - x) < bytes;
+}
 
 bool hostCopyAvoidsMemcpy(const void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
@@ -47,7 +47,7 @@ void hostCopy(void* dst, const void* src, size_t bytes) {
   if (hostCopyAvoidsMemcpy(dst, src, bytes)) {
     // Overlapping ranges are not a copy the library makes, but the loop below would read bytes
     // it had already overwritten: leave them to memmove rather than corrupt them.
-    if (overlapping(dst, src, bytes)) {
+    if (rangesOverlap(dst, src, bytes)) {
       std::memmove(dst, src, bytes);
       return;
     }

@@ -20,17 +20,12 @@ void copyIfApart(void* dst, const void* src, size_t bytes) {
 // user forces algo="inline" on a large buffer, whose scratch is then freed after the call).
 constexpr size_t kKeptScratchBytes = 4 << 20;
 
-bool overlap(const void* a, const void* b, size_t bytes) {
-  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
-  return x < y + bytes && y < x + bytes;
-}
-
 // Whether the reduction may be written straight into `dst` as it goes: dst is replica 0's
 // input itself (each element is read before it is written) or touches no input.
 bool safeDestination(const std::vector<CollectiveArgs>& args, const void* dst, size_t bytes) {
-  if (dst == nullptr || (dst != args[0].in && overlap(dst, args[0].in, bytes))) return false;
+  if (dst == nullptr || (dst != args[0].in && rangesOverlap(dst, args[0].in, bytes))) return false;
   for (size_t r = 1; r < args.size(); ++r)
-    if (overlap(dst, args[r].in, bytes)) return false;
+    if (rangesOverlap(dst, args[r].in, bytes)) return false;
   return true;
 }
 
