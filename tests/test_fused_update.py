@@ -166,7 +166,7 @@ def test_every_instruction_set_computes_the_same_bits():
 ACROSS_COUNTS = [0, 2, 1001, 3 * (256 * 1024 // 4) + 5]
 
 
-def _allreduce_apply_ranks(rank, n, transport):
+def _allreduce_apply_ranks(rank, n, transport, sharded):
     import pycollective as pc
 
     pc.init(transport=transport)
@@ -187,8 +187,13 @@ def _allreduce_apply_ranks(rank, n, transport):
             ]
             copies = 1 + len(rule) % 2  # one copy for some rules, two for others
             var_copies = [[w.copy() for _ in range(copies)] for w in w0]
+            # Sharded (ZeRO-1): one array per slot, this rank's chunk of it.
+            bounds = [fu.shard_bounds(c, n, rank) if sharded else (0, c) for c in ACROSS_COUNTS]
             slot_copies = [
-                [[s[i].copy() for _ in range(copies)] for s in s0]
+                [
+                    [s[i][slice(*bounds[i])].copy() for _ in range(1 if sharded else copies)]
+                    for s in s0
+                ]
                 for i in range(len(ACROSS_COUNTS))
             ]
             fu.allreduce_apply(
@@ -198,6 +203,7 @@ def _allreduce_apply_ranks(rank, n, transport):
                     fu.ReplicatedTensor([grads[rank][i]], var_copies[i], slot_copies[i])
                     for i in range(len(ACROSS_COUNTS))
                 ],
+                sharded_slots=sharded,
             )
             tol = (
                 dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
@@ -211,9 +217,10 @@ def _allreduce_apply_ranks(rank, n, transport):
                     np.testing.assert_array_equal(c, var_copies[i][0])
                 for got, want in zip(slot_copies[i], want_slots):
                     for c in got:
-                        np.testing.assert_allclose(c, want, **tol)
+                        np.testing.assert_allclose(c, want[slice(*bounds[i])], **tol)
                 # Every rank holds the same bits: each chunk was computed once, by its owner.
-                state = np.concatenate([var_copies[i][0]] + [s[0] for s in slot_copies[i]])
+                shared = [var_copies[i][0]] + ([] if sharded else [s[0] for s in slot_copies[i]])
+                state = np.concatenate(shared)
                 gathered = np.asarray(pc.allgather(state))
                 assert all(gathered[r].tobytes() == state.tobytes() for r in range(n))
                 checks += 1
@@ -221,10 +228,23 @@ def _allreduce_apply_ranks(rank, n, transport):
     return checks
 
 
+# 4 KiB ring segments: the larger tensors take dozens of segments, so the few segment-sized
+# buffers that the sums pass through (ring.cc, SlotRing) are taken again and again, across
+# tensors.
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "tcp")])
-def test_allreduce_apply_matches_numpy_on_every_rank(n, transport):
-    results = run_ranks(_allreduce_apply_ranks, n, transport, timeout=100)
+@pytest.mark.parametrize(
+    "n,transport,sharded,segment_bytes",
+    [
+        (2, "shm", False, None),
+        (3, "tcp", False, None),
+        (2, "shm", True, 4096),
+        (3, "shm", True, 4096),
+        (4, "tcp", False, 4096),
+    ],
+)
+def test_allreduce_apply_matches_numpy_on_every_rank(n, transport, sharded, segment_bytes):
+    env = {"PYCOLLECTIVE_SEGMENT_BYTES": str(segment_bytes)} if segment_bytes else None
+    results = run_ranks(_allreduce_apply_ranks, n, transport, sharded, timeout=100, env=env)
     assert results == [len(fu.RULES) * 2 * len(ACROSS_COUNTS)] * n
 
 

@@ -21,15 +21,14 @@ void allreduce(Exchange& ex, const char* in, char* out, size_t count);
 
 // apply(reduced, offset, n): elements [offset, offset + n) of the reduction, at `reduced`.
 using ChunkFn = std::function<void(const char* reduced, size_t offset, size_t n)>;
-// One tensor of reduceApplyAllgather: `in` (count elements) is reduced; `reduced` (chunk-sized)
-// receives this rank's chunk of the sum; `apply` turns each of its segments into chunk `rank`
-// of every buffer in `gather` (full size, count elements each; every tensor of a call gathers
-// as many buffers); `work` is a full-size scratch for partial sums (unused, may be null, with
-// two ranks).
+// One tensor of reduceApplyAllgather: `in` (count elements) is reduced; `apply` turns each
+// segment of this rank's chunk of the sum (handed over in a segment-sized scratch buffer, valid
+// during the call) into chunk `rank` of every buffer in `gather` (full size, count elements
+// each; every tensor of a call gathers as many buffers); `work` is a full-size scratch for
+// partial sums (unused, may be null, with two ranks).
 struct ApplyBuffers {
   const char* in;
   char* work;
-  char* reduced;
   std::vector<char*> gather;
   size_t count;
   const ChunkFn* apply;
@@ -39,7 +38,8 @@ struct ApplyBuffers {
 // tensor's reduction segment by segment, `apply` updates it, then every gathered buffer is
 // allgathered, so all ranks end with every chunk of every buffer. All tensors run as ONE ring
 // (each chunked on its own, Chunks(count, size)), keeping the pipeline full across them. One
-// rank: apply(in) for each.
+// rank: apply(in) for each. The sums pass through the call's scratch slot 1 (Exchange::scratch),
+// which the caller must leave alone.
 void reduceApplyAllgather(Exchange& ex, const std::vector<ApplyBuffers>& tensors);
 
 }  // namespace ring

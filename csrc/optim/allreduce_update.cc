@@ -54,12 +54,9 @@ void updateAll(Group& group, int groupId, UpdateRule rule, DType dtype, const Up
   const UpdateBlockFn update = lookupUpdateBlock(dtype);
   runSchedule(group, groupId, args, ring::algorithm(), [&](Exchange& ex) {
     const int n = ex.size(), r = ex.rank();
-    // One scratch for every tensor's partial sums (more than two ranks) and one for every
-    // tensor's reduced chunk, carved in tensor order.
-    size_t reducedTotal = 0;
-    for (const ReplicatedTensor& t : tensors) reducedTotal += Chunks(t.count, n).size(r);
+    // One scratch for every tensor's partial sums (more than two ranks), carved in tensor
+    // order (slot 0: the ring keeps its sums in slot 1).
     char* work = n > 2 ? static_cast<char*>(ex.scratch(0, total * es)) : nullptr;
-    char* reduced = static_cast<char*>(ex.scratch(1, reducedTotal * es));
     std::vector<ring::ChunkFn> applies;
     applies.reserve(tensors.size());  // never reallocated: the buffers point into it
     std::vector<ring::ApplyBuffers> buffers;
@@ -79,9 +76,8 @@ void updateAll(Group& group, int groupId, UpdateRule rule, DType dtype, const Up
         update(rule, hyper, sum, state[0] + offset * es, slots, count);
       });
       buffers.push_back(
-          {static_cast<const char*>(t.grads[0]), work, reduced, state, t.count, &applies.back()});
+          {static_cast<const char*>(t.grads[0]), work, state, t.count, &applies.back()});
       if (work != nullptr) work += t.count * es;
-      reduced += chunks.size(r) * es;
     }
     ring::reduceApplyAllgather(ex, buffers);
   });
