@@ -49,7 +49,7 @@ struct SlotRing {
 
 // Slots for reduceApplyAllgather's sums: the receive into a slot runs this many segments, less
 // one, ahead of their update (runPlans). 2, 4 and 8 measured alike at 2 ranks and 16 MiB
-// (256 KiB segments); 4 keeps 768 KiB in flight and the slots within the core's L2.
+// (256 KiB segments); 4 keeps three segments in flight, and their 1 MiB stays in cache.
 constexpr size_t kApplySlots = 4;
 
 // One buffer set of a coalesced schedule: its chunking, its segments per chunk and its steps.
