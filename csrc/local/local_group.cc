@@ -15,20 +15,33 @@
 namespace pycollective {
 
 namespace {
-// In-process links: a message costs a doorbell and often a thread wake-up (`pycollective tune`
-// measured 17 us on a 2-vCPU VM with 4 replicas), and one pass over memory.
-const LinkCost kInprocLink{15e-6, 1.0 / 6e9, 1.0 / 6e9};
+// In-process links whose threads outnumber the cores: a message costs a doorbell and a thread
+// wake-up (`pycollective tune` measured 17 us on a 2-vCPU VM with 4 replicas), and a byte one
+// pass over memory at the thread's share of a core: 6 GB/s with two threads per core, so with
+// t per core each pass runs at 2/t of that. (Without that share, 8 replicas on 2 cores at
+// 512 KiB went to halving-doubling, modelled at 319 us and measured at 368-400, where `inline`
+// took 250-260.)
+constexpr double kWakeSeconds = 15e-6;
+constexpr double kSecondsPerByteTwoThreadsPerCore = 1.0 / 6e9;
+// Replicas of a group across processes share the host's cores with other processes' threads,
+// which one process cannot count: the measured two-threads-per-core costs.
+const LinkCost kInprocLink{kWakeSeconds, kSecondsPerByteTwoThreadsPerCore,
+                           kSecondsPerByteTwoThreadsPerCore};
 // The same when every replica's thread has a core of its own: the peer is running and its
 // message is picked up within microseconds, and the threads' passes over memory run side by
 // side. 2 replicas on 2 cores, halving-doubling at 8 B took 21 us against `inline`'s 11 (with 4
 // replicas 50 against 16); these rates put the model's boundary between `inline` and the
 // threaded algorithms for 2 replicas between 512 KiB and 1 MiB, where it was measured (at
-// 2 MiB `inline` took 170 us and halving-doubling 115; kInprocLink kept `inline` up to 2 MiB).
+// 2 MiB `inline` took 170 us and halving-doubling 115; the shared-core costs kept `inline` up
+// to 2 MiB).
 const LinkCost kInprocLinkOwnCores{5e-6, 1.0 / 10e9, 1.0 / 10e9};
 
-const LinkCost& inprocLinkCost(int replicas) {
+LinkCost inprocLinkCost(int replicas) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return replicas <= cores ? kInprocLinkOwnCores : kInprocLink;
+  if (replicas <= cores) return kInprocLinkOwnCores;
+  const double threadsPerCore = static_cast<double>(replicas) / cores;
+  const double perByte = kSecondsPerByteTwoThreadsPerCore * threadsPerCore / 2;
+  return LinkCost{kWakeSeconds, perByte, perByte};
 }
 }  // namespace
 
@@ -41,7 +54,8 @@ LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
   for (int r = 0; r < size; ++r) {
     auto comm = std::make_unique<Communicator>(r, size, fabric.links(r), std::vector<int>(size, 0),
                                                timeoutSeconds);
-    comm->setCosts(inprocLinkCost(size), inprocLinkCost(size));
+    const LinkCost link = inprocLinkCost(size);
+    comm->setCosts(link, link);
     comm->setHierarchicalGroupSize(groupSize);
     comms_.push_back(std::move(comm));
   }
