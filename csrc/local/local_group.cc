@@ -27,8 +27,8 @@ constexpr double kSecondsPerByteTwoThreadsPerCore = 1.0 / 6e9;
 // which one process cannot count: the measured two-threads-per-core costs.
 const LinkCost kInprocLink{kWakeSeconds, kSecondsPerByteTwoThreadsPerCore,
                            kSecondsPerByteTwoThreadsPerCore};
-// The same when every replica's thread has a core of its own: the peer is running and its
-// message is picked up within microseconds, and the threads' passes over memory run side by
+// In-process links when every replica's thread has a core of its own: the peer is running and
+// its message is picked up within microseconds, and the threads' passes over memory run side by
 // side. 2 replicas on 2 cores, halving-doubling at 8 B took 21 us against `inline`'s 11 (with 4
 // replicas 50 against 16); these rates put the model's boundary between `inline` and the
 // threaded algorithms for 2 replicas between 512 KiB and 1 MiB, where it was measured (at
