@@ -91,9 +91,11 @@ void runPlans(Exchange& ex, const std::vector<Plan>& plans, const SlotRing& slot
   std::vector<const char*> landed(numSteps * perStep);  // where each received segment lands
   const size_t ticks = numSteps == 0 ? 0 : (numSteps - 1) * lag + perStep;
   for (size_t tick = 0; tick < ticks; ++tick) {
-    for (size_t s = 0; s < numSteps && s * lag <= tick; ++s) {
+    // The steps with a unit at this tick: u = tick - s * lag must lie in [0, perStep).
+    const size_t firstStep = lag == 0 || tick < perStep ? 0 : (tick - perStep) / lag + 1;
+    const size_t endStep = lag == 0 ? numSteps : std::min(numSteps, tick / lag + 1);
+    for (size_t s = firstStep; s < endStep; ++s) {
       const size_t u = tick - s * lag;
-      if (u >= perStep) continue;
       const size_t k = s * perStep + u;
       const Plan& plan = plans[units[u].plan];
       const Chunks& chunks = plan.chunks;
