@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/params.h"
+#include "core/thread_pool.h"
 #include "transport/notifier.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -34,11 +35,7 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
   PC_CHECK(static_cast<int>(hostOf_.size()) == size, "host table has ", hostOf_.size(),
            " entries for ", size, " ranks");
   const int onMyHost = static_cast<int>(std::count(hostOf_.begin(), hostOf_.end(), hostOf_[rank]));
-  // The host's cores, not this process's affinity mask: a launcher that binds each rank to its
-  // own cores (Slurm's --cpus-per-task, mpirun --bind-to) narrows the mask to the rank's share,
-  // and dividing that by the ranks on the host again would undercount. (A container that
-  // narrows every rank's mask to the same few cores is not seen as oversubscribed.)
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = hostCores();
   reduceThreads_ =
       params::reduceThreads() > 0 ? params::reduceThreads() : std::max(1, cores / onMyHost);
   // More ranks than cores: the peer a rank waits for is often parked on this very core, and

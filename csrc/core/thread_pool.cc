@@ -198,4 +198,8 @@ ThreadPool& ThreadPool::reductionPool() {
   return pool;
 }
 
+int hostCores() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 }  // namespace pycollective

@@ -18,6 +18,12 @@
 
 namespace pycollective {
 
+// The host's cores, at least 1: all of them, not this process's affinity mask. A launcher that
+// binds each rank to its own cores (Slurm's --cpus-per-task, mpirun --bind-to) narrows the mask
+// to the rank's share, and dividing that by the ranks on the host again would undercount. (A
+// container that narrows every rank's mask to the same few cores is not seen as oversubscribed.)
+int hostCores();
+
 class ThreadPool {
  public:
   // Starts numWorkers threads; 0 is allowed (every parallelFor then runs inline).

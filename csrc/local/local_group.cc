@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "algorithms/registry.h"
 #include "core/error.h"
 #include "core/host_copy.h"
+#include "core/thread_pool.h"
 #include "cuda/device_ops.h"
 #include "local/inline_collective.h"
 #include "reduce/reduce.h"
@@ -37,7 +37,7 @@ const LinkCost kInprocLink{kWakeSeconds, kSecondsPerByteTwoThreadsPerCore,
 const LinkCost kInprocLinkOwnCores{5e-6, 1.0 / 10e9, 1.0 / 10e9};
 
 LinkCost inprocLinkCost(int replicas) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = hostCores();
   if (replicas <= cores) return kInprocLinkOwnCores;
   const double threadsPerCore = static_cast<double>(replicas) / cores;
   const double perByte = kSecondsPerByteTwoThreadsPerCore * threadsPerCore / 2;
