@@ -1,9 +1,9 @@
 """Is the strategy layer thin? Synchronizing 16 MiB of gradients per step through
 ``optimizer.apply_gradients`` against a bare allreduce of the same bytes, in the same run:
 
-    python -m bench.strategy_bench                      # 4 CPU replicas (MirroredStrategy)
-    pycollective run -n 2 python -m bench.strategy_bench --multi-worker
-    pycollective run -n 2 python -m bench.strategy_bench --multi-worker --sharded --adam
+    pycollective bench-strategies                       # 4 CPU replicas (MirroredStrategy)
+    pycollective run -n 2 python -m pycollective.bench.strategy_bench --multi-worker
+    pycollective run -n 2 python -m pycollective.bench.strategy_bench --multi-worker --sharded --adam
 
 The optimizer step includes the update arithmetic (SGD: one multiply-add over the variables;
 ``--momentum 0.9``: momentum SGD, which also reads and writes a slot; ``--adam``: two slots),
