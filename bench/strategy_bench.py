@@ -46,6 +46,27 @@ def _interleaved(fns, iters: int) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
+def _interleaved_across_ranks(fns, iters: int) -> list[float]:
+    """Like ``_interleaved``, for calls of a process group: a barrier before every sample, and
+    each sample the slowest rank's. Without the barrier a rank that finished its last call
+    early (the update alone takes longer on one rank than on the other) waits inside the next
+    collective, and that wait was charged to whichever call came next."""
+    import pycollective as pc
+
+    from .timing import time_interleaved
+
+    samples = time_interleaved(
+        {str(i): fn for i, fn in enumerate(fns)},
+        iters=iters,
+        warmup=1,
+        budget_s=1e9,  # no budget: iters samples of each
+        rounds=iters,  # one sample of each call in turn, as _interleaved takes them
+        before_each=pc.barrier,
+        max_over_ranks=lambda t: pc.allreduce(t, op="max", algo="ring"),
+    )
+    return [statistics.median(samples[str(i)]) for i in range(len(fns))]
+
+
 def _sharded_comparison(args, count: int) -> None:
     """Bare allreduce, unsharded step and sharded step, interleaved (multi-worker)."""
     import pycollective as pc
@@ -71,7 +92,7 @@ def _sharded_comparison(args, count: int) -> None:
     # The floor on a host whose all-reduce is bound by memory bandwidth: the update kernel on
     # this worker's 1/N of the state alone (what the sharded step adds to the all-reduce).
     update_alone = _shard_update(args, count * args.variables // pc.world_size())
-    t_bare, t_plain, t_sharded, t_update = _interleaved(
+    t_bare, t_plain, t_sharded, t_update = _interleaved_across_ranks(
         [lambda: pc.allreduce(flat, out=out), *steps, update_alone], args.iters
     )
     if pc.rank() == 0:
@@ -174,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
 
         strategy.run(replica_fn)
 
-    t_bare, t_step = _side_by_side(bare, step, args.iters)
+    if args.multi_worker:
+        t_bare, t_step = _interleaved_across_ranks([bare, step], args.iters)
+    else:
+        t_bare, t_step = _side_by_side(bare, step, args.iters)
     where = f"{pc.world_size()} workers" if args.multi_worker else f"{args.replicas} CPU replicas"
     if not args.multi_worker or pc.rank() == 0:
         rule = _rule(args)

@@ -306,3 +306,23 @@ def test_summary_puts_tcp_against_one_loopback_stream_and_gloo():
     want = "tcp allreduce at 64 MiB: auto 2.50 GB/s = 0.50x one loopback TCP stream; 2.00x gloo"
     assert want in lines, lines
     assert not any(line.startswith("tcp ") for line in report.summary(rows))  # no ceiling
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("rule", [["--momentum", "0.9"], ["--adam"]])
+def test_strategy_bench_across_workers_prints_both_ratios(rule):
+    """bench/strategy_bench.py with 2 workers: the bare all-reduce, both steps and the update
+    alone are timed (after a barrier each, the slowest rank's) and the line names them all."""
+    res = subprocess.run(
+        [sys.executable, "-m", "pycollective.cli", "run", "-n", "2", "--timeout", "150"]
+        + [sys.executable, "-m", "pycollective.bench.strategy_bench", "--multi-worker"]
+        + ["--sharded", "--mib", "1", "--variables", "2", "--iters", "3", *rule],
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    line = [ln for ln in res.stdout.splitlines() if "bare allreduce" in ln]
+    assert len(line) == 1, res.stdout[-2000:]
+    for part in ("unsharded step", "sharded step", "(0.500 of unsharded)", "alone"):
+        assert part in line[0], line[0]
