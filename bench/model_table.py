@@ -29,7 +29,8 @@ def table(hosts: int, per_host: int, gbits: list[float], sizes: list[int]) -> st
     for rate in gbits:
         remote = (tcp[0], 8 / (rate * 1e9), tcp[2])
         for n in sizes:
-            e = cost_model.estimate(layout, n, local=local, remote=remote)
+            # cores=0: the cluster's ranks each have a core (or a device) of their own.
+            e = cost_model.estimate(layout, n, local=local, remote=remote, cores=0)
             cells = [_ms(e.seconds[a]) if e.seconds.get(a, 1e30) < 1e29 else "-" for a in ALGOS]
             bound = 2 * (hosts - 1) / hosts * n * 8 / (rate * 1e9)
             out.append(

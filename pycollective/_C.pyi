@@ -279,9 +279,9 @@ def memory_bandwidth(bytes_per_thread: typing.SupportsInt | typing.SupportsIndex
     """
     Bytes read+written per second when `threads` threads each copy a private buffer.
     """
-def model_estimates(host_of: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], local: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], remote: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], spec: CallSpec) -> tuple[list, str]:
+def model_estimates(host_of: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], local: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], remote: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], spec: CallSpec, cores: typing.SupportsInt | typing.SupportsIndex = -1) -> tuple[list, str]:
     """
-    The cost model alone, no group formed: for ranks on hosts host_of[r] with these (alpha, beta, gamma) link costs (remote beta: one host's link, shared by its ranks), returns ([(algorithm, seconds or None, why not)], auto's pick).
+    The cost model alone, no group formed: for ranks on hosts host_of[r] with these (alpha, beta, gamma) link costs (remote beta: one host's link, shared by its ranks) and `cores` per host (-1: this host's; 0: a core for every rank), returns ([(algorithm, seconds or None, why not)], auto's pick).
     """
 def nccl_available() -> bool:
     ...

@@ -70,10 +70,13 @@ def estimate(
     collective: str = "allreduce",
     local: Cost | None = None,
     remote: Cost | None = None,
+    cores: int | None = None,
 ) -> Estimate:
     """The model's estimate for a float32 `collective` of `nbytes` per rank on ranks laid out as
     `host_of` (the host of each rank, e.g. ``[0, 0, 1, 1]`` for 2 hosts x 2 ranks), seen from
-    rank 0, with no group formed. Costs default to :func:`link_costs`'s.
+    rank 0, with no group formed. Costs default to :func:`link_costs`'s. `cores` is each
+    host's core count, which the ranks of a host share where they outnumber it (default: this
+    machine's, as a group formed here would see it; 0: every rank has a core of its own).
 
     >>> estimate([0, 0, 1, 1], 64 << 20).auto
     'hierarchical'
@@ -91,6 +94,7 @@ def estimate(
         local=local,
         remote=remote,
         spec=spec,
+        cores=-1 if cores is None else cores,
     )
     return Estimate(
         seconds={a: s for a, s, _ in rows if s is not None},

@@ -80,3 +80,31 @@ def test_reduce_to_one_pays_the_root_hosts_link_for_remote_peers_only():
     # the root host's link one after the other, and the result goes back out the same way.
     s = estimate(layout(2, 2), 64 * MiB, local=SHM, remote=GBIT).seconds["reduce_to_one"]
     assert s == pytest.approx(4 * 64 * MiB * 8 / 1e9, rel=0.05)
+
+
+def test_ranks_that_outnumber_their_cores_take_turns():
+    # 3 processes on 2 cores (docs/benchmarks.md, "Ranks that outnumber the cores"): the ring
+    # needs all three in every step and measured 1.2x-1.35x halving-doubling and reduce_to_one
+    # at 16-128 KiB, where the model that gives each rank a core prices it best.
+    own_cores = estimate([0, 0, 0], 16 << 10, local=SHM, cores=0)
+    shared = estimate([0, 0, 0], 16 << 10, local=SHM, cores=2)
+    assert own_cores.auto == "ring"
+    assert shared.auto != "ring", shared.seconds
+    # Each of the ring's 4 steps waits for a parked rank; its bytes move at 2/3 of the speed.
+    ring_bytes = own_cores.seconds["ring"] - 4 * SHM[0]
+    assert shared.seconds["ring"] == pytest.approx(4 * (SHM[0] + 6e-6) + 1.5 * ring_bytes)
+    # Halving-doubling's three steps (the fold, one exchange of the whole vector, the unfold)
+    # keep two of the three ranks busy: they only wait.
+    assert shared.seconds["halving_doubling"] == pytest.approx(
+        own_cores.seconds["halving_doubling"] + 3 * 6e-6
+    )
+    # Large messages are the ring's again: its bytes per rank are the fewest.
+    assert estimate([0, 0, 0], 4 * MiB, local=SHM, cores=2).auto == "ring"
+
+
+def test_cores_are_counted_per_host():
+    # 2 hosts x 2 ranks on hosts of 2 cores: nobody waits; on hosts of 1 core, everyone does.
+    own = estimate(layout(2, 2), 1 * MiB, local=SHM, remote=GBIT, cores=0).seconds
+    assert estimate(layout(2, 2), 1 * MiB, local=SHM, remote=GBIT, cores=2).seconds == own
+    crowded = estimate(layout(2, 2), 1 * MiB, local=SHM, remote=GBIT, cores=1).seconds
+    assert all(crowded[a] > own[a] for a in ("ring", "halving_doubling", "reduce_to_one"))

@@ -13,6 +13,7 @@
 #include "algorithms/exchange.h"
 #include "algorithms/link_load.h"
 #include "algorithms/registry.h"
+#include "algorithms/shared_cores.h"
 #include "core/error.h"
 
 namespace pycollective {
@@ -222,6 +223,13 @@ class HalvingDoubling : public Algorithm {
     const Fold f(n);
     const double p = f.p;
     const double rounds = std::ceil(std::log2(std::max(1, n)));
+    // On a crowded host (shared_cores.h) every step waits for parked ranks, and a step runs at
+    // the share of the cores its working ranks get: the core's p ranks, or the 2 * rem ranks
+    // of the fold. With 3 ranks on 2 cores neither crowds, where the ring's 3 ranks do.
+    const double wait = parkedPeerWait(g);
+    const double crowdCore = crowding(g, [&f](int r) { return f.vrank(r) >= 0; });
+    const double crowdFold = crowding(g, [&f](int r) { return r < 2 * f.rem; });
+    const double alpha = c.alpha + wait, gamma = crowdCore * c.gamma;
     // The exchanges at each distance of the power-of-two core, priced by the host links they
     // load (link_load.h): the largest, at distance p/2, crosses hosts when ranks are grouped by
     // host. exchange(mask, bytesAtMask) sums alpha + bytes * beta over the distances, where
@@ -233,18 +241,20 @@ class HalvingDoubling : public Algorithm {
           const int v = f.vrank(r);
           return v < 0 ? -1 : f.real(v ^ mask);
         };
-        t += stepAlpha(g, a, partner) + bytesAtMask(mask) * stepBeta(g, a, partner);
+        t += stepAlpha(g, a, partner) + wait +
+             bytesAtMask(mask) * crowdCore * stepBeta(g, a, partner);
       }
       return t;
     };
     auto folded = [&f](int r) { return r < 2 * f.rem && r % 2 == 0 ? r + 1 : -1; };
     const double fold =
-        f.rem > 0 ? 2 * (stepAlpha(g, a, folded) + S * stepBeta(g, a, folded)) + S * c.gamma : 0;
+        f.rem > 0 ? 2 * (stepAlpha(g, a, folded) + wait + S * crowdFold * stepBeta(g, a, folded)) +
+                        S * crowdFold * c.gamma
+                  : 0;
     const double L = log2Floor(n);
     switch (a.kind) {
       case CollectiveKind::kAllreduce:
-        if (S <= kWholeVectorBytes)
-          return exchanges([S](int) { return S; }) + L * S * c.gamma + fold;
+        if (S <= kWholeVectorBytes) return exchanges([S](int) { return S; }) + L * S * gamma + fold;
         // Halving sends S * mask / p at each distance, doubling the same back. + S / p, once
         // the call's buffers leave the cache: this rank's own part also passes from its input
         // into its output, which no message counts (`direct` has no such pass: with 2
@@ -252,13 +262,13 @@ class HalvingDoubling : public Algorithm {
         // In cache that pass is cheap and `direct` pays for its accumulator instead (4 MiB:
         // halving-doubling 198-201 us, `direct` 272-277).
         return 2 * exchanges([S, p](int mask) { return S * mask / p; }) +
-               (callStaysInCache(n, S) ? 0 : S / p * g.comm().localCost().beta) +
-               (p - 1) / p * S * c.gamma + fold;
+               (callStaysInCache(n, S) ? 0 : S / p * crowdCore * g.comm().localCost().beta) +
+               (p - 1) / p * S * gamma + fold;
       case CollectiveKind::kReduceScatter:
-        return exchanges([S, p](int mask) { return S * mask / p; }) + (p - 1) / p * S * c.gamma;
-      case CollectiveKind::kAllgather: return rounds * c.alpha + (n - 1) * S * c.beta;
-      case CollectiveKind::kBroadcast: return rounds * (c.alpha + S * c.beta);
-      case CollectiveKind::kReduce: return rounds * (c.alpha + S * (c.beta + c.gamma));
+        return exchanges([S, p](int mask) { return S * mask / p; }) + (p - 1) / p * S * gamma;
+      case CollectiveKind::kAllgather: return rounds * alpha + (n - 1) * S * crowdCore * c.beta;
+      case CollectiveKind::kBroadcast: return rounds * (alpha + S * crowdCore * c.beta);
+      case CollectiveKind::kReduce: return rounds * (alpha + S * crowdCore * (c.beta + c.gamma));
       default: return 1e30;
     }
   }

@@ -7,6 +7,7 @@
 #include "algorithms/chunking.h"
 #include "algorithms/exchange.h"
 #include "algorithms/registry.h"
+#include "algorithms/shared_cores.h"
 #include "core/error.h"
 
 namespace pycollective {
@@ -73,12 +74,16 @@ class ReduceToOne : public Algorithm {
     const double in =
         local * (lc.alpha + S * (lc.beta + gamma)) + remote * (rc.alpha + S * (rc.beta + gamma));
     const double outAll = local * (lc.alpha + S * lc.beta) + remote * (rc.alpha + S * rc.beta);
+    // On a crowded host (shared_cores.h) each phase waits once for parked peers: the root takes
+    // the messages of a phase in whatever order they come. Its own path is the critical one, so
+    // the other ranks' turns on the cores cost it nothing more.
+    const double wait = parkedPeerWait(g);
     switch (a.kind) {
-      case CollectiveKind::kAllreduce: return in + outAll;
-      case CollectiveKind::kReduce: return in;
-      case CollectiveKind::kBroadcast: return outAll;
-      case CollectiveKind::kAllgather: return outAll + n * outAll;
-      case CollectiveKind::kReduceScatter: return in + outAll / n;
+      case CollectiveKind::kAllreduce: return in + outAll + 2 * wait;
+      case CollectiveKind::kReduce: return in + wait;
+      case CollectiveKind::kBroadcast: return outAll + wait;
+      case CollectiveKind::kAllgather: return outAll + n * outAll + 2 * wait;
+      case CollectiveKind::kReduceScatter: return in + outAll / n + 2 * wait;
       default: return 1e30;
     }
   }

@@ -321,12 +321,13 @@ std::string explainChoice(const Group& group, const CollectiveArgs& args) {
 
 std::vector<ModelEstimate> modelEstimates(const std::vector<int>& hostOf, const LinkCost& local,
                                           const LinkCost& remote, const CollectiveArgs& args,
-                                          std::string* autoPick) {
+                                          int cores, std::string* autoPick) {
   const int n = static_cast<int>(hostOf.size());
   PC_CHECK(n >= 1, "the layout needs at least one rank");
   // Rank 0's view of a communicator without links: the costs read only the layout.
   Communicator comm(0, n, std::vector<std::unique_ptr<Link>>(n), hostOf, 0);
   comm.setCosts(local, remote);
+  if (cores >= 0) comm.setModelCores(cores);
   const Group group = Group::world(comm);
   std::vector<ModelEstimate> out;
   for (const Algorithm* a : registry()) {

@@ -89,8 +89,9 @@ Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, cons
 std::string explainChoice(const Group& group, const CollectiveArgs& args);
 
 // The cost model alone, with no group formed: every algorithm's estimate for `args` on ranks laid
-// out as hostOf (host of each rank) with these link costs (see link_load.h for what remote means),
-// or why it cannot run there; and auto's pick by the model. For planning beyond the machines at
+// out as hostOf (host of each rank) with these link costs (see link_load.h for what remote means)
+// and `cores` per host (shared_cores.h; -1: this host's, 0: a core for every rank), or why it
+// cannot run there; and auto's pick by the model. For planning beyond the machines at
 // hand (docs/benchmarks.md extrapolates to 64 hosts x 8 ranks) and for setting the model beside
 // measurements.
 struct ModelEstimate {
@@ -100,7 +101,7 @@ struct ModelEstimate {
 };
 std::vector<ModelEstimate> modelEstimates(const std::vector<int>& hostOf, const LinkCost& local,
                                           const LinkCost& remote, const CollectiveArgs& args,
-                                          std::string* autoPick);
+                                          int cores, std::string* autoPick);
 
 namespace ring {
 const Algorithm& algorithm();

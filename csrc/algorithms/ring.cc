@@ -13,6 +13,7 @@
 #include "algorithms/chunking.h"
 #include "algorithms/link_load.h"
 #include "algorithms/registry.h"
+#include "algorithms/shared_cores.h"
 #include "core/error.h"
 
 namespace pycollective {
@@ -278,19 +279,23 @@ class RingAlgorithm : public Algorithm {
     const int size = g.size();
     const double n = size, S = a.count * elementSize(a.dtype);
     const LinkCost c = costOf(g, a);
-    const double alpha = c.alpha, gamma = c.gamma;
+    // Every rank works in every step: on a crowded host each step waits for parked ranks and
+    // runs at the ranks' share of the cores (shared_cores.h).
+    const double crowd = crowding(g);
+    const double alpha = c.alpha + parkedPeerWait(g), gamma = crowd * c.gamma;
     // Every rank sends to the next at once: the busiest host link sets the pace (link_load.h).
-    const double beta = stepBeta(g, a, [size](int i) { return (i + 1) % size; });
-    const double copyBeta = g.comm().localCost().beta;  // a copy within this rank's memory
+    const double beta = crowd * stepBeta(g, a, [size](int i) { return (i + 1) % size; });
+    const double copyBeta = crowd * g.comm().localCost().beta;  // a copy within this rank's memory
     const double seg = static_cast<double>(a.segmentBytes ? a.segmentBytes : 262144);
     // Each chunk travels in segments: the pipeline hides their transfers but not one message's
     // fixed cost per segment (between threads a wake-up each: with 2 in-process replicas at
     // 16-64 MiB the ring measured 1.7-2.6x `direct`, whose model was otherwise the same).
     const double extraSegments = std::max(0.0, std::ceil(S / n / seg) - 1);
+    const double segAlpha = c.alpha;  // the segments of a chunk follow their first: no wake-up
     switch (a.kind) {
       case CollectiveKind::kAllreduce:
         // + S / n: this rank's own chunk also passes from its input into its output.
-        return 2 * (n - 1) * alpha + extraSegments * alpha + 2 * (n - 1) / n * S * beta +
+        return 2 * (n - 1) * alpha + extraSegments * segAlpha + 2 * (n - 1) / n * S * beta +
                S / n * copyBeta + (n - 1) / n * S * gamma;
       case CollectiveKind::kReduceScatter:
         return (n - 1) * alpha + (n - 1) / n * S * (beta + gamma);

@@ -90,10 +90,10 @@ void bindGroup(py::module_& m) {
   m.def(
       "model_estimates",
       [](const std::vector<int>& hostOf, const CostTuple& local, const CostTuple& remote,
-         const CallSpec& spec) {
+         const CallSpec& spec, int cores) {
         std::string pick;
         auto estimates =
-            modelEstimates(hostOf, linkCost(local), linkCost(remote), spec.args(), &pick);
+            modelEstimates(hostOf, linkCost(local), linkCost(remote), spec.args(), cores, &pick);
         py::list rows;
         for (const auto& e : estimates)
           rows.append(py::make_tuple(
@@ -101,9 +101,11 @@ void bindGroup(py::module_& m) {
         return py::make_tuple(rows, pick);
       },
       py::arg("host_of"), py::arg("local"), py::arg("remote"), py::arg("spec"),
+      py::arg("cores") = -1,
       "The cost model alone, no group formed: for ranks on hosts host_of[r] with these (alpha, "
-      "beta, gamma) link costs (remote beta: one host's link, shared by its ranks), returns "
-      "([(algorithm, seconds or None, why not)], auto's pick).");
+      "beta, gamma) link costs (remote beta: one host's link, shared by its ranks) and `cores` "
+      "per host (-1: this host's; 0: a core for every rank), returns ([(algorithm, seconds or "
+      "None, why not)], auto's pick).");
 
   m.def(
       "bridge_link",

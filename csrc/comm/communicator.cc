@@ -36,6 +36,7 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
            " entries for ", size, " ranks");
   const int onMyHost = static_cast<int>(std::count(hostOf_.begin(), hostOf_.end(), hostOf_[rank]));
   const int cores = hostCores();
+  modelCores_ = cores;
   reduceThreads_ =
       params::reduceThreads() > 0 ? params::reduceThreads() : std::max(1, cores / onMyHost);
   // More ranks than cores: the peer a rank waits for is often parked on this very core, and
@@ -50,6 +51,11 @@ Communicator::~Communicator() = default;
 void Communicator::setCosts(const LinkCost& local, const LinkCost& remote) {
   localCost_ = local;
   remoteCost_ = remote;
+  autoChoices_.forget();
+}
+
+void Communicator::setModelCores(int cores) {
+  modelCores_ = cores;
   autoChoices_.forget();
 }
 

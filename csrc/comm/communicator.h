@@ -64,6 +64,11 @@ class Communicator {
   const LinkCost& localCost() const { return localCost_; }
   const LinkCost& remoteCost() const { return remoteCost_; }
   void setCosts(const LinkCost& local, const LinkCost& remote);
+  // Cores per host as the cost model shares them among ranks (algorithms/shared_cores.h):
+  // this host's (hostCores()) unless set; 0 leaves cores out of the model, for groups whose link
+  // costs already price threads that share cores (in-process replicas, local/local_group.cc).
+  int modelCores() const { return modelCores_; }
+  void setModelCores(int cores);
   // Ranks per hierarchical group when the host layout does not say (in-process replicas);
   // 0 = derive from hostOf.
   int hierarchicalGroupSize() const { return hierarchicalGroupSize_; }
@@ -108,6 +113,7 @@ class Communicator {
   int reduceThreads_ = 1;
   double spinSeconds_ = 5e-6;  // how long a wait spins before it yields the core
   LinkCost localCost_, remoteCost_;
+  int modelCores_ = 0;
   int hierarchicalGroupSize_ = 0;
   std::vector<TunedChoice> tuned_;
   mutable ChoiceMemo autoChoices_;

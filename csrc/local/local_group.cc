@@ -56,6 +56,7 @@ LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
                                                timeoutSeconds);
     const LinkCost link = inprocLinkCost(size);
     comm->setCosts(link, link);
+    comm->setModelCores(0);  // inprocLinkCost prices the threads' share of the cores
     comm->setHierarchicalGroupSize(groupSize);
     comms_.push_back(std::move(comm));
   }
@@ -92,6 +93,7 @@ LocalGroup::LocalGroup(int worker, int numWorkers,
     // workers may share a host).
     comm->setHierarchicalGroupSize(size);
     comm->setCosts(kInprocLink, comm->remoteCost());
+    comm->setModelCores(0);  // kInprocLink is the shared-core cost, as above
     comms_.push_back(std::move(comm));
   }
 }

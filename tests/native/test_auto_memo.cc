@@ -30,7 +30,7 @@ std::string chosen(Communicator& comm, const CollectiveArgs& args) {
 std::string modelPick(const std::vector<int>& hostOf, const LinkCost& local, const LinkCost& remote,
                       const CollectiveArgs& args) {
   std::string pick;
-  modelEstimates(hostOf, local, remote, args, &pick);
+  modelEstimates(hostOf, local, remote, args, -1, &pick);
   return pick;
 }
 
@@ -79,6 +79,17 @@ int main() {
   const Group pair(comm, {0, 1});
   const std::string forPair = chooseAlgorithm(pair, 7, big, "auto").name();
   EXPECT(forPair == modelPick({0, 0}, byteBound, byteBound, big), "pair pick %s", forPair.c_str());
+
+  // The cores the model shares among ranks are an input too: 3 ranks of one host at 16 KiB
+  // take the ring when each has a core, something else when they share 2 (shared_cores.h).
+  Communicator three(0, 3, std::vector<std::unique_ptr<Link>>(3), {0, 0, 0}, 0);
+  const LinkCost shm{3e-6, 1.0 / 8e9, 1.0 / 10e9};
+  three.setCosts(shm, shm);
+  three.setModelCores(0);
+  const CollectiveArgs mid = allreduceOf(4096);
+  EXPECT(chosen(three, mid) == "ring", "3 ranks, a core each: %s", chosen(three, mid).c_str());
+  three.setModelCores(2);
+  EXPECT(chosen(three, mid) != "ring", "3 ranks on 2 cores still pick the remembered ring");
 
   // An answer worked out while another thread changed the costs is not kept: it may rest on
   // the old ones.
