@@ -8,7 +8,8 @@
 The optimizer step includes the update arithmetic (SGD: one multiply-add over the variables;
 ``--momentum 0.9``: momentum SGD, which also reads and writes a slot; ``--adam``: two slots),
 so the ratio measures the strategy's overhead plus the work an optimizer must do anyway. The
-two are timed alternately, step by step, and the medians compared.
+two are timed alternately, step by step, and the medians compared; across workers each sample
+starts after a barrier and is the slowest rank's.
 
 ``--sharded`` (multi-worker): three steps side by side, interleaved -- the bare allreduce, the
 step of a ``MultiWorkerMirroredStrategy()`` and that of a
