@@ -180,6 +180,66 @@ def test_torch_tensors_across_processes():
     assert run_ranks(_torch_tensors, 2, timeout=45) == [[True, [3.0, 3.0, 3.0]]] * 2
 
 
+def _repeated_plain_calls(rank, n):
+    """Plain calls on the same arrays, over and over (the group remembers small ones,
+    pycollective/_call_memo.py), with the arrays changed in place between calls."""
+    import pycollective as pc
+
+    pc.init()
+    total = n * (n + 1) / 2
+    x = np.zeros(6, np.float32)
+    y = np.empty_like(x)
+    seen = []
+    for step in range(4):
+        x[:] = np.arange(6) * (rank + 1) + step  # new contents, same arrays
+        assert pc.allreduce(x, out=y) is y
+        np.testing.assert_allclose(y, np.arange(6) * total + n * step)
+        fresh = pc.allreduce(x)  # a new result every call, never a remembered one
+        assert all(fresh is not s for s in seen) and fresh is not y
+        seen.append(fresh)
+        np.testing.assert_allclose(fresh, y)
+    for s in seen[:-1]:  # earlier results are the caller's own: later calls left them alone
+        assert s.shape == (6,)
+    np.testing.assert_allclose(seen[0], np.arange(6) * total)
+    x.shape = (2, 3)  # reshaped in place: a new shape of result
+    assert pc.allreduce(x).shape == (2, 3)
+    x.shape = (6,)
+    errors = []
+    z = np.full(5, rank + 1.0)
+    for _ in range(3):
+        z[:] = rank + 1.0
+        assert pc.allreduce(z, inplace=True) is z
+        np.testing.assert_allclose(z, total)
+    z.flags.writeable = False  # in place into an array made read-only since: refused
+    try:
+        pc.allreduce(z, inplace=True)
+        errors.append(None)
+    except ValueError as exc:
+        errors.append("read-only" in str(exc))
+    assert float(pc.allreduce(z, op="max")[0]) == total  # another op is another call
+    assert pc.allreduce(x, out=y, algo="ring") is y  # another algorithm too
+    y.shape = (2, 3)  # out= reshaped in place no longer fits the result
+    try:
+        pc.allreduce(x, out=y)
+        errors.append(None)
+    except ValueError as exc:
+        errors.append("shape" in str(exc))
+    y.shape = (6,)
+    y.flags.writeable = False  # nor does an out= made read-only
+    try:
+        pc.allreduce(x, out=y)
+        errors.append(None)
+    except ValueError as exc:
+        errors.append("read-only" in str(exc))
+    pc.shutdown()
+    return errors
+
+
+@pytest.mark.timeout(90)
+def test_repeated_plain_calls_see_arrays_changed_in_place():
+    assert run_ranks(_repeated_plain_calls, 2, timeout=75) == [[True, True, True]] * 2
+
+
 def _prepared_calls(rank, n):
     import pycollective as pc
 
