@@ -99,8 +99,14 @@ def start_job(
             if line.startswith("READY") or line == "":
                 break
         if not line.startswith("READY"):
-            finish(job, timeout=1)
-            raise RuntimeError(f"a rank did not form the group:\n{''.join(job.logs)}")
+            reports = finish(job, timeout=1)
+            # Each rank's exit code (negative: the signal that ended it) beside its output: a
+            # rank that left no output at all (seen once in CI) says at least how it ended.
+            ends = ", ".join(
+                f"rank {r}: {'hung' if rep.get('hung') else 'exit ' + str(rep.get('exit'))}"
+                for r, rep in enumerate(reports)
+            )
+            raise RuntimeError(f"a rank did not form the group ({ends}):\n{''.join(job.logs)}")
     return job
 
 
@@ -195,15 +201,16 @@ def _call(pc, np, rng: random.Random, rank: int, world: int) -> bool:
 
 
 def _rank_main(seed: int) -> int:
+    # The harness asks a rank it found hung where each thread waits (written by the signal
+    # handler in C, so it answers while the main thread is blocked in a native call). Set
+    # before the imports, so that a rank stuck importing answers too.
+    faulthandler.register(signal.SIGUSR2, file=sys.stdout, all_threads=True)
     import numpy as np
 
     import pycollective as pc
 
     stop = []
     signal.signal(signal.SIGUSR1, lambda *_: stop.append(True))
-    # The harness asks a rank it found hung where each thread waits (written by the signal
-    # handler in C, so it answers while the main thread is blocked in a native call).
-    faulthandler.register(signal.SIGUSR2, file=sys.stdout, all_threads=True)
     pc.init()  # PYCOLLECTIVE_TIMEOUT, set by the harness
     rank, world = pc.rank(), pc.world_size()
     print("READY", flush=True)

@@ -32,6 +32,15 @@ def test_sigkill_at_random_points():
     assert sum(r["calls"] for r in rounds) > 0
 
 
+@pytest.mark.timeout(120)
+def test_a_job_that_does_not_form_says_how_each_rank_ended():
+    from pycollective.bench import fault_ranks
+
+    # Every rank refuses the transport and exits 1 before it could report ready.
+    with pytest.raises(RuntimeError, match=r"did not form the group \(rank 0: exit 1, rank 1"):
+        fault_ranks.start_job(2, "tcp", seed=1, env={"PYCOLLECTIVE_TRANSPORT": "pigeon"})
+
+
 @pytest.mark.timeout(300)
 def test_sigstop_within_the_heartbeat_timeout_is_survived():
     result = fault_soak.stop_round(random.Random(3), past_timeout=False)
