@@ -91,9 +91,19 @@ def winners(rows: list[Row], transport: str, world: int, collective: str) -> lis
     return out
 
 
-def fit_costs(rows: list[Row], world: int, gamma: float) -> tuple[float, float, float] | None:
+def fit_costs(
+    rows: list[Row], world: int, gamma: float, cores: int = 0
+) -> tuple[float, float, float] | None:
     """alpha and beta from the ring allreduce at the smallest and largest size:
-    t(S) = 2(n-1) alpha + 2(n-1)/n S (beta + gamma/2)."""
+    t(S) = 2(n-1) alpha + 2(n-1)/n S (beta + gamma/2). With ``cores`` (the host's, for
+    processes that all share it) fewer than ``world``, the model's crowding is taken out
+    (csrc/algorithms/shared_cores.h): each step's wait for a parked peer, and bytes moving at
+    cores / world of their speed; the model adds both back where ranks outnumber cores, and
+    would otherwise count them twice."""
+    from pycollective._ext import _C
+
+    crowd = world / cores if 0 < cores < world else 1.0
+    parked = _C.PARKED_PEER_SECONDS if crowd > 1 else 0.0
     ring = sorted(
         (r for r in rows if r.algo == "ring" and r.collective == "allreduce" and not r.peer),
         key=lambda r: r.nbytes,
@@ -102,8 +112,9 @@ def fit_costs(rows: list[Row], world: int, gamma: float) -> tuple[float, float, 
         return None
     small, large = ring[0], ring[-1]
     steps = 2 * (world - 1)
-    alpha = max(1e-7, small.median_s / steps)
+    alpha = max(1e-7, small.median_s / steps - parked)
     per_byte = (large.median_s - small.median_s) / (steps / world * (large.nbytes - small.nbytes))
+    per_byte /= crowd
     beta = max(1e-12, per_byte - gamma / 2)
     return (alpha, beta, gamma)
 
@@ -172,7 +183,11 @@ def main(args: argparse.Namespace) -> int:
             ]
             progress.close()
             result.choices += winners(rows, transport, world, collective)
-            fitted = fit_costs(rows, world, gamma) if collective == "allreduce" else None
+            fitted = (
+                fit_costs(rows, world, gamma, os.cpu_count() or 0)
+                if collective == "allreduce"
+                else None
+            )
             if fitted:
                 result.costs[transport] = fitted
             print(

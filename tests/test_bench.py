@@ -326,3 +326,32 @@ def test_strategy_bench_across_workers_prints_both_ratios(rule):
     assert len(line) == 1, res.stdout[-2000:]
     for part in ("unsharded step", "sharded step", "(0.500 of unsharded)", "alone"):
         assert part in line[0], line[0]
+
+
+def test_tune_fits_link_costs_without_the_models_crowding():
+    """bench/tune.fit_costs on ring timings made by the model's own formula: the costs come back,
+    and with 4 processes on 2 cores the crowding the model adds (a wait per step, bytes at half
+    speed) is taken out rather than fitted into alpha and beta."""
+    from pycollective import cost_model
+    from pycollective.bench.rows import Row
+    from pycollective.bench.tune import fit_costs
+
+    local = (3e-6, 1 / 8e9, 1 / 10e9)
+
+    def ring_rows(world, cores):
+        rows = []
+        for nbytes in (8, 16 << 20):
+            est = cost_model.estimate([0] * world, nbytes, local=local, cores=cores)
+            t = est.seconds["ring"]
+            rows.append(
+                Row("allreduce", nbytes, nbytes // 4, "float32", "ring", "shm", world, t, t, t)
+            )
+        return rows
+
+    own = fit_costs(ring_rows(4, 0), 4, local[2], cores=0)
+    crowded = fit_costs(ring_rows(4, 2), 4, local[2], cores=2)
+    assert own is not None and crowded is not None
+    assert crowded[0] == pytest.approx(own[0], rel=0.05)  # alpha: the parked wait taken out
+    assert crowded[1] == pytest.approx(own[1], rel=0.05)  # beta: the shared cores taken out
+    naive = fit_costs(ring_rows(4, 2), 4, local[2], cores=0)  # what tune fitted before
+    assert naive[0] > 2 * own[0] and naive[1] > 1.5 * own[1]

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "algorithms/registry.h"
+#include "algorithms/shared_cores.h"
 #include "bindings/bindings.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -86,6 +87,10 @@ void bindGroup(py::module_& m) {
           py::arg("header"), py::arg("payload"))
       .def("fail", &BridgeEnd::fail, py::arg("reason"))
       .def_property_readonly("failed", &BridgeEnd::failed);
+
+  // What the model adds per step when ranks outnumber their host's cores (shared_cores.h):
+  // `pycollective tune` takes it out of the link costs it fits on such a host.
+  m.attr("PARKED_PEER_SECONDS") = kParkedPeerSeconds;
 
   m.def(
       "model_estimates",
