@@ -107,4 +107,6 @@ def test_cores_are_counted_per_host():
     own = estimate(layout(2, 2), 1 * MiB, local=SHM, remote=GBIT, cores=0).seconds
     assert estimate(layout(2, 2), 1 * MiB, local=SHM, remote=GBIT, cores=2).seconds == own
     crowded = estimate(layout(2, 2), 1 * MiB, local=SHM, remote=GBIT, cores=1).seconds
-    assert all(crowded[a] > own[a] for a in ("ring", "halving_doubling", "reduce_to_one"))
+    assert all(
+        crowded[a] > own[a] for a in ("ring", "halving_doubling", "reduce_to_one", "hierarchical")
+    )

@@ -12,6 +12,7 @@
 #include "algorithms/link_load.h"
 #include "algorithms/registry.h"
 #include "algorithms/ring.h"
+#include "algorithms/shared_cores.h"
 #include "core/error.h"
 
 namespace pycollective {
@@ -97,11 +98,14 @@ class Hierarchical : public Algorithm {
     const double crossBeta = stepBeta(
         g, a, [&](int i) { return l.groups[(groupOf[i] + 1) % l.groups.size()][indexIn[i]]; });
     const double S = a.count * elementSize(a.dtype);
-    double local =
-        2 * (L - 1) * lc.alpha + 2 * (L - 1) / L * S * localBeta + (L - 1) / L * S * lc.gamma;
+    // Every rank works in both phases: on crowded hosts each step waits for parked ranks and
+    // runs at the ranks' share of the cores (shared_cores.h), as the ring's do.
+    const double crowd = crowding(g), wait = parkedPeerWait(g);
+    double local = 2 * (L - 1) * (lc.alpha + wait) +
+                   crowd * (2 * (L - 1) / L * S * localBeta + (L - 1) / L * S * lc.gamma);
     double shard = S / L;
-    double cross = 2 * (H - 1) * rc.alpha + 2 * (H - 1) / H * shard * crossBeta +
-                   (H - 1) / H * shard * rc.gamma;
+    double cross = 2 * (H - 1) * (rc.alpha + wait) +
+                   crowd * (2 * (H - 1) / H * shard * crossBeta + (H - 1) / H * shard * rc.gamma);
     return local + cross;
   }
 
