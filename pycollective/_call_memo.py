@@ -1,14 +1,16 @@
-"""The last few small calls of a process group, already checked: a loop that calls
-``allreduce(x, out=y)`` on the same numpy arrays skips adapting, checking and specifying them
-again on every call, which costs several times the collective itself at small sizes (about 5 us
-of Python against 1 us for the native call with 2 ranks; with 4 ranks on 2 cores each rank's
-Python waits for the core its peers hold).
+"""Calls a process group has checked before: a loop that calls ``allreduce(x, out=y)`` on small
+numpy arrays skips adapting, checking and specifying them again on every call, which costs
+several times the collective itself (about 5 us of Python against 1 us for the native call
+with 2 ranks; with 4 ranks on 2 cores each rank's Python also waits for the core its peers
+hold).
 
-An entry is used only while the arrays are the same objects with the same shape, dtype and
-strides (an array written to must also still be writable), so an array reshaped, re-typed or re-strided
-in place since is checked anew. The native call reads each array's data pointer itself every
-time. Only arrays of at most ``MAX_BYTES`` are remembered: the memo keeps them alive, and
-larger calls do not notice the checks.
+A call is remembered by its arguments and its arrays' layouts (shape, dtype, strides), not by
+the arrays themselves: every check the full path makes follows from those (the dtype's native
+code, contiguity, the result's shape, ``out=``'s dtype and shape), except that an array
+written to must be writable, which is checked on every call. So fresh arrays of a known layout
+hit too, an array reshaped or re-typed in place is another layout, and no array is kept alive.
+The native call reads each array's data pointer itself every time. Only numpy arrays of at
+most ``MAX_BYTES`` take this path: larger calls do not notice the checks.
 """
 
 from __future__ import annotations
@@ -20,57 +22,37 @@ import numpy as np
 
 from pycollective._calls import Prepared, new_output
 
-#: largest array (input or output) whose call is remembered
+#: largest input whose call is remembered
 MAX_BYTES = 64 * 1024
-#: calls remembered per group; the oldest is dropped first
-CAPACITY = 8
+#: layouts remembered per group; the oldest is dropped first
+CAPACITY = 64
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Remembered:
-    """One checked call: its arrays, what they looked like, and its native spec."""
+    """One checked call layout: its native spec and what the call writes into."""
 
-    x: np.ndarray
-    out: np.ndarray | None  # the caller's out= array (None: a new result, or none at all)
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    strides: tuple[int, ...]
-    out_layout: tuple | None  # the out= array's (shape, dtype, strides)
-    result_shape: tuple[int, ...] | None  # a new result's shape (None: out=, in place or none)
-    inplace: bool
     spec: Any
+    writes: str  # "out": the caller's out=; "inplace": x; "new": a new result; "none"
+    result_shape: tuple[int, ...] | None  # for "new"
+    dtype: np.dtype
 
-    def still_holds(self, x: np.ndarray, out: Any) -> bool:
-        # `is` for dtypes: numpy's built-in dtypes are single objects, and a false "changed"
-        # only sends the call down the full path.
-        if x.dtype is not self.dtype or x.shape != self.shape or x.strides != self.strides:
-            return False
-        if out is None:
-            return not self.inplace or x.flags.writeable
-        shape, dtype, strides = self.out_layout  # type: ignore[misc]
-        return (
-            out.dtype is dtype
-            and out.shape == shape
-            and out.strides == strides
-            and out.flags.writeable
-        )
-
-    def buffers(self) -> tuple[np.ndarray | None, Any]:
-        """(the output the native call writes, what the caller gets back)."""
-        if self.inplace:
-            return self.x, self.x
-        if self.out is not None:
-            return self.out, self.out
-        if self.result_shape is None:
-            return None, None
-        result = new_output(self.result_shape, self.dtype)
-        return result, result
+    def buffers(self, x: np.ndarray, out: Any) -> tuple[Any, Any] | None:
+        """(the array the native call writes, what the caller gets back), or None when an
+        array to write is no longer writable (the full path then says so)."""
+        if self.writes == "out":
+            return (out, out) if out.flags.writeable else None
+        if self.writes == "inplace":
+            return (x, x) if x.flags.writeable else None
+        if self.writes == "new":
+            result = new_output(self.result_shape, self.dtype)  # type: ignore[arg-type]
+            return result, result
+        return None, None
 
 
 class CallMemo:
-    """Per group: call arguments -> Remembered. Not thread-safe by design: a group's calls are
-    issued in one order by every rank, and the memo only saves work (a lost entry is checked
-    anew)."""
+    """Per group: a call's arguments and layouts -> Remembered. Safe without a lock: entries
+    are immutable, and a lost entry is only checked anew."""
 
     __slots__ = ("_entries",)
 
@@ -92,43 +74,43 @@ class CallMemo:
         """The memo's key for a call, or None when the call is not one it keeps."""
         if type(x) is not np.ndarray or x.nbytes > MAX_BYTES:
             return None
-        if out is not None and type(out) is not np.ndarray:
+        if out is None:
+            out_layout = None
+        elif type(out) is np.ndarray:
+            out_layout = (out.shape, out.dtype, out.strides)
+        else:
             return None
-        return (kind, id(x), id(out), op, algo, root, inplace, timeout, compress)
+        layout = (x.shape, x.dtype, x.strides)
+        return (kind, layout, out_layout, op, algo, root, inplace, timeout, compress)
 
-    def find(self, key: tuple, x: np.ndarray, out: Any) -> Remembered | None:
+    def find(self, key: tuple) -> Remembered | None:
         try:
-            entry = self._entries.get(key)
+            return self._entries.get(key)
         except TypeError:  # an unhashable argument: the full path reports what is wrong
             return None
-        if entry is None or entry.x is not x or entry.out is not out:
-            return None
-        return entry if entry.still_holds(x, out) else None
 
     def remember(
-        self, key: tuple, x: Any, call: Prepared, out: Any, inplace: bool, spec: Any
+        self, key: tuple, x: np.ndarray, call: Prepared, out: Any, inplace: bool, spec: Any
     ) -> None:
-        """Keeps a call that went through every check, when its buffers are the caller's own
+        """Keeps a call that went through every check, when it runs on the caller's own arrays
         (a strided input is copied per call and is not kept)."""
         if call.inp is not x or (out is not None and call.out is not out):
             return
-        if out is not None and out.nbytes > MAX_BYTES:
-            return
-        try:
-            hash(key)
-        except TypeError:
-            return
-        new_result = out is None and not inplace and call.out is not None
-        if len(self._entries) >= CAPACITY:  # drop the oldest (tolerating a concurrent drop)
-            self._entries.pop(next(iter(self._entries), None), None)
-        self._entries[key] = Remembered(
-            x=x,
-            out=out,
-            shape=x.shape,
-            dtype=x.dtype,
-            strides=x.strides,
-            out_layout=None if out is None else (out.shape, out.dtype, out.strides),
-            result_shape=call.out.shape if new_result else None,
-            inplace=inplace,
+        if inplace:
+            writes = "inplace"
+        elif out is not None:
+            writes = "out"
+        else:
+            writes = "none" if call.out is None else "new"
+        entry = Remembered(
             spec=spec,
+            writes=writes,
+            result_shape=call.out.shape if writes == "new" else None,  # type: ignore[union-attr]
+            dtype=x.dtype,
         )
+        try:
+            if len(self._entries) >= CAPACITY:  # drop the oldest (tolerating a concurrent drop)
+                self._entries.pop(next(iter(self._entries), None), None)  # type: ignore[arg-type]
+            self._entries[key] = entry
+        except TypeError:  # an unhashable argument that the checks let through
+            return

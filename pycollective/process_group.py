@@ -112,7 +112,7 @@ class ProcessGroup:
         self.size = len(members)
         self._where = f"rank {me}"  # names this rank in argument errors
         self._where_out = f"rank {me} out="
-        self._memo = CallMemo()  # small synchronous calls already checked (_call_memo.py)
+        self._memo = CallMemo()  # layouts of small calls already checked (_call_memo.py)
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self.rank}, size={self.size}, members={self.members})"
@@ -405,9 +405,10 @@ class ProcessGroup:
         memo_key = None
         if not asynchronous:
             memo_key = CallMemo.key(kind, x, op, algo, root, inplace, out, timeout, compress)
-            known = None if memo_key is None else self._memo.find(memo_key, x, out)
-            if known is not None:
-                into, result = known.buffers()
+            known = None if memo_key is None else self._memo.find(memo_key)
+            buffers = None if known is None else known.buffers(x, out)
+            if buffers is not None:
+                into, result = buffers
                 try:
                     self._world.comm.run(known.spec, self._native_members, x, into)
                 except CollectiveError as exc:

@@ -181,8 +181,9 @@ def test_torch_tensors_across_processes():
 
 
 def _repeated_plain_calls(rank, n):
-    """Plain calls on the same arrays, over and over (the group remembers small ones,
-    pycollective/_call_memo.py), with the arrays changed in place between calls."""
+    """Plain calls on the same arrays, and on fresh arrays of the same layout, over and over
+    (the group remembers the checked layouts of small calls, pycollective/_call_memo.py), with
+    the arrays changed in place between calls."""
     import pycollective as pc
 
     pc.init()
@@ -201,6 +202,11 @@ def _repeated_plain_calls(rank, n):
     for s in seen[:-1]:  # earlier results are the caller's own: later calls left them alone
         assert s.shape == (6,)
     np.testing.assert_allclose(seen[0], np.arange(6) * total)
+    for step in range(3):  # fresh arrays each call, one layout: each result is its own
+        got = pc.allreduce(np.full(6, rank + step, np.float32), out=np.empty(6, np.float32))
+        np.testing.assert_allclose(got, n * step + total - n)
+    strided = np.arange(12, dtype=np.float32)[::2]  # x's shape and dtype, other strides
+    np.testing.assert_allclose(pc.allreduce(strided, out=y), np.arange(0, 12, 2) * n)
     x.shape = (2, 3)  # reshaped in place: a new shape of result
     assert pc.allreduce(x).shape == (2, 3)
     x.shape = (6,)
