@@ -175,8 +175,12 @@ def test_malformed_tuning_file_is_an_error(tmp_path, monkeypatch):
     bad = tmp_path / "t.json"
     bad.write_text("{not json")
     monkeypatch.setenv("PYCOLLECTIVE_TUNING", str(bad))
-    with pytest.raises(ValueError, match="cannot read the tuning file"):
-        pc.LocalCommunicator(2)
+    try:
+        with pytest.raises(ValueError, match="cannot read the tuning file"):
+            pc.LocalCommunicator(2)
+    finally:  # the configuration read the variable: read it again without, for later tests
+        monkeypatch.undo()
+        pc.config.reload()
 
 
 def test_interleaved_timing_shares_rounds_and_takes_the_slowest_rank():
@@ -341,7 +345,7 @@ def test_tune_fits_link_costs_without_the_models_crowding():
     def ring_rows(world, cores):
         rows = []
         for nbytes in (8, 16 << 20):
-            est = cost_model.estimate([0] * world, nbytes, local=local, cores=cores)
+            est = cost_model.estimate([0] * world, nbytes, local=local, remote=local, cores=cores)
             t = est.seconds["ring"]
             rows.append(
                 Row("allreduce", nbytes, nbytes // 4, "float32", "ring", "shm", world, t, t, t)
