@@ -407,7 +407,7 @@ class ProcessGroup:
             memo_key = CallMemo.key(kind, x, op, algo, root, inplace, out, timeout, compress)
             known = None if memo_key is None else self._memo.find(memo_key)
             buffers = None if known is None else known.buffers(x, out)
-            if buffers is not None:
+            if known is not None and buffers is not None:
                 into, result = buffers
                 try:
                     self._world.comm.run(known.spec, self._native_members, x, into)
