@@ -1,7 +1,7 @@
 """The cost model's all-reduce estimates for a cluster you do not have: no group is formed,
 nothing is measured (pycollective/cost_model.py). An extrapolation, not a measurement.
 
-    python -m pycollective.bench.model_table 64x8 --gbits 10,100 --sizes 1M,64M
+    pycollective bench-model 64x8 --gbits 10,100 --sizes 1M,64M
 
 Link costs: the host link at each --gbits rate (alpha and gamma from the tcp cost), ranks of a
 host over shm; both from the defaults, or from PYCOLLECTIVE_TUNING where it names a file.

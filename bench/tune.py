@@ -184,6 +184,7 @@ def main(args: argparse.Namespace) -> int:
             progress.close()
             result.choices += winners(rows, transport, world, collective)
             fitted = (
+                # The online CPUs, as the native hostCores() counts them (not the affinity mask).
                 fit_costs(rows, world, gamma, os.cpu_count() or 0)
                 if collective == "allreduce"
                 else None

@@ -84,6 +84,10 @@ def _forwarded() -> dict[str, Forwarded]:
             "torch.distributed all_reduce and DDP steps through 'pycollective' and 'gloo'",
             "pycollective.bench.torch_bench",
         ),
+        "bench-model": Forwarded(
+            "the cost model's all-reduce estimates for a cluster you do not have (e.g. 64x8)",
+            "pycollective.bench.model_table",
+        ),
         "bench-figures": Forwarded(
             "remake the pictures in docs/ (each labelled with its command, machine and date)",
             "pycollective.bench.figures",

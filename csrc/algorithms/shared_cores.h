@@ -12,9 +12,10 @@
 
 namespace pycollective {
 
-// A step's wait for a parked peer when its host is crowded: 3 processes on a 2-vCPU VM took
-// 10-11 us per step of the ring's 8-byte all-reduce against 3-4 us with 2 processes; over two
-// measured sweeps (288 cells of 2-4 processes) 4-8 us fitted alike, 2 us too little.
+// A step's wait for a parked peer when its host is crowded, fitted to two measured sweeps of 2-4
+// processes on a 2-vCPU VM (288 cells; docs/benchmarks.md, "Ranks that outnumber the cores"):
+// with 6-12 us (and the crowding below) the model's pick was over 1.15x the fastest in 22-23
+// cells, with 4 us in 28, with 2 us in 44 as with the crowding alone; 48 with neither.
 constexpr double kParkedPeerSeconds = 6e-6;
 
 // How many times slower a step runs than on cores of its own: over hosts, the most of the
