@@ -3,7 +3,7 @@ side by side in one run, interleaved. Run it in every rank of a job whose ranks 
 hosts (or the multi-host namespace cluster, bench/netns_cluster.sh):
 
     pycollective run -n 4 --host-ids a,a,b,b python -m pycollective.bench.compress_bench
-    sudo bench/netns_cluster.sh 2 2 1gbit -- "$(command -v python)" -m pycollective.bench.compress_bench
+    sudo bench/netns_cluster.sh 2 2 1gbit -- "$(command -v pycollective)" bench-compress
 
 Rank 0 prints a markdown table: median milliseconds per float32 all-reduce (the slowest rank's
 time, over interleaved rounds), each compressed row's speed-up over the uncompressed row of the
@@ -37,14 +37,14 @@ def worst_relative_error(y: np.ndarray, count: int, size: int) -> float:
     return float((np.abs(y[:n] - xs.sum(axis=0)) / np.abs(xs).sum(axis=0)).max())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes per rank, comma-separated")
     parser.add_argument("--algos", default="hierarchical,ring,auto")
     parser.add_argument("--formats", default="bf16,fp16")
     parser.add_argument("--iters", type=int, default=10, help="timed calls per row at most")
     parser.add_argument("--budget", type=float, default=20.0, help="seconds per row at most")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     pc.init()
     rank, size = pc.rank(), pc.world_size()
     formats = [None] + [f for f in args.formats.split(",") if f]

@@ -1,7 +1,7 @@
 """What encrypting the tcp data links costs: one all-reduce size over tcp, plaintext links
 against AES-256-GCM links (PYCOLLECTIVE_DATA_ENCRYPT=1), in interleaved rounds, medians.
 
-    python -m pycollective.bench.encrypt_bench --world 3 --size 64M --rounds 5
+    pycollective bench-encrypt --world 3 --size 64M --rounds 5
 
 Each round starts one job per mode (`pycollective run`, every rank on this host over tcp); each
 job checks its result against numpy, then times ``--iters`` all-reduces after a warm-up and
@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from pycollective._spawn import child_environment, python_module_command
 
 from .metrics import human_bytes, parse_size
 
@@ -54,12 +56,10 @@ def run_job(world: int, count: int, iters: int, algo: str, encrypt: str, timeout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(_RANK_PROGRAM)
         program = f.name
-    env = dict(os.environ, PYCOLLECTIVE_DATA_ENCRYPT=encrypt)
+    env = child_environment(dict(os.environ, PYCOLLECTIVE_DATA_ENCRYPT=encrypt))
     try:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
+            python_module_command(
                 "pycollective.cli",
                 "run",
                 "-n",
@@ -72,7 +72,7 @@ def run_job(world: int, count: int, iters: int, algo: str, encrypt: str, timeout
                 str(count),
                 str(iters),
                 algo,
-            ],
+            ),
             env=env,
             capture_output=True,
             text=True,

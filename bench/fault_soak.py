@@ -2,10 +2,10 @@
 docs/reliability.md. Not a test (it runs for many minutes); tests/test_fault_suite.py runs a
 short version of each part in CI.
 
-    python -m pycollective.bench.fault_soak                 # 100 kill rounds, 20 stop rounds,
+    pycollective bench-faults                 # 100 kill rounds, 20 stop rounds,
                                                             # 100,000 control-plane inputs
-    python -m pycollective.bench.fault_soak --kill-rounds 10 --stop-rounds 4 --fuzz-inputs 2000
-    python -m pycollective.bench.fault_soak --native-fuzz build/ctest/tests/native/test_tcp
+    pycollective bench-faults --kill-rounds 10 --stop-rounds 4 --fuzz-inputs 2000
+    pycollective bench-faults --native-fuzz build/ctest/tests/native/test_tcp
 
 Parts:
 

@@ -1,7 +1,7 @@
 """Every all-reduce algorithm across shaped network namespaces (bench/netns_cluster.py), beside
 the link-bound limit and the cost model's estimate. Root only; not a test (minutes long).
 
-    sudo python -m pycollective.bench.netns_bench --markdown table.md --json rows.json
+    sudo "$(command -v pycollective)" bench-netns --markdown table.md --json rows.json
 
 For each layout (HOSTSxRANKS_PER_HOST) and link rate it starts the cluster and runs the
 benchmark worker (bench/worker.py) in every rank, the ranks found from torchrun's variables:
@@ -28,6 +28,8 @@ import json
 import os
 import sys
 import tempfile
+
+from pycollective._spawn import child_environment, python_module_command
 
 from .metrics import human_bytes, parse_size
 from .netns_cluster import ClusterError, NetnsCluster, check_can_build, parse_rate
@@ -75,12 +77,12 @@ def run_layout(
     from pycollective import config
 
     # What the ranks' groups read: the model's host link, declared or measured by the probe.
-    env = {k: v for k, v in os.environ.items() if k != LINK_KNOB}
+    env = child_environment({k: v for k, v in os.environ.items() if k != LINK_KNOB})
     with NetnsCluster(hosts, per_host, rate) as cluster:
         if probe:
             env[TUNING_KNOB] = os.path.join(workdir, f"tuning-{tag}.json")
             code = cluster.run(
-                [sys.executable, "-m", "pycollective.bench.link_probe"],
+                python_module_command("pycollective.bench.link_probe"),
                 timeout=300,
                 logdir=os.path.join(workdir, f"logs-probe-{tag}"),
                 env=env,
@@ -90,7 +92,7 @@ def run_layout(
         else:
             env[LINK_KNOB] = str(rate_bps / 1e9)
         code = cluster.run(
-            [sys.executable, "-m", "pycollective.bench.worker", job_path],
+            python_module_command("pycollective.bench.worker", job_path),
             timeout=1800,
             logdir=os.path.join(workdir, f"logs-{tag}"),
             env=env,

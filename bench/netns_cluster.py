@@ -3,7 +3,7 @@ shaped with ``tc``, ranks started the torchrun way. Root only; standard library 
 ``python3`` runs it (``bench/netns_cluster.sh`` is the shell entry).
 
     bench/netns_cluster.sh HOSTS RANKS_PER_HOST RATE [options] -- COMMAND [ARGS...]
-    bench/netns_cluster.sh 2 2 1gbit -- python -m pycollective.bench.worker job.json
+    bench/netns_cluster.sh 2 2 1gbit -- "$(command -v pycollective)" bench-compress
 
 What it builds, per run (names carry a random run id, so two runs never collide):
 

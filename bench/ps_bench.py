@@ -1,7 +1,7 @@
 """ParameterServerStrategy benchmark: pull/push throughput and training steps per second.
 
-    python -m pycollective.bench.ps_bench                 # from any directory, after pip install
-    python -m pycollective.bench.ps_bench --mib 64 --steps 300 --json out.json --plot scaling.png
+    pycollective bench-ps                 # from any directory, after pip install
+    pycollective bench-ps --mib 64 --steps 300 --json out.json --plot scaling.png
 
 Starts 2 ps tasks and up to 8 worker tasks as processes on this machine (OS-chosen ports), then
 measures, in the same run:
@@ -340,9 +340,7 @@ def main(argv=None) -> dict:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     if args.plot:
-        command = "python -m pycollective.bench.ps_bench " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
+        command = "pycollective bench-ps " + " ".join(sys.argv[1:] if argv is None else argv)
         plot_scaling(results, args.plot, command)
     return results
 

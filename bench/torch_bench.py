@@ -1,7 +1,7 @@
 """torch.distributed through "pycollective" against "gloo", in the same processes.
 
-    python -m pycollective.bench.torch_bench                 # 2 and 4 ranks, 4 KiB .. 64 MiB
-    python -m pycollective.bench.torch_bench --worlds 2 --json out.json
+    pycollective bench-torch                 # 2 and 4 ranks, 4 KiB .. 64 MiB
+    pycollective bench-torch --worlds 2 --json out.json
 
 For each world size, one set of rank processes (under a hard deadline) forms the default group
 on "pycollective" and a gloo group over the same ranks, then times, in interleaved rounds so

@@ -1,8 +1,8 @@
 """TPUStrategy on forced host CPU devices against MirroredStrategy and pycollective's
 in-process all-reduce, in the same run:
 
-    python -m pycollective.bench.tpu_bench              # 4 devices / 4 replicas
-    python -m pycollective.bench.tpu_bench --replicas 8 --iters 50
+    pycollective bench-tpu              # 4 devices / 4 replicas
+    pycollective bench-tpu --replicas 8 --iters 50
 
 Three comparisons, each timed alternately step by step (medians, as bench.strategy_bench):
 

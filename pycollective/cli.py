@@ -88,6 +88,22 @@ def _forwarded() -> dict[str, Forwarded]:
             "the cost model's all-reduce estimates for a cluster you do not have (e.g. 64x8)",
             "pycollective.bench.model_table",
         ),
+        "bench-compress": Forwarded(
+            "bf16/fp16 compressed all-reduce against float32 (run it as every rank of a job)",
+            "pycollective.bench.compress_bench",
+        ),
+        "bench-encrypt": Forwarded(
+            "the cost of encrypting the data plane: AES-256-GCM against plaintext over tcp",
+            "pycollective.bench.encrypt_bench",
+        ),
+        "bench-faults": Forwarded(
+            "the fault soak: killed, frozen and cut-off ranks, lossy links, protocol fuzzers",
+            "pycollective.bench.fault_soak",
+        ),
+        "bench-netns": Forwarded(
+            "every algorithm on a shaped cluster of network namespaces (root)",
+            "pycollective.bench.netns_bench",
+        ),
         "bench-figures": Forwarded(
             "remake the pictures in docs/ (each labelled with its command, machine and date)",
             "pycollective.bench.figures",
