@@ -679,6 +679,17 @@ class _World:
             listener.close()
         self.client.start_heartbeat(self._on_abort)
         self.world = ProcessGroup(self, list(range(spec.world_size)), 0)
+        # No rank leaves init before every rank is done with the coordinator: rank 0 serves it
+        # from Python threads, and whatever rank 0 runs next while holding the GIL (mpi4py's
+        # MPI_Init waits there for every rank to reach it) would stall the others' last steps
+        # of init. Measured under `mpirun -n 4`: `pc.init()` then `import mpi4py` failed 5 of 8
+        # times with "did not open the abort watch within 10 s". The coordinator's barrier, not
+        # the group's: the group's first collective stays number 0 in every message.
+        try:
+            self.client.barrier("pycollective/init", timeout=connect_timeout)
+        except BaseException:
+            self.close(0)
+            raise
 
     def _session(self, rank: int, timeout: float) -> str:
         """A random id shared by the group (names its shared-memory segments)."""

@@ -154,6 +154,30 @@ def _single_rank(rank, n):
     return [y.tolist(), inline_error]
 
 
+def _watched_when_init_returns(rank, n):
+    import pycollective as pc
+    from pycollective import process_group
+
+    pc.init()
+    watched = None
+    if rank == 0:  # the coordinator's own view, read the moment init returns
+        state = process_group._world.service._state
+        with state.cond:
+            watched = sorted(state.last_heartbeat)
+    pc.shutdown()
+    return watched
+
+
+@pytest.mark.timeout(90)
+def test_init_returns_once_every_rank_is_watched():
+    """Rank 0 serves the coordinator from Python threads: if it returned from init while
+    another rank was still opening its abort watch, a GIL-holding call right after init (as
+    mpi4py's MPI_Init is) stalled that rank's init until it failed."""
+    for _ in range(3):  # a race when it fails: rank 0 usually finishes first
+        watched = run_ranks(_watched_when_init_returns, 4, timeout=75)[0]
+        assert watched == [0, 1, 2, 3], f"init returned on rank 0 with only {watched} watched"
+
+
 @pytest.mark.timeout(60)
 def test_world_of_one():
     [[values, inline_error]] = run_ranks(_single_rank, 1, timeout=45)

@@ -106,6 +106,33 @@ def test_mpirun_four_ranks_form_one_group(user_env):
     _assert_one_group(_reports(command + ["python", CHECK], user_env), 4)
 
 
+_MPI_AFTER_INIT = """
+import json, numpy as np, pycollective as pc
+pc.init()
+from mpi4py import MPI  # MPI_Init holds the GIL until every rank reaches it
+x = np.full(3, pc.rank() + 1.0, np.float32)
+ours, theirs = pc.allreduce(x), np.empty_like(x)
+MPI.COMM_WORLD.Allreduce(x, theirs)
+n = pc.world_size()
+print(json.dumps({"rank": pc.rank(), "ok": bool((ours == theirs).all() and ours[0] == n * (n + 1) / 2)}))
+pc.shutdown()
+"""
+
+
+def test_mpirun_ranks_that_start_mpi_after_init(user_env, tmp_path):
+    """A script that calls pc.init() and then imports mpi4py: rank 0 (the coordinator's host)
+    must not reach MPI_Init while another rank still needs the coordinator to finish init."""
+    _need_mpirun()
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
+    script = tmp_path / "mpi_after_init.py"
+    script.write_text(_MPI_AFTER_INIT)
+    command = ["mpirun", "-n", "4", "--oversubscribe"]
+    if os.getuid() == 0:
+        command.append("--allow-run-as-root")
+    reports = _reports(command + ["python", str(script)], user_env)
+    assert [(r["rank"], r["ok"]) for r in reports] == [(r, True) for r in range(4)], reports
+
+
 def test_sbatch_runs_the_documented_job_script(user_env, tmp_path):
     _need_slurm()
     pytest.importorskip("sklearn", reason="the digits example loads its data with scikit-learn")
