@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from pycollective._ports import PortReservation
-from pycollective._spawn import child_environment, own_process_group, python_module_command
+from pycollective._spawn import child_environment, in_own_process_group, python_module_command
 
 from .netns_cluster import NetnsCluster
 
@@ -87,7 +87,7 @@ def start_job(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                preexec_fn=own_process_group(),
+                **in_own_process_group(),
             )
         )
     job = Job(procs, transport, seed, ports)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from pycollective._ports import PortReservation
-from pycollective._spawn import child_environment, own_process_group, python_module_command
+from pycollective._spawn import child_environment, in_own_process_group, python_module_command
 
 from .rows import Row
 
@@ -49,7 +49,7 @@ def _run_ranks(
     with open(job_path, "w") as f:
         json.dump(job, f)
     cmd = python_module_command("pycollective.bench.worker", job_path)
-    if job["backend"] == "mpi":
+    if job["backend"] == "mpi" or job.get("with_mpi"):
         env = dict(
             child_environment(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"
         )
@@ -60,7 +60,7 @@ def _run_ranks(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                preexec_fn=own_process_group(),
+                **in_own_process_group(),
             )
         ]
     else:
@@ -84,7 +84,7 @@ def _run_ranks(
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
-                    preexec_fn=own_process_group(),
+                    **in_own_process_group(),
                 )
             )
     log: list[str] = []
@@ -152,11 +152,16 @@ def run(
     host_ids: list[str] | None = None,
     new_outputs: bool = False,
     rounds: int = 1,
+    mpi_in_job: bool = False,
 ) -> list[Row]:
     """Rows of every algorithm over every transport, then of every peer. With ``rounds`` > 1
     the launches alternate (ours, the peers, ours, ...) and each row gives the median of its
     rounds' medians, the lowest p10 and the highest p90: a machine whose load drifts over
-    minutes then weighs on both sides of a ratio alike, not on whichever ran last."""
+    minutes then weighs on both sides of a ratio alike, not on whichever ran last.
+
+    ``mpi_in_job``: the shm ranks are started by mpirun and time Open MPI's Allreduce in the
+    same processes, interleaved with ours (each call after its own library's barrier), instead
+    of in a launch of their own."""
     job = {
         "collective": collective,
         "sizes": sizes,
@@ -177,7 +182,8 @@ def run(
 
     def add(raw: list[dict], transport: str, peer: bool) -> None:
         for d in raw:
-            results.setdefault((transport, peer, d["nbytes"], d["algo"]), []).append(d)
+            key = (transport, peer or bool(d.get("peer")), d["nbytes"], d["algo"])
+            results.setdefault(key, []).append(d)
 
     runnable: list[str] = []
     for peer in peers:
@@ -186,18 +192,21 @@ def run(
             runnable.append(peer)
         else:
             notes.append(f"peer {peer} skipped: {why}")
+    in_job = mpi_in_job and "mpi" in runnable and "shm" in transports
+    if mpi_in_job and not in_job:
+        notes.append("--mpi-in-job ignored: it needs the mpi peer and the shm transport")
+    elif in_job:
+        notes.append("mpi timed in our shm ranks (started by mpirun), interleaved with ours")
     for _ in range(rounds):
         for transport in transports:
+            ours = dict(
+                job, backend="pycollective", transport=transport, algos=algos, host_ids=host_ids
+            )
             raw = _spawn_ranks(
-                dict(
-                    job, backend="pycollective", transport=transport, algos=algos, host_ids=host_ids
-                ),
-                world,
-                deadline,
-                progress,
+                dict(ours, with_mpi=in_job and transport == "shm"), world, deadline, progress
             )
             add(raw, transport, False)
-        for peer in list(runnable):
+        for peer in [p for p in runnable if not (in_job and p == "mpi")]:
             try:
                 raw = _spawn_ranks(dict(job, backend=peer, algos=[peer]), world, deadline, progress)
             except RuntimeError as exc:

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from pycollective._ports import PortReservation
-from pycollective._spawn import child_environment, own_process_group, python_module_command
+from pycollective._spawn import child_environment, in_own_process_group, python_module_command
 
 from .metrics import human_bytes, parse_size
 from .report import table
@@ -194,7 +194,7 @@ def _run_ranks(world: int, job: dict, deadline_s: float) -> dict:
             stdout=subprocess.PIPE if r else None,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=own_process_group(),
+            **in_own_process_group(),
         )
         for r in range(world)
     ]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pycollective._spawn import own_process_group
+from pycollective._spawn import in_own_process_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -110,7 +110,7 @@ def _run_ranks(fn, n, args, timeout, env, per_rank_env, expect_exit, port) -> li
                 env=e,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=own_process_group(),
+                **in_own_process_group(),
             )
         )
     expect_exit = expect_exit or {}

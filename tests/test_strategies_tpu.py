@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from pycollective import strategies as ds
-from pycollective._spawn import own_process_group
+from pycollective._spawn import in_own_process_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -938,7 +938,7 @@ def test_two_processes_with_pycollective_run_form_one_mesh(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
         cwd=str(tmp_path),
-        preexec_fn=own_process_group(),
+        **in_own_process_group(),
     )
     [output] = _communicate_all([proc], deadline=time.monotonic() + 120)
     assert proc.returncode == 0, output[-6000:]
@@ -1061,7 +1061,7 @@ def test_two_processes_from_other_launchers_environments(tmp_path, launcher):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                preexec_fn=own_process_group(),
+                **in_own_process_group(),
             )
         )
     outputs = _communicate_all(procs, deadline=time.monotonic() + 70)  # mark: 90 s
