@@ -79,6 +79,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="procs mode: run ours and the peers this many times, alternating, and report the "
         "median of the rounds (fair ratios on a machine whose load drifts)",
     )
+    p.add_argument(
+        "--mpi-in-job",
+        action="store_true",
+        help="procs mode: time Open MPI's Allreduce in our shm ranks (mpirun starts them), "
+        "interleaved with ours, each after its own barrier, instead of in a launch of its own",
+    )
     p.add_argument("--inplace", action="store_true", help="in place instead of out= buffers")
     p.add_argument(
         "--new-outputs",
@@ -172,6 +178,11 @@ def run(args: argparse.Namespace) -> int:
     peers = [p for p in args.peers.split(",") if p] if procs_mode else []
     if procs_mode and world % args.hosts:
         raise SystemExit(f"--hosts {args.hosts} must divide the number of ranks ({world})")
+    if args.mpi_in_job and args.hosts > 1:
+        raise SystemExit(
+            "--mpi-in-job runs the ranks under mpirun, which cannot give them "
+            "pretend hosts: drop --hosts or --mpi-in-job"
+        )
     sweep = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     info = pc.build_info()
 
@@ -220,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
             host_ids,
             new_outputs=args.new_outputs,
             rounds=rounds,
+            mpi_in_job=args.mpi_in_job,
         )
     else:
         rows = inproc.run(

@@ -45,7 +45,7 @@ def time_interleaved(
     warmup: int,
     budget_s: float,
     rounds: int = ROUNDS,
-    before_each: Callable[[], object] | None = None,
+    before_each: Callable[[], object] | dict[str, Callable[[], object]] | None = None,
     max_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, list[float]]:
     """Per-iteration times of several calls measured against each other: ``rounds`` rounds,
@@ -54,17 +54,21 @@ def time_interleaved(
     its own slice of it.
 
     Each call gets at most ``iters`` iterations and about ``budget_s`` seconds in all (at least
-    one iteration per round; fewer rounds when ``iters`` is smaller than ``rounds``). Across ranks, ``before_each`` runs before every timed iteration (a
-    barrier) and ``max_over_ranks`` makes every rank run the same iteration counts and turns
-    each call's samples into the slowest rank's."""
+    one iteration per round; fewer rounds when ``iters`` is smaller than ``rounds``). Across
+    ranks, ``before_each`` runs before every timed iteration (a barrier; a dict gives each
+    call its own, as when two libraries' calls are timed in the same processes) and
+    ``max_over_ranks`` makes every rank run the same iteration counts and turns each call's
+    samples into the slowest rank's."""
     names = list(calls)
     for name in names:
         for _ in range(warmup):
             calls[name]()
+    before = before_each if isinstance(before_each, dict) else dict.fromkeys(names, before_each)
 
     def timed(name: str) -> float:
-        if before_each is not None:
-            before_each()
+        barrier = before[name]
+        if barrier is not None:
+            barrier()
         t0 = time.perf_counter()
         calls[name]()
         return time.perf_counter() - t0

@@ -236,10 +236,18 @@ def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> str | None:
     return None
 
 
+#: The row name of Open MPI's call when it is timed in our ranks (job key "with_mpi").
+MPI_IN_JOB = "mpi"
+
+
 def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
     backend = BACKENDS[job["backend"]](job)
+    # Open MPI's Allreduce timed in these same processes (started by mpirun), interleaved with
+    # ours round by round: both see the same machine, where separate launches see different
+    # minutes of a shared one.
+    mpi = MpiBackend(job) if job.get("with_mpi") else None
     rank, n = backend.rank, backend.size
     itemsize = np_dtype(job["dtype"]).itemsize
     rows = []
@@ -262,12 +270,18 @@ def main(job_path: str) -> int:
                 continue
             wrong[algo] = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
             calls[algo] = call
+        barriers = dict.fromkeys(calls, backend.barrier)
+        if mpi is not None:
+            poison(out)
+            call = mpi.call(job["collective"], x, out, MPI_IN_JOB, job["op"])
+            wrong[MPI_IN_JOB] = backend.sum_over_ranks(count_wrong(call(), want, job["op"]))
+            calls[MPI_IN_JOB], barriers[MPI_IN_JOB] = call, mpi.barrier  # each after its own
         samples = time_interleaved(
             calls,
             job["iters"],
             job["warmup"],
             job["budget"],
-            before_each=backend.barrier,
+            before_each=barriers,
             max_over_ranks=backend.max_over_ranks,
         )
         for algo, times in samples.items():
@@ -282,7 +296,10 @@ def main(job_path: str) -> int:
                         "p10_s": t.p10,
                         "p90_s": t.p90,
                         "wrong": wrong[algo],
-                        "chose": _chosen(backend, calls[algo], algo, job, count * itemsize),
+                        "chose": None
+                        if algo == MPI_IN_JOB and mpi is not None
+                        else _chosen(backend, calls[algo], algo, job, count * itemsize),
+                        "peer": algo == MPI_IN_JOB and mpi is not None,
                     }
                 )
                 print(f"done {job['backend']} {algo} {nbytes}", flush=True)

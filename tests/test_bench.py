@@ -83,6 +83,28 @@ def test_rounds_alternate_ours_and_the_peers(tmp_path):
     assert "mpi (peer)" in res.stdout or "peer mpi skipped:" in res.stdout
 
 
+@pytest.mark.timeout(240)
+def test_mpi_timed_in_our_ranks(tmp_path):
+    """--mpi-in-job: mpirun starts our shm ranks, which time Open MPI's Allreduce beside ours
+    (checked against numpy like ours) instead of a launch of its own; tcp rows still run."""
+    j = tmp_path / "r.json"
+    res = run(
+        ["--world", "2", *TINY, "--algos", "auto,prepared", "--peers", "mpi", "--mpi-in-job"]
+        + ["--transports", "shm,tcp", "--json", str(j)]
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    if "peer mpi skipped:" in res.stdout:
+        pytest.skip(res.stdout.split("peer mpi skipped:")[1].splitlines()[0])
+    assert "mpi timed in our shm ranks" in res.stdout
+    rows = json.loads(j.read_text())["rows"]
+    mpi = [r for r in rows if r["algo"] == "mpi"]
+    assert sorted(r["nbytes"] for r in mpi) == [1024, 4096] and all(r["peer"] for r in mpi)
+    ours = {(r["algo"], r["transport"]) for r in rows if not r["peer"]}
+    assert ours == {(a, t) for a in ("auto", "prepared") for t in ("shm", "tcp")}
+    assert all(r["wrong"] == 0 and r["median_s"] > 0 for r in rows)
+    assert "vs mpi (shm) at 1 KiB" in res.stdout
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["inproc", "procs"])
 def test_new_outputs_and_the_prepared_row(mode):
