@@ -76,7 +76,7 @@ def in_own_process_group() -> dict[str, Any]:
     and a parent with live gRPC channels or servers that forked its children instead started
     ranks that aborted at once ("epoll_wait error: Bad file descriptor" in gRPC's poller),
     measured: 3 of 3 runs of the test suite's coordinator-loss tests after its in-process
-    rendezvous tests, none of 4 with this. Python 3.10 has only the preexec function."""
+    rendezvous tests, none of 3 with this. Python 3.10 has only the preexec function."""
     if sys.version_info >= (3, 11):
         return {"process_group": 0}
     return {"preexec_fn": own_process_group()}
