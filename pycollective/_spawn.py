@@ -71,12 +71,13 @@ def in_own_process_group() -> dict[str, Any]:
     """``subprocess.Popen`` keyword arguments that start the child as :func:`own_process_group`
     does, without running Python code between fork and exec where the interpreter allows it.
 
-    With ``process_group=0`` (Python 3.11 and later) the child is started by vfork or
-    posix_spawn, which run no fork handlers. gRPC installs some (fork support is on by default),
-    and a parent with live gRPC channels or servers that forked its children instead started
-    ranks that aborted at once ("epoll_wait error: Bad file descriptor" in gRPC's poller),
-    measured: 3 of 3 runs of the test suite's coordinator-loss tests after its in-process
-    rendezvous tests, none of 3 with this. Python 3.10 has only the preexec function."""
+    With ``process_group=0`` (Python 3.11 and later) CPython starts the child with vfork, which
+    runs none of the process's fork handlers. gRPC installs some: a parent with live gRPC
+    channels or servers that forked its children instead started ranks that aborted at once
+    ("epoll_wait error: Bad file descriptor" in gRPC's poller). Measured: the test suite's
+    coordinator-loss tests, run after its in-process rendezvous tests, failed that way in 3
+    runs of 3, in none of 3 with this (nor with GRPC_ENABLE_FORK_SUPPORT=0, in 2 of 2). Python
+    3.10 has only the preexec function."""
     if sys.version_info >= (3, 11):
         return {"process_group": 0}
     return {"preexec_fn": own_process_group()}
