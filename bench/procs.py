@@ -200,11 +200,14 @@ def run(
     for _ in range(rounds):
         for transport in transports:
             ours = dict(
-                job, backend="pycollective", transport=transport, algos=algos, host_ids=host_ids
+                job,
+                backend="pycollective",
+                transport=transport,
+                algos=algos,
+                host_ids=host_ids,
+                with_mpi=in_job and transport == "shm",
             )
-            raw = _spawn_ranks(
-                dict(ours, with_mpi=in_job and transport == "shm"), world, deadline, progress
-            )
+            raw = _spawn_ranks(ours, world, deadline, progress)
             add(raw, transport, False)
         for peer in [p for p in runnable if not (in_job and p == "mpi")]:
             try:

@@ -296,9 +296,7 @@ def main(job_path: str) -> int:
                         "p10_s": t.p10,
                         "p90_s": t.p90,
                         "wrong": wrong[algo],
-                        "chose": None
-                        if algo == MPI_IN_JOB and mpi is not None
-                        else _chosen(backend, calls[algo], algo, job, count * itemsize),
+                        "chose": _chosen(backend, calls[algo], algo, job, count * itemsize),
                         "peer": algo == MPI_IN_JOB and mpi is not None,
                     }
                 )
