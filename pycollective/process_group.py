@@ -112,7 +112,7 @@ class ProcessGroup:
         self.size = len(members)
         self._where = f"rank {me}"  # names this rank in argument errors
         self._where_out = f"rank {me} out="
-        self._memo = CallMemo()  # layouts of small calls already checked (_call_memo.py)
+        self._memo = CallMemo(world.comm, self._native_members)  # calls checked (_call_memo.py)
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self.rank}, size={self.size}, members={self.members})"
@@ -404,15 +404,12 @@ class ProcessGroup:
     ) -> Any:
         memo_key = None
         if not asynchronous:
-            memo_key = CallMemo.key(kind, x, op, algo, root, inplace, out, timeout, compress)
-            known = None if memo_key is None else self._memo.find(memo_key)
-            buffers = None if known is None else known.buffers(x, out)
-            if known is not None and buffers is not None:
-                into, result = buffers
-                try:
-                    self._world.comm.run(known.spec, self._native_members, x, into)
-                except CollectiveError as exc:
-                    raise self._world.explain_failure(exc) from None
+            memo_key = CallMemo.key(kind, op, algo, root, inplace, out, timeout, compress)
+            try:
+                result = self._memo.run(memo_key, x, out)
+            except CollectiveError as exc:
+                raise self._world.explain_failure(exc) from None
+            if result is not None:
                 return result
         if not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")

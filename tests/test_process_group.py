@@ -270,6 +270,38 @@ def test_repeated_plain_calls_see_arrays_changed_in_place():
     assert run_ranks(_repeated_plain_calls, 2, timeout=75) == [[True, True, True]] * 2
 
 
+def _remembered_call_follows_a_new_tuned_table(rank, n):
+    """A plain call the group remembers settles auto's choice, but not for good: when auto's
+    inputs change (here a tuned table, given to rank 0 only) the next call chooses again. Rank 0
+    then runs another algorithm than rank 1, which the frame headers report."""
+    import pycollective as pc
+    from pycollective import CollectiveError
+    from pycollective._calls import KINDS
+    from pycollective.process_group import _group
+
+    pc.init()
+    x, y = np.full(6, rank + 1.0, np.float32), np.empty(6, np.float32)
+    for _ in range(3):
+        assert pc.allreduce(x, out=y) is y and float(y[0]) == n * (n + 1) / 2
+    model = _group(None).explain("allreduce", x.nbytes).split()[0]
+    other = "ring" if model != "ring" else "halving_doubling"
+    if rank == 0:
+        _group(None)._world.comm.set_tuned([(KINDS["allreduce"], 1 << 20, other)])
+    try:
+        pc.allreduce(x, out=y)
+        outcome = "ran"
+    except CollectiveError as exc:
+        outcome = "algorithm" if "algorithm" in str(exc) or other in str(exc) else str(exc)
+    pc.shutdown()
+    return outcome
+
+
+@pytest.mark.timeout(60)
+def test_remembered_call_chooses_again_when_auto_inputs_change():
+    outcomes = run_ranks(_remembered_call_follows_a_new_tuned_table, 2, timeout=45)
+    assert outcomes == ["algorithm", "algorithm"], outcomes
+
+
 def _prepared_calls(rank, n):
     import pycollective as pc
 

@@ -376,6 +376,13 @@ void PreparedCollective::run() {
   runWith(group_, groupId_, args_, *algo_);
 }
 
+void PreparedCollective::runOn(const void* in, void* out) {
+  CollectiveArgs a = args_;
+  a.in = in;
+  a.out = out;
+  runWith(group_, groupId_, a, *algo_);
+}
+
 const char* PreparedCollective::algorithm() const {
   return algo_->name();
 }

@@ -68,6 +68,8 @@ class PreparedCollective {
                      const CollectiveArgs& args, const std::string& algo);
   // Runs the call on this thread (the caller orders it with the communicator's executor).
   void run();
+  // The same call on other buffers of the same size and type.
+  void runOn(const void* in, void* out);
   const char* algorithm() const;
   Communicator& comm() { return group_.comm(); }
 

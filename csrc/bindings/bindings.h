@@ -19,6 +19,7 @@ void bindNccl(pybind11::module_& m);
 void bindOptim(pybind11::module_& m);
 
 void bindCallSpec(pybind11::module_& m);
+void bindKnownCalls(pybind11::module_& m);
 void bindPool(pybind11::module_& m);
 
 // The ranks of a (sub)group and the id that keeps its sequence numbers apart

@@ -62,6 +62,11 @@ class ChoiceMemo {
     if (answers_.size() >= kMaxShapes) answers_.clear();
     answers_[shape] = answer;
   }
+  // Moves on every forget(): a decision taken at another epoch may rest on old inputs.
+  uint64_t epoch() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return epoch_;
+  }
   void forget() {
     std::lock_guard<std::mutex> lock(mu_);
     answers_.clear();
