@@ -197,7 +197,7 @@ class KnownLayouts:
         """
     def run(self, x: typing.Any, out: typing.Any) -> typing.Any:
         """
-        Runs the call if (x, out) has a known layout and returns its result; else None. GIL released while it runs.
+        Runs the call if (x, out) has a known layout and returns its result; else NotImplemented. GIL released while it runs.
         """
 class NcclComm:
     @staticmethod

@@ -56,25 +56,29 @@ class CallMemo:
         return (kind, op, algo, root, inplace, out is None, timeout, compress)
 
     def run(self, key: tuple, x: Any, out: Any) -> Any:
-        """The result of a call whose layout is known (it ran), or None: take the full path."""
+        """The result of a call whose layout is known (it ran; None is reduce's result at a
+        rank other than root), or NotImplemented: take the full path."""
         try:
             layouts = self._calls.get(key)
         except TypeError:  # an unhashable argument: the full path reports what is wrong
-            return None
-        return None if layouts is None else layouts.run(x, out)
+            return NotImplemented
+        return NotImplemented if layouts is None else layouts.run(x, out)
 
     def remember(
         self, key: tuple, x: Any, call: Prepared, out: Any, inplace: bool, spec: Any
     ) -> None:
         """Keeps a call that went through every check, when it ran on the caller's own small
-        numpy arrays (a strided input is copied per call and is not kept) and has a result."""
+        numpy arrays (a strided input is copied per call and is not kept)."""
         if type(x) is not np.ndarray or x.nbytes > MAX_BYTES:
             return
         if out is not None and (type(out) is not np.ndarray or call.out is not out):
             return
-        if call.inp is not x or call.out is None:
+        if call.inp is not x:
             return
-        writes = "inplace" if inplace else "out" if out is not None else "new"
+        if call.out is None:
+            writes = "none"
+        else:
+            writes = "inplace" if inplace else "out" if out is not None else "new"
         try:
             layouts = self._calls.get(key)
             if layouts is None:

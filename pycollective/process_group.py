@@ -409,7 +409,7 @@ class ProcessGroup:
                 result = self._memo.run(memo_key, x, out)
             except CollectiveError as exc:
                 raise self._world.explain_failure(exc) from None
-            if result is not None:
+            if result is not NotImplemented:
                 return result
         if not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank of the group in [0, {self.size}), got {root!r}")

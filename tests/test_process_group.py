@@ -229,6 +229,11 @@ def _repeated_plain_calls(rank, n):
     for step in range(3):  # fresh arrays each call, one layout: each result is its own
         got = pc.allreduce(np.full(6, rank + step, np.float32), out=np.empty(6, np.float32))
         np.testing.assert_allclose(got, n * step + total - n)
+    for _ in range(3):  # a result on the root only; the other ranks get None every time
+        got = pc.reduce(np.full(4, rank + 1.0), root=0)
+        assert (got is None) == (rank != 0)
+        if rank == 0:
+            np.testing.assert_allclose(got, total)
     strided = np.arange(12, dtype=np.float32)[::2]  # x's shape and dtype, other strides
     np.testing.assert_allclose(pc.allreduce(strided, out=y), np.arange(0, 12, 2) * n)
     x.shape = (2, 3)  # reshaped in place: a new shape of result

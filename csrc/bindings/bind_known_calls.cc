@@ -58,8 +58,8 @@ struct Layout {
   }
 };
 
-// Where a known call writes its result.
-enum class Writes { kOut, kInplace, kNew };
+// Where a known call writes its result (kNone: nowhere, as reduce at a rank other than root).
+enum class Writes { kOut, kInplace, kNew, kNone };
 
 struct Known {
   Layout in;
@@ -83,22 +83,29 @@ class KnownLayouts {
   KnownLayouts(py::object comm, const GroupMembers& members)
       : commObject_(std::move(comm)), comm_(commObject_.cast<Communicator*>()), members_(members) {}
 
-  // The call's result when (x, out) has a known layout (the collective ran), else None: the
-  // caller then takes the full path, which checks everything and reports what is wrong.
+  // The call's result when (x, out) has a known layout (the collective ran), else
+  // NotImplemented: the caller then takes the full path, which checks everything and reports
+  // what is wrong. (None is a result: reduce's at a rank other than root.)
   py::object run(const py::handle& x, const py::handle& out) {
-    if (!isPlainArray(x) || !(out.is_none() || isPlainArray(out))) return py::none();
+    const py::object miss = py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    if (!isPlainArray(x) || !(out.is_none() || isPlainArray(out))) return miss;
     const auto xa = py::reinterpret_borrow<py::array>(x);
     Known* k = find(xa, out);
-    if (k == nullptr) return py::none();
-    py::array result;
-    switch (k->writes) {
-      case Writes::kOut: result = py::reinterpret_borrow<py::array>(out); break;
-      case Writes::kInplace: result = xa; break;
-      case Writes::kNew: result = py::array(k->resultType, k->resultShape); break;
+    if (k == nullptr) return miss;
+    py::object result = py::none();
+    void* dst = nullptr;
+    if (k->writes != Writes::kNone) {
+      py::array target;
+      switch (k->writes) {
+        case Writes::kOut: target = py::reinterpret_borrow<py::array>(out); break;
+        case Writes::kInplace: target = xa; break;
+        default: target = py::array(k->resultType, k->resultShape); break;
+      }
+      if (!target.writeable()) return miss;  // the full path says so
+      dst = target.mutable_data();
+      result = std::move(target);
     }
-    if (!result.writeable()) return py::none();  // the full path says so
     const void* in = xa.data();
-    void* dst = result.mutable_data();
     const uint64_t epoch = comm_->autoChoices().epoch();
     if (k->plan == nullptr || k->epoch != epoch) {
       k->plan = std::make_shared<PreparedCollective>(*comm_, members_.ranks, members_.groupId,
@@ -113,7 +120,8 @@ class KnownLayouts {
     return std::move(result);
   }
 
-  // Keeps a call that went through every check: `writes` is "out", "inplace" or "new".
+  // Keeps a call that went through every check: `writes` is "out", "inplace", "new" or
+  // "none"; `result` is the result the full path returned (its dtype and shape, for "new").
   void remember(const py::array& x, const py::handle& out, const std::string& writes,
                 const CallSpec& spec, const py::handle& result) {
     Known k;
@@ -125,8 +133,11 @@ class KnownLayouts {
       k.writes = Writes::kOut;
     } else if (writes == "inplace") {
       k.writes = Writes::kInplace;
+    } else if (writes == "none") {
+      k.writes = Writes::kNone;
     } else {
-      PC_CHECK(writes == "new", "remember: writes must be out, inplace or new, got ", writes);
+      PC_CHECK(writes == "new", "remember: writes must be out, inplace, new or none, got ",
+               writes);
       k.writes = Writes::kNew;
       const auto r = py::reinterpret_borrow<py::array>(result);
       k.resultType = r.dtype();
@@ -162,7 +173,8 @@ void bindKnownCalls(py::module_& m) {
                            "checked with (pycollective/_call_memo.py).")
       .def(py::init<py::object, const GroupMembers&>(), py::arg("comm"), py::arg("members"))
       .def("run", &KnownLayouts::run, py::arg("x"), py::arg("out"),
-           "Runs the call if (x, out) has a known layout and returns its result; else None. "
+           "Runs the call if (x, out) has a known layout and returns its result; else "
+           "NotImplemented. "
            "GIL released while it runs.")
       .def("remember", &KnownLayouts::remember, py::arg("x"), py::arg("out"), py::arg("writes"),
            py::arg("spec"), py::arg("result"),
