@@ -187,7 +187,7 @@ class KnownLayouts:
     """
     The array layouts one combination of a group's call arguments was checked with (pycollective/_call_memo.py).
     """
-    def __init__(self, comm: typing.Any, members: Members) -> None:
+    def __init__(self, members: Members) -> None:
         ...
     def __len__(self) -> int:
         ...
@@ -195,7 +195,7 @@ class KnownLayouts:
         """
         Keeps the layout of a call that passed every check.
         """
-    def run(self, x: typing.Any, out: typing.Any) -> typing.Any:
+    def run(self, comm: Communicator, x: typing.Any, out: typing.Any) -> typing.Any:
         """
         Runs the call if (x, out) has a known layout and returns its result; else NotImplemented. GIL released while it runs.
         """

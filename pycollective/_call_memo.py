@@ -12,7 +12,8 @@ hit too, an array reshaped or re-typed in place is another layout, and no array 
 The scalar arguments select a native ``KnownLayouts`` (csrc/bindings/bind_known_calls.cc),
 which matches the layouts, reads each array's data pointer and runs the call without coming
 back to Python. Only numpy arrays of at most ``MAX_BYTES`` take this path: larger calls do not
-notice the checks (and their new results come from the output pool, ``_calls.new_output``).
+notice the checks. New results that the output pool would serve (``_calls.new_output``, 1 MiB
+and more: an allgather of many ranks) are not remembered either.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from pycollective import _C
-from pycollective._calls import Prepared
+from pycollective._calls import POOLED_OUTPUT_BYTES, Prepared
 
 #: largest input whose call is remembered
 MAX_BYTES = 64 * 1024
@@ -35,11 +36,11 @@ class CallMemo:
     """Per group: a call's scalar arguments -> the native layouts checked with them. Safe
     without a lock: a lost entry is only checked anew."""
 
-    __slots__ = ("_calls", "_comm", "_members")
+    __slots__ = ("_calls", "_members")
 
-    def __init__(self, comm: Any, members: Any) -> None:
+    def __init__(self, members: Any) -> None:
         self._calls: dict[tuple, Any] = {}
-        self._comm, self._members = comm, members
+        self._members = members
 
     @staticmethod
     def key(
@@ -52,17 +53,20 @@ class CallMemo:
         timeout: Any,
         compress: Any,
     ) -> tuple:
-        """The memo's key for a call's scalar arguments (the arrays are matched natively)."""
-        return (kind, op, algo, root, inplace, out is None, timeout, compress)
+        """The memo's key for a call's scalar arguments (the arrays are matched natively). The
+        types of op and root are part of it: op=0 equals ReduceOp.SUM and root=1.0 equals 1,
+        but the full path refuses them."""
+        return (kind, type(op), op, algo, type(root), root, inplace, out is None, timeout, compress)
 
-    def run(self, key: tuple, x: Any, out: Any) -> Any:
-        """The result of a call whose layout is known (it ran; None is reduce's result at a
-        rank other than root), or NotImplemented: take the full path."""
+    def run(self, key: tuple, comm: Any, x: Any, out: Any) -> Any:
+        """The result of a call whose layout is known (it ran on `comm`, the group's
+        communicator; None is reduce's result at a rank other than root), or NotImplemented:
+        take the full path."""
         try:
             layouts = self._calls.get(key)
         except TypeError:  # an unhashable argument: the full path reports what is wrong
             return NotImplemented
-        return NotImplemented if layouts is None else layouts.run(x, out)
+        return NotImplemented if layouts is None else layouts.run(comm, x, out)
 
     def remember(
         self, key: tuple, x: Any, call: Prepared, out: Any, inplace: bool, spec: Any
@@ -79,12 +83,14 @@ class CallMemo:
             writes = "none"
         else:
             writes = "inplace" if inplace else "out" if out is not None else "new"
+        if writes == "new" and call.out.nbytes >= POOLED_OUTPUT_BYTES:  # type: ignore[union-attr]
+            return
         try:
             layouts = self._calls.get(key)
             if layouts is None:
                 if len(self._calls) >= CAPACITY:  # drop the oldest (tolerating a concurrent drop)
                     self._calls.pop(next(iter(self._calls), None), None)  # type: ignore[arg-type]
-                layouts = self._calls[key] = _C.KnownLayouts(self._comm, self._members)
+                layouts = self._calls[key] = _C.KnownLayouts(self._members)
         except TypeError:  # an unhashable argument that the checks let through
             return
         layouts.remember(x, out, writes, spec, call.out)

@@ -112,7 +112,7 @@ class ProcessGroup:
         self.size = len(members)
         self._where = f"rank {me}"  # names this rank in argument errors
         self._where_out = f"rank {me} out="
-        self._memo = CallMemo(world.comm, self._native_members)  # calls checked (_call_memo.py)
+        self._memo = CallMemo(self._native_members)  # calls checked (_call_memo.py)
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self.rank}, size={self.size}, members={self.members})"
@@ -406,7 +406,7 @@ class ProcessGroup:
         if not asynchronous:
             memo_key = CallMemo.key(kind, op, algo, root, inplace, out, timeout, compress)
             try:
-                result = self._memo.run(memo_key, x, out)
+                result = self._memo.run(memo_key, self._world.comm, x, out)
             except CollectiveError as exc:
                 raise self._world.explain_failure(exc) from None
             if result is not NotImplemented:

@@ -275,6 +275,49 @@ def test_repeated_plain_calls_see_arrays_changed_in_place():
     assert run_ranks(_repeated_plain_calls, 2, timeout=75) == [[True, True, True]] * 2
 
 
+def _remembered_calls_refuse_what_the_full_path_refuses(rank, n):
+    """Arguments equal to a remembered call's but refused by the full path stay refused: a
+    byte-swapped array of the same shape and strides (numpy's '>f4' shares '<f4''s type number),
+    op=0 (equal to ReduceOp.SUM) and root=0.0 (equal to 0). A remembered call on a group that
+    was shut down says so."""
+    import pycollective as pc
+    from pycollective.process_group import _group
+
+    pc.init()
+    x, y = np.ones(6, np.float32), np.empty(6, np.float32)
+    for _ in range(2):
+        pc.allreduce(x, op=pc.ReduceOp.SUM, out=y)
+        pc.reduce(x, root=0)
+    outcomes = []
+    for call in (
+        lambda: pc.allreduce(x.astype(">f4"), op=pc.ReduceOp.SUM, out=y),
+        lambda: pc.allreduce(x, op=pc.ReduceOp.SUM, out=np.empty(6, ">f4")),
+        lambda: pc.allreduce(x, op=0, out=y),
+        lambda: pc.reduce(x, root=0.0),
+    ):
+        try:
+            call()
+            outcomes.append("ran")
+        except (TypeError, ValueError) as exc:
+            outcomes.append(type(exc).__name__)
+    group = _group(None)
+    pc.shutdown()
+    try:
+        group.allreduce(x, op=pc.ReduceOp.SUM, out=y)
+        outcomes.append("ran")
+    except RuntimeError as exc:
+        outcomes.append("shut down" if "shut down" in str(exc) else str(exc))
+    return outcomes
+
+
+@pytest.mark.timeout(60)
+def test_remembered_calls_refuse_what_the_full_path_refuses():
+    want = ["TypeError", "TypeError", "ValueError", "ValueError", "shut down"]
+    assert (
+        run_ranks(_remembered_calls_refuse_what_the_full_path_refuses, 2, timeout=45) == [want] * 2
+    )
+
+
 def _remembered_call_follows_a_new_tuned_table(rank, n):
     """A plain call the group remembers settles auto's choice, but not for good: when auto's
     inputs change (here a tuned table, given to rank 0 only) the next call chooses again. Rank 0

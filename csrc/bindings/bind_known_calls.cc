@@ -6,7 +6,7 @@
 // 2 cores every rank's Python also waits for the core its peers hold). pycollective/_call_memo.py
 // keeps, per combination of the call's scalar arguments, one KnownLayouts: the array layouts
 // (dtype, shape, strides) that went through every check with that combination, each with its
-// CallSpec. A call whose arrays have one of those layouts needs no further check (each check
+// CallSpec. Dtypes are compared as numpy compares them (a byte-swapped '>f4' is not '<f4'). A call whose arrays have one of those layouts needs no further check (each check
 // of the full path follows from the layout) except that an array written to must still be
 // writable, checked here on every call; its data pointers are read here, every call.
 #include <pybind11/numpy.h>
@@ -36,25 +36,28 @@ bool isPlainArray(const py::handle& h) {
 
 // What the full path's checks depend on in an array.
 struct Layout {
-  int typeNum = -1;
+  py::object dtype;  // the descriptor the checked array had
   std::vector<py::ssize_t> shape, strides;
 
-  // The dtype's type number, read without taking a reference to the dtype object.
-  static int typeNumOf(const py::array& a) {
-    return py::detail::array_descriptor_proxy(py::detail::array_proxy(a.ptr())->descr)->type_num;
-  }
+  static PyObject* descrOf(const py::array& a) { return py::detail::array_proxy(a.ptr())->descr; }
   static Layout of(const py::array& a) {
     Layout l;
-    l.typeNum = typeNumOf(a);
+    l.dtype = py::reinterpret_borrow<py::object>(descrOf(a));
     l.shape.assign(a.shape(), a.shape() + a.ndim());
     l.strides.assign(a.strides(), a.strides() + a.ndim());
     return l;
   }
+  // The same dtype as numpy compares them (the full path looks dtypes up by equality): not
+  // just the type number, which '<f4' and '>f4' share.
+  bool sameType(const py::array& a) const {
+    PyObject* d = descrOf(a);
+    return d == dtype.ptr() || py::detail::npy_api::get().PyArray_EquivTypes_(d, dtype.ptr());
+  }
   bool matches(const py::array& a) const {
     const auto n = static_cast<size_t>(a.ndim());
-    return n == shape.size() && typeNumOf(a) == typeNum &&
-           std::memcmp(a.shape(), shape.data(), n * sizeof(py::ssize_t)) == 0 &&
-           std::memcmp(a.strides(), strides.data(), n * sizeof(py::ssize_t)) == 0;
+    if (n != shape.size() || !sameType(a)) return false;
+    return n == 0 || (std::memcmp(a.shape(), shape.data(), n * sizeof(py::ssize_t)) == 0 &&
+                      std::memcmp(a.strides(), strides.data(), n * sizeof(py::ssize_t)) == 0);
   }
 };
 
@@ -80,17 +83,18 @@ constexpr size_t kLayoutsPerCall = 16;
 
 class KnownLayouts {
  public:
-  KnownLayouts(py::object comm, const GroupMembers& members)
-      : commObject_(std::move(comm)), comm_(commObject_.cast<Communicator*>()), members_(members) {}
+  explicit KnownLayouts(const GroupMembers& members) : members_(members) {}
 
   // The call's result when (x, out) has a known layout (the collective ran), else
   // NotImplemented: the caller then takes the full path, which checks everything and reports
   // what is wrong. (None is a result: reduce's at a rank other than root.)
-  py::object run(const py::handle& x, const py::handle& out) {
+  // `comm` is the group's communicator, passed per call: the memo must not keep it alive past
+  // shutdown (its links and threads go when the world closes).
+  py::object run(Communicator& comm, const py::handle& x, const py::handle& out) {
     const py::object miss = py::reinterpret_borrow<py::object>(Py_NotImplemented);
     if (!isPlainArray(x) || !(out.is_none() || isPlainArray(out))) return miss;
     const auto xa = py::reinterpret_borrow<py::array>(x);
-    Known* k = find(xa, out);
+    std::shared_ptr<Known> k = find(xa, out);  // held: remember() may drop it meanwhile
     if (k == nullptr) return miss;
     py::object result = py::none();
     void* dst = nullptr;
@@ -106,16 +110,16 @@ class KnownLayouts {
       result = std::move(target);
     }
     const void* in = xa.data();
-    const uint64_t epoch = comm_->autoChoices().epoch();
-    if (k->plan == nullptr || k->epoch != epoch) {
-      k->plan = std::make_shared<PreparedCollective>(*comm_, members_.ranks, members_.groupId,
+    const uint64_t epoch = comm.autoChoices().epoch();
+    if (k->plan == nullptr || k->epoch != epoch || &k->plan->comm() != &comm) {
+      k->plan = std::make_shared<PreparedCollective>(comm, members_.ranks, members_.groupId,
                                                      k->spec.args(), k->spec.algo);
       k->epoch = epoch;
     }
-    std::shared_ptr<PreparedCollective> plan = k->plan;  // `k` may be dropped meanwhile
+    std::shared_ptr<PreparedCollective> plan = k->plan;  // another thread may replace it
     {
       py::gil_scoped_release release;
-      comm_->executor().run([&] { plan->runOn(in, dst); });
+      comm.executor().run([&] { plan->runOn(in, dst); });
     }
     return std::move(result);
   }
@@ -124,7 +128,8 @@ class KnownLayouts {
   // "none"; `result` is the result the full path returned (its dtype and shape, for "new").
   void remember(const py::array& x, const py::handle& out, const std::string& writes,
                 const CallSpec& spec, const py::handle& result) {
-    Known k;
+    auto known = std::make_shared<Known>();
+    Known& k = *known;
     k.in = Layout::of(x);
     k.hasOut = !out.is_none();
     if (k.hasOut) k.out = Layout::of(py::reinterpret_borrow<py::array>(out));
@@ -144,25 +149,23 @@ class KnownLayouts {
       k.resultShape.assign(r.shape(), r.shape() + r.ndim());
     }
     if (known_.size() >= kLayoutsPerCall) known_.pop_front();
-    known_.push_back(std::move(k));
+    known_.push_back(std::move(known));
   }
 
   size_t size() const { return known_.size(); }
 
  private:
-  Known* find(const py::array& x, const py::handle& out) {
-    for (Known& k : known_) {
-      if (k.hasOut == out.is_none() || !k.in.matches(x)) continue;
-      if (k.hasOut && !k.out.matches(py::reinterpret_borrow<py::array>(out))) continue;
-      return &k;
+  std::shared_ptr<Known> find(const py::array& x, const py::handle& out) const {
+    for (const auto& k : known_) {
+      if (k->hasOut == out.is_none() || !k->in.matches(x)) continue;
+      if (k->hasOut && !k->out.matches(py::reinterpret_borrow<py::array>(out))) continue;
+      return k;
     }
     return nullptr;
   }
 
-  py::object commObject_;  // keeps the communicator alive as long as calls may run on it
-  Communicator* comm_;
   GroupMembers members_;
-  std::deque<Known> known_;
+  std::deque<std::shared_ptr<Known>> known_;
 };
 
 }  // namespace
@@ -171,8 +174,8 @@ void bindKnownCalls(py::module_& m) {
   py::class_<KnownLayouts>(m, "KnownLayouts",
                            "The array layouts one combination of a group's call arguments was "
                            "checked with (pycollective/_call_memo.py).")
-      .def(py::init<py::object, const GroupMembers&>(), py::arg("comm"), py::arg("members"))
-      .def("run", &KnownLayouts::run, py::arg("x"), py::arg("out"),
+      .def(py::init<const GroupMembers&>(), py::arg("members"))
+      .def("run", &KnownLayouts::run, py::arg("comm"), py::arg("x"), py::arg("out"),
            "Runs the call if (x, out) has a known layout and returns its result; else "
            "NotImplemented. "
            "GIL released while it runs.")
