@@ -6,9 +6,10 @@
 // 2 cores every rank's Python also waits for the core its peers hold). pycollective/_call_memo.py
 // keeps, per combination of the call's scalar arguments, one KnownLayouts: the array layouts
 // (dtype, shape, strides) that went through every check with that combination, each with its
-// CallSpec. Dtypes are compared as numpy compares them (a byte-swapped '>f4' is not '<f4'). A call whose arrays have one of those layouts needs no further check (each check
-// of the full path follows from the layout) except that an array written to must still be
-// writable, checked here on every call; its data pointers are read here, every call.
+// CallSpec. Dtypes are compared as numpy compares them (a byte-swapped '>f4' is not '<f4'). A call
+// whose arrays have one of those layouts needs no further check (each check of the full path
+// follows from the layout) except that an array written to must still be writable, checked here on
+// every call; its data pointers are read here, every call.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -141,8 +142,7 @@ class KnownLayouts {
     } else if (writes == "none") {
       k.writes = Writes::kNone;
     } else {
-      PC_CHECK(writes == "new", "remember: writes must be out, inplace, new or none, got ",
-               writes);
+      PC_CHECK(writes == "new", "remember: writes must be out, inplace, new or none, got ", writes);
       k.writes = Writes::kNew;
       const auto r = py::reinterpret_borrow<py::array>(result);
       k.resultType = r.dtype();
