@@ -2,14 +2,14 @@
 //
 // A loop of `allreduce(x, out=y)` on small numpy arrays spends most of its time in Python: the
 // full path adapts and checks the arrays, builds a CallSpec and passes it with the group's
-// members, every call (about 2 us against well under 1 us for the native call; with 4 ranks on
-// 2 cores every rank's Python also waits for the core its peers hold). pycollective/_call_memo.py
-// keeps, per combination of the call's scalar arguments, one KnownLayouts: the array layouts
-// (dtype, shape, strides) that went through every check with that combination, each with its
-// CallSpec. Dtypes are compared as numpy compares them (a byte-swapped '>f4' is not '<f4'). A call
-// whose arrays have one of those layouts needs no further check (each check of the full path
-// follows from the layout) except that an array written to must still be writable, checked here on
-// every call; its data pointers are read here, every call.
+// members, every call (on one rank, an 8-byte call took 6.4 us so, 1.9 us remembered, 0.6 us
+// prepared; with 4 ranks on 2 cores every rank's Python also waits for the core its peers hold).
+// pycollective/_call_memo.py keeps, per combination of the call's scalar arguments, one
+// KnownLayouts: the array layouts (dtype, shape, strides) that went through every check with that
+// combination, each with its CallSpec. Dtypes are compared as numpy compares them (a byte-swapped
+// '>f4' is not '<f4'). A call whose arrays have one of those layouts needs no further check (each
+// check of the full path follows from the layout) except that an array written to must still be
+// writable, checked here on every call; its data pointers are read here, every call.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 

@@ -3,6 +3,7 @@
 // (a few microseconds, as much as a small collective itself), and its answer depends only on the
 // call's shape and on the model's inputs (link costs, the tuned table), so it runs once per shape.
 // The communicator forgets everything when those inputs change (Communicator::setCosts etc.).
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -62,21 +63,19 @@ class ChoiceMemo {
     if (answers_.size() >= kMaxShapes) answers_.clear();
     answers_[shape] = answer;
   }
-  // Moves on every forget(): a decision taken at another epoch may rest on old inputs.
-  uint64_t epoch() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return epoch_;
-  }
+  // Moves on every forget(): a decision taken at another epoch may rest on old inputs. Read
+  // without the lock: a remembered plain call asks on every call.
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
   void forget() {
     std::lock_guard<std::mutex> lock(mu_);
     answers_.clear();
-    ++epoch_;
+    epoch_.fetch_add(1, std::memory_order_release);
   }
 
  private:
   static constexpr size_t kMaxShapes = 4096;
   std::mutex mu_;
-  uint64_t epoch_ = 0;
+  std::atomic<uint64_t> epoch_{0};  // written under mu_
   std::unordered_map<CallShape, int, CallShapeHash> answers_;
 };
 
