@@ -14,8 +14,6 @@ namespace {
 
 CallSpec makeSpec(int kind, size_t count, int dtype, int op, int root, std::string algo,
                   uint32_t shapeHash, size_t segmentBytes, double timeout, int wire) {
-  PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
-  PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
   // The fused optimizer step has its own entry point (allreduce_update) with its own arguments.
   PC_CHECK(kind >= 0 && kind <= static_cast<int>(CollectiveKind::kSendRecv) &&
                kind != static_cast<int>(CollectiveKind::kAllreduceUpdate),
@@ -25,8 +23,8 @@ CallSpec makeSpec(int kind, size_t count, int dtype, int op, int root, std::stri
   CallSpec s;
   s.kind = static_cast<CollectiveKind>(kind);
   s.count = count;
-  s.dtype = static_cast<DType>(dtype);
-  s.op = static_cast<ReduceOp>(op);
+  s.dtype = dtypeOf(dtype);
+  s.op = opOf(op);
   s.root = root;
   s.algo = std::move(algo);
   s.shapeHash = shapeHash;

@@ -92,9 +92,9 @@ void bindInfo(py::module_& m) {
   m.def(
       "reduce_into",
       [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op) {
-        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
-        PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
-        ReduceFn fn = lookupReduce(static_cast<DType>(dtype), static_cast<ReduceOp>(op));
+        const DType type = dtypeOf(dtype);
+        const ReduceOp reduceOp = opOf(op);
+        ReduceFn fn = lookupReduce(type, reduceOp);
         py::gil_scoped_release release;
         fn(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a),
            reinterpret_cast<const void*>(b), count);
@@ -104,9 +104,9 @@ void bindInfo(py::module_& m) {
   m.def(
       "scale",
       [](uintptr_t data, size_t count, int dtype, double factor) {
-        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+        const DType type = dtypeOf(dtype);
         py::gil_scoped_release release;
-        scaleInPlace(reinterpret_cast<void*>(data), count, static_cast<DType>(dtype), factor);
+        scaleInPlace(reinterpret_cast<void*>(data), count, type, factor);
       },
       py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"));
 
@@ -132,13 +132,13 @@ void bindInfo(py::module_& m) {
       "cuda_reduce",
       [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op,
          uintptr_t stream) {
-        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
-        PC_CHECK(op >= 0 && op < kNumReduceOps, "unknown op code ", op);
+        const DType type = dtypeOf(dtype);
+        const ReduceOp reduceOp = opOf(op);
         cuda::DeviceOps& ops = cuda::requireDeviceOps("cuda_reduce");
         py::gil_scoped_release release;
         ops.reduceAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a),
-                        reinterpret_cast<const void*>(b), count, static_cast<DType>(dtype),
-                        static_cast<ReduceOp>(op), reinterpret_cast<cuda::Stream>(stream));
+                        reinterpret_cast<const void*>(b), count, type, reduceOp,
+                        reinterpret_cast<cuda::Stream>(stream));
       },
       py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"), py::arg("op"),
       py::arg("stream") = 0,
@@ -146,10 +146,10 @@ void bindInfo(py::module_& m) {
   m.def(
       "cuda_scale",
       [](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
-        PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
+        const DType type = dtypeOf(dtype);
         cuda::DeviceOps& ops = cuda::requireDeviceOps("cuda_scale");
         py::gil_scoped_release release;
-        ops.scaleAsync(reinterpret_cast<void*>(data), count, static_cast<DType>(dtype), factor,
+        ops.scaleAsync(reinterpret_cast<void*>(data), count, type, factor,
                        reinterpret_cast<cuda::Stream>(stream));
       },
       py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"),

@@ -30,16 +30,6 @@ py::dict describeLibrary(const nccl::Library& lib) {
   return d;
 }
 
-DType dtypeOf(int code) {
-  PC_CHECK(code >= 0 && code < kNumDTypes, "unknown dtype code ", code);
-  return static_cast<DType>(code);
-}
-
-ReduceOp opOf(int code) {
-  PC_CHECK(code >= 0 && code < kNumReduceOps, "unknown op code ", code);
-  return static_cast<ReduceOp>(code);
-}
-
 void* ptr(uintptr_t p) {
   return reinterpret_cast<void*>(p);
 }

@@ -32,11 +32,6 @@ UpdateRule ruleOf(int rule) {
   return static_cast<UpdateRule>(rule);
 }
 
-DType dtypeOf(int dtype) {
-  PC_CHECK(dtype >= 0 && dtype < kNumDTypes, "unknown dtype code ", dtype);
-  return static_cast<DType>(dtype);
-}
-
 UpdateHyper hyperOf(const HyperTuple& h) {
   UpdateHyper hyper;
   std::tie(hyper.lr, hyper.momentum, hyper.beta1, hyper.beta2, hyper.epsilon, hyper.gradScale) = h;

@@ -7,6 +7,8 @@
 
 #include "algorithms/algorithm.h"
 #include "comm/communicator.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 namespace pycollective {
 namespace bindings {
@@ -21,6 +23,16 @@ void bindOptim(pybind11::module_& m);
 void bindCallSpec(pybind11::module_& m);
 void bindKnownCalls(pybind11::module_& m);
 void bindPool(pybind11::module_& m);
+
+// The dtype and reduce-op codes Python passes (pycollective._C.DTYPES, REDUCE_OPS), checked.
+inline DType dtypeOf(int code) {
+  PC_CHECK(code >= 0 && code < kNumDTypes, "unknown dtype code ", code);
+  return static_cast<DType>(code);
+}
+inline ReduceOp opOf(int code) {
+  PC_CHECK(code >= 0 && code < kNumReduceOps, "unknown op code ", code);
+  return static_cast<ReduceOp>(code);
+}
 
 // The ranks of a (sub)group and the id that keeps its sequence numbers apart
 // (pycollective._C.Members): made once per ProcessGroup, passed with every call.
