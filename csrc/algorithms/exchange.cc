@@ -9,6 +9,30 @@
 
 namespace pycollective {
 
+namespace {
+// The bookkeeping vectors of this thread's last finished call, empty but with their capacity:
+// the next call takes them instead of allocating its own. A small collective is a few
+// microseconds, and these were four to six of the allocations it paid each time (perf put
+// malloc and free at about 15% of a 2-rank 8-byte call). A call that finds them taken (another
+// call alive on this thread) allocates as before.
+struct SpareVectors {
+  std::vector<uint32_t> sendSteps, recvSteps;
+  std::vector<Pending> inFlight;
+  std::vector<Link*> activeLinks;
+};
+thread_local SpareVectors spareVectors;
+
+template <typename T>
+void takeSpare(std::vector<T>& mine, std::vector<T>& spare) {
+  if (spare.capacity() > mine.capacity()) mine.swap(spare);
+}
+template <typename T>
+void giveSpare(std::vector<T>& mine, std::vector<T>& spare) {
+  mine.clear();  // inFlight's requests are released here, not kept alive by the spare
+  if (mine.capacity() > spare.capacity()) mine.swap(spare);
+}
+}  // namespace
+
 Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, uint64_t seq)
     : group_(std::move(group)), state_(std::make_shared<CallState>()) {
   Communicator& comm = group_.comm();
@@ -55,11 +79,21 @@ Exchange::Exchange(Group group, const CollectiveArgs& args, uint8_t algoIndex, u
   }
   double timeout = args.timeoutSeconds > 0 ? args.timeoutSeconds : comm.timeoutSeconds();
   s.deadline = Deadline::after(timeout);
+  SpareVectors& spare = spareVectors;
+  takeSpare(s.sendSteps, spare.sendSteps);
+  takeSpare(s.recvSteps, spare.recvSteps);
+  takeSpare(s.inFlight, spare.inFlight);
+  takeSpare(s.activeLinks, spare.activeLinks);
   s.sendSteps.assign(comm.size(), 0);
   s.recvSteps.assign(comm.size(), 0);
 }
 
 Exchange::CallState::~CallState() {
+  SpareVectors& spare = spareVectors;
+  giveSpare(sendSteps, spare.sendSteps);
+  giveSpare(recvSteps, spare.recvSteps);
+  giveSpare(inFlight, spare.inFlight);
+  giveSpare(activeLinks, spare.activeLinks);
   if (wireArena != nullptr) wireArena->release();
   if (device >= 0 && previousDevice >= 0) {
     if (cuda::DeviceOps* ops = cuda::deviceOps()) ops->endCall(previousDevice);

@@ -124,9 +124,15 @@ void* Communicator::scratch(int slot, size_t bytes) {
 
 void Communicator::waitAll(const std::vector<Pending>& pending, const std::vector<Link*>& advance,
                            const Deadline& deadline, const FrameHeader& call) {
-  std::vector<Link*> links = advance;
-  for (const auto& p : pending)
-    if (std::find(links.begin(), links.end(), p.link) == links.end()) links.push_back(p.link);
+  // The links to advance: `advance` itself when it has every pending request's link (an
+  // exchange's active links always do), so a small call's wait allocates nothing.
+  std::vector<Link*> merged;
+  for (const auto& p : pending) {
+    if (std::find(advance.begin(), advance.end(), p.link) != advance.end()) continue;
+    if (merged.empty()) merged = advance;
+    if (std::find(merged.begin(), merged.end(), p.link) == merged.end()) merged.push_back(p.link);
+  }
+  const std::vector<Link*>& links = merged.empty() ? advance : merged;
   Notifier* bell = nullptr;
   bool allNotify = !links.empty(), allSockets = !links.empty();
   for (Link* l : links) {
