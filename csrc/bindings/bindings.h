@@ -24,7 +24,7 @@ void bindCallSpec(pybind11::module_& m);
 void bindKnownCalls(pybind11::module_& m);
 void bindPool(pybind11::module_& m);
 
-// The dtype and reduce-op codes Python passes (pycollective._C.DTYPES, REDUCE_OPS), checked.
+// The dtype and reduce-op codes Python passes (pycollective._C.enum_codes()), checked.
 inline DType dtypeOf(int code) {
   PC_CHECK(code >= 0 && code < kNumDTypes, "unknown dtype code ", code);
   return static_cast<DType>(code);
