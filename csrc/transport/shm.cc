@@ -22,10 +22,20 @@
 #include "core/error.h"
 #include "core/host_copy.h"
 #include "core/logging.h"
+#include "transport/shm_common.h"
 
 namespace pycollective {
 
 namespace {
+
+using shm::kDigestBytes;
+using shm::kReasonBytes;
+using shm::loadReason;
+using shm::ownStartTicks;
+using shm::pidNamesPeer;
+using shm::sameDigest;
+using shm::storeReason;
+using shm::sysError;
 
 // Segment layout (version 1):
 //   [0, kControlBytes)                          SegmentControl
@@ -37,8 +47,6 @@ namespace {
 // and an element of up to 8 bytes never straddles the end of the ring (ringBytes % 64 == 0).
 constexpr uint64_t kSegmentMagic = 0x314d48534c4f4350ull;  // "PCOLSHM1"
 constexpr uint32_t kLayoutVersion = 1;
-constexpr size_t kDigestBytes = 32;
-constexpr size_t kReasonBytes = 1024;  // an abort's reason, e.g. a header mismatch with both calls
 constexpr size_t kMinRingBytes = 4096;
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 // The sender publishes (and the receiver frees) the ring in pieces of at most this size, so both
@@ -96,76 +104,8 @@ size_t pad8(size_t n) {
   return (n + 7) & ~size_t(7);
 }
 
-std::string sysError(const std::string& what, int err) {
-  return what + ": " + std::strerror(err);
-}
-
 void sleepPoll() {
   std::this_thread::sleep_for(kHandshakePoll);
-}
-
-// Fields 3 (state) and 22 (start time, clock ticks since boot) of /proc/<pid>/stat.
-bool readProcStat(pid_t pid, char* state, uint64_t* startTicks) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
-  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  // The command name (field 2) may contain spaces and ')': fields resume after the last ')'.
-  const char* p = std::strrchr(buf, ')');
-  if (p == nullptr || p[1] != ' ' || p[2] == '\0') return false;
-  p += 2;
-  *state = *p;
-  for (int field = 3; field < 22; ++field) {
-    p = std::strchr(p, ' ');
-    if (p == nullptr) return false;
-    ++p;
-  }
-  *startTicks = std::strtoull(p, nullptr, 10);
-  return true;
-}
-
-uint64_t ownStartTicks() {
-  static const uint64_t ticks = [] {
-    char state;
-    uint64_t start = 0;
-    return readProcStat(::getpid(), &state, &start) ? start : uint64_t(0);
-  }();
-  return ticks;
-}
-
-// Whether `pid` names the peer process as seen from here. Not so when the peer lives in another
-// pid namespace (containers sharing /dev/shm): its pid then means nothing here, and watching it
-// would report a live peer as dead.
-bool pidNamesPeer(pid_t pid, uint64_t startTicks) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) == -1 && errno == ESRCH) return false;
-  char state;
-  uint64_t start;
-  if (startTicks != 0 && readProcStat(pid, &state, &start) && start != startTicks) return false;
-  return true;
-}
-
-void storeReason(char* dst, const std::string& reason) noexcept {
-  size_t n = std::min(reason.size(), kReasonBytes - 1);
-  std::memcpy(dst, reason.data(), n);
-  if (n < reason.size()) std::memcpy(dst + n - 3, "...", 3);
-  dst[n] = '\0';
-}
-
-std::string loadReason(const char* src) {
-  return std::string(src, ::strnlen(src, kReasonBytes));
-}
-
-// Constant time, so that a forged digest learns nothing from how long the refusal took.
-bool sameDigest(const unsigned char* a, const unsigned char* b) {
-  volatile unsigned char diff = 0;
-  for (size_t i = 0; i < kDigestBytes; ++i) diff = diff | (a[i] ^ b[i]);
-  return diff == 0;
 }
 
 void fillSide(SideBlock& side, int rank) {
@@ -479,17 +419,7 @@ class ShmLink : public Link {
                                     ") died while this rank waited for it over shm (", name_, ")"));
   }
 
-  bool peerDied() const {
-    // An abort would have said so already; check once more in case it raced with its death.
-    if (::kill(peerPid_, 0) == -1 && errno == ESRCH) return true;
-    char state;
-    uint64_t start;
-    if (readProcStat(peerPid_, &state, &start)) {
-      if (state == 'Z' || state == 'X') return true;  // dead, not yet reaped by its parent
-      if (peerStartTicks_ != 0 && start != peerStartTicks_) return true;  // pid reused since
-    }
-    return false;
-  }
+  bool peerDied() const { return shm::processDied(peerPid_, peerStartTicks_); }
 
   std::string name_;
   int rank_, peer_;
