@@ -19,6 +19,8 @@ from .report import plot, summary, table, write_csv, write_json
 COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
 # Algorithms that need every replica in this process (LocalCommunicator): not run across procs.
 IN_PROCESS_ONLY = ("direct", "inline")
+# Algorithms of processes sharing a host segment: not run on in-process replicas.
+PROCESSES_ONLY = ("slots",)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -167,7 +169,9 @@ def run(args: argparse.Namespace) -> int:
 
     procs_mode = args.mode == "procs"
     world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
-    everything = [a for a in pc.algorithms() if not (procs_mode and a in IN_PROCESS_ONLY)]
+    everything = [
+        a for a in pc.algorithms() if a not in (IN_PROCESS_ONLY if procs_mode else PROCESSES_ONLY)
+    ]
     if procs_mode and args.collective == "allreduce":
         everything.append(PREPARED)  # pc.prepare_allreduce: auto, checked once
     algos = [a for a in (args.algos or ",".join(everything)).split(",") if a]

@@ -147,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
     from pycollective import tuning
 
     from . import inproc, procs
-    from .cli import IN_PROCESS_ONLY, Progress, sizes
+    from .cli import IN_PROCESS_ONLY, PROCESSES_ONLY, Progress, sizes
 
     out_path = args.output or config.text("PYCOLLECTIVE_TUNING") or "pycollective-tuning.json"
     world = args.world or max(2, min(4, os.cpu_count() or 2))
@@ -198,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
                     for c in winners(rows, transport, world, collective)
                 )
             )
-        algos = [a for a in pc.algorithms() if a != "auto"]
+        algos = [a for a in pc.algorithms() if a != "auto" and a not in PROCESSES_ONLY]
         progress = Progress(len(sweep) * len(algos) * args.rounds)
         copy_bw = pc._C.memory_bandwidth(
             bytes_per_thread=min(args.maxbytes, 64 << 20), threads=args.replicas

@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 
+from .metrics import human_bytes
 from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .timing import summarize, time_interleaved
 
@@ -251,6 +252,7 @@ def main(job_path: str) -> int:
     rank, n = backend.rank, backend.size
     itemsize = np_dtype(job["dtype"]).itemsize
     rows = []
+    skipped: set[str] = set()
     for nbytes in job["sizes"]:
         count = max(1, nbytes // itemsize)
         if job["collective"] == "allgather":
@@ -265,8 +267,9 @@ def main(job_path: str) -> int:
                 call = backend.call(job["collective"], x, out, algo, job["op"])
                 result = call()
             except ValueError as exc:  # the same on every rank: this algorithm cannot run it
-                if rank == 0:
-                    print(f"skip {algo}: {exc}", flush=True)
+                if rank == 0 and algo not in skipped:  # once: its reason names the limit
+                    print(f"skip {algo} from {human_bytes(count * itemsize)}: {exc}", flush=True)
+                skipped.add(algo)
                 continue
             wrong[algo] = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
             calls[algo] = call

@@ -143,6 +143,10 @@ class Communicator:
         """
         Fails every pending and future collective; peers stop waiting.
         """
+    def connect_host_segment(self, *, name: str, ranks: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], digest: bytes, slot_bytes: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        """
+        Creates (lowest rank) or opens the shared-memory segment of this host's ranks (`ranks`, ascending, this rank among them) and keeps it for small collectives of exactly those ranks (algo "slots"); blocks until every one attached.
+        """
     def exchange(self, spec: CallSpec, members: Members, *, sends: collections.abc.Sequence[typing.Any], recvs: collections.abc.Sequence[typing.Any], asynchronous: bool) -> typing.Any:
         """
         A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous array or None) goes to group rank p, recvs[p] receives from it. The spec's `count` is the element count every rank's header carries (the same on all ranks); its algo is ignored. Returns Work if asynchronous, else None once done.
@@ -177,6 +181,11 @@ class Communicator:
     @property
     def aborted(self) -> bool:
         ...
+    @property
+    def host_segment(self) -> typing.Any:
+        """
+        (name, ranks, slot bytes) of the host segment, or None.
+        """
     @property
     def rank(self) -> int:
         ...

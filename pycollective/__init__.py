@@ -74,8 +74,10 @@ def build_info() -> dict:
 
 def algorithms() -> list[str]:
     """Names accepted by ``algo=``: ring, halving_doubling, hierarchical, reduce_to_one, direct,
-    inline, auto. ``direct`` and ``inline`` need every replica in this process
-    (LocalCommunicator); ``inline`` computes the collective on the calling thread."""
+    slots, inline, auto. ``direct`` and ``inline`` need every replica in this process
+    (LocalCommunicator); ``inline`` computes the collective on the calling thread. ``slots``
+    needs a process group of exactly one host's ranks and calls of at most
+    ``PYCOLLECTIVE_HOST_SLOT_BYTES`` (16 KiB) per rank: it runs through their host segment."""
     return list(_C.algorithms())
 
 

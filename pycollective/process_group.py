@@ -33,7 +33,12 @@ from pycollective.reduce_op import ReduceOp, parse_op
 from pycollective.rendezvous import ClusterSpec, elastic, rendezvous
 from pycollective.rendezvous.job_file import SameHostJob
 from pycollective.tensors import adapt, shape_hash
-from pycollective.transports import TcpListener, bind_address, open_links
+from pycollective.transports import (
+    TcpListener,
+    bind_address,
+    connect_host_segment,
+    open_links,
+)
 
 _FLOAT32 = _C.enum_codes()["dtype"]["float32"]
 
@@ -660,6 +665,14 @@ class _World:
                     links=links,
                     host_of=self.host_of,
                     timeout=timeout,
+                )
+                connect_host_segment(
+                    self.comm,
+                    spec.rank,
+                    self.transports,
+                    self._link_setup.session,
+                    token,
+                    connect_timeout,
                 )
                 self._set_costs()
                 self.local_ranks = [p.rank for p in peers if p.host_id == hosts[spec.rank]]

@@ -353,3 +353,27 @@ def open_links(
                 pass
         raise
     return links, kinds
+
+
+def connect_host_segment(
+    comm, rank: int, kinds: list[str], session: str, token: str, timeout: float
+) -> None:
+    """Gives the communicator the segment this rank shares with every rank it reaches over shm
+    (its host's), for small collectives of exactly those ranks (algo ``slots``). None is made
+    for a rank alone on its host, when links are forced to another transport (the user asked
+    for that path), or with ``PYCOLLECTIVE_HOST_SEGMENT=0``.
+
+    Every rank of the host calls this at the same point of init; the lowest creates the
+    segment, named after the session and that rank (unique even when pretend hosts share one
+    machine's /dev/shm)."""
+    ranks = [p for p, kind in enumerate(kinds) if kind == "shm" or p == rank]
+    if len(ranks) < 2 or not config.env_int("PYCOLLECTIVE_HOST_SEGMENT", 1):
+        return
+    name = f"/pycol-{session[:16]}-h{ranks[0]}"
+    comm.connect_host_segment(
+        name=name,
+        ranks=ranks,
+        digest=shm_digest(token, name),
+        slot_bytes=config.env_int("PYCOLLECTIVE_HOST_SLOT_BYTES", 16 << 10),
+        timeout=timeout,
+    )

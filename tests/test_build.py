@@ -20,6 +20,7 @@ def test_algorithm_names():
         "hierarchical",
         "reduce_to_one",
         "direct",
+        "slots",
         "inline",
         "auto",
     ]

@@ -30,6 +30,10 @@ class Exchange {
   int size() const { return group_.size(); }
 
   ReduceFn reduceFn() const { return state_->reduce; }
+  // The call's header (step and bytes are per message) and deadline, for algorithms that move
+  // data through something other than links (slots: the host segment).
+  const FrameHeader& callHeader() const { return state_->header; }
+  const Deadline& deadline() const { return state_->deadline; }
   size_t elemSize() const { return state_->elemSize; }
   size_t segmentBytes() const { return state_->segmentBytes; }
 

@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "reduce/reduce.h"
 #include "transport/frame.h"
+#include "transport/host_segment.h"
 
 namespace pycollective {
 
@@ -24,7 +25,8 @@ namespace {
 const std::vector<const Algorithm*>& registry() {
   static const std::vector<const Algorithm*> all = {
       &ring::algorithm(),          &halving_doubling::algorithm(), &hierarchical::algorithm(),
-      &reduce_to_one::algorithm(), &direct::algorithm(),           &pairwise::algorithm()};
+      &reduce_to_one::algorithm(), &direct::algorithm(),           &pairwise::algorithm(),
+      &slots::algorithm()};
   return all;
 }
 
@@ -166,6 +168,10 @@ Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, cons
   Communicator& comm = group.comm();
   throwIfAborted(comm);
   Exchange ex(group, args, indexOf(&algo), comm.nextSeq(groupId));
+  // The group's host segment learns of calls that go over links, so that a rank waiting there
+  // for the same collective fails at once with both calls named (host_segment.h).
+  if (&algo != &slots::algorithm())
+    if (HostSegment* seg = slots::segmentServing(group)) seg->announceLinkCall(ex.callHeader());
   abortOnFailure(comm, [&] { schedule(ex); });
   return ex;
 }
@@ -356,7 +362,10 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
   if (args.kind == CollectiveKind::kBarrier) {
     checkRoot(group, args);
     Exchange ex(group, args, 255, comm.nextSeq(groupId));
-    abortOnFailure(comm, [&] { runBarrier(ex); });
+    if (slots::segmentServing(group) != nullptr)
+      abortOnFailure(comm, [&] { slots::runBarrier(ex); });
+    else
+      abortOnFailure(comm, [&] { runBarrier(ex); });
     return;
   }
   runWith(group, groupId, args, chooseAlgorithm(group, groupId, args, algoName));

@@ -10,6 +10,8 @@
 
 namespace pycollective {
 
+class HostSegment;
+
 // Names users can pass as algo=, "inline" (in-process replicas only, local/inline_collective.h)
 // and "auto" included, in a stable order.
 std::vector<std::string> algorithmNames();
@@ -123,5 +125,12 @@ const Algorithm& algorithm();
 namespace pairwise {
 const Algorithm& algorithm();
 }
+namespace slots {
+const Algorithm& algorithm();
+// The host segment whose members are exactly the group's ranks (its barrier and small calls
+// run there), or nullptr.
+HostSegment* segmentServing(const Group& group);
+void runBarrier(Exchange& ex);
+}  // namespace slots
 
 }  // namespace pycollective

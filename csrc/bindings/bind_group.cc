@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "algorithms/registry.h"
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "transport/aead.h"
 #include "transport/bridge.h"
+#include "transport/host_segment.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 
@@ -171,6 +173,35 @@ void bindGroup(py::module_& m) {
            py::kw_only(), py::arg("rank"), py::arg("size"), py::arg("links"), py::arg("host_of"),
            py::arg("timeout"))
       .def_property_readonly("rank", &Communicator::rank)
+      .def(
+          "connect_host_segment",
+          [](Communicator& c, const std::string& name, std::vector<int> ranks, py::bytes digest,
+             size_t slotBytes, double timeout) {
+            HostSegmentOptions o;
+            o.name = name;
+            o.member =
+                static_cast<int>(std::find(ranks.begin(), ranks.end(), c.rank()) - ranks.begin());
+            o.ranks = std::move(ranks);
+            o.worldSize = c.size();
+            o.authDigest = digest;
+            o.slotBytes = slotBytes;
+            o.connectTimeoutSeconds = timeout;
+            py::gil_scoped_release release;
+            c.setHostSegment(HostSegment::connect(o));
+          },
+          py::kw_only(), py::arg("name"), py::arg("ranks"), py::arg("digest"),
+          py::arg("slot_bytes"), py::arg("timeout"),
+          "Creates (lowest rank) or opens the shared-memory segment of this host's ranks "
+          "(`ranks`, ascending, this rank among them) and keeps it for small collectives of "
+          "exactly those ranks (algo \"slots\"); blocks until every one attached.")
+      .def_property_readonly(
+          "host_segment",
+          [](const Communicator& c) -> py::object {
+            const HostSegment* s = c.hostSegment();
+            if (s == nullptr) return py::none();
+            return py::make_tuple(s->name(), s->ranks(), s->slotBytes());
+          },
+          "(name, ranks, slot bytes) of the host segment, or None.")
       .def_property_readonly("size", &Communicator::size)
       .def(
           "set_costs",

@@ -91,6 +91,20 @@ void Communicator::abort(const std::string& reason) noexcept {
   aborted_.store(true);
   for (auto& l : links_)
     if (l) l->abort(reason);
+  if (hostSegment_) hostSegment_->abort(reason);
+}
+
+void Communicator::setHostSegment(std::unique_ptr<HostSegment> segment) {
+  if (segment) {
+    const auto& ranks = segment->ranks();
+    PC_CHECK(segment->member() >= 0 && ranks[segment->member()] == rank_, who(),
+             " the host segment's member ", segment->member(), " is not this rank");
+    for (int r : ranks)
+      PC_CHECK(r >= 0 && r < size_ && hostOf_[r] == hostOf_[rank_], who(), " rank ", r,
+               " of the host segment is not on this rank's host");
+  }
+  hostSegment_ = std::move(segment);
+  autoChoices_.forget();
 }
 
 std::string Communicator::abortReason() {

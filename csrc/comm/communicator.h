@@ -13,6 +13,7 @@
 #include "comm/executor.h"
 #include "core/deadline.h"
 #include "cuda/device_ops.h"
+#include "transport/host_segment.h"
 #include "transport/link.h"
 
 namespace pycollective {
@@ -102,6 +103,11 @@ class Communicator {
 
   Executor& executor() { return executor_; }
 
+  // The segment this rank shares with the other ranks of its host (small collectives of
+  // exactly those ranks run through it: algorithms/slots.cc), or nullptr.
+  void setHostSegment(std::unique_ptr<HostSegment> segment);
+  HostSegment* hostSegment() const { return hostSegment_.get(); }
+
   // "[rank 3/8]"
   std::string who() const;
 
@@ -125,6 +131,7 @@ class Communicator {
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratchBytes_;
   std::vector<cuda::DeviceBuffer> deviceScratch_;
+  std::unique_ptr<HostSegment> hostSegment_;
   Executor executor_;  // last member: its thread is joined before the links go away
 };
 

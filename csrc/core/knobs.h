@@ -63,6 +63,12 @@ namespace knobs {
     "the group that forms there.")                                                                \
   X(kShmRingBytes, "PYCOLLECTIVE_SHM_RING_BYTES", "int", "4194304",                               \
     "Size of each shared-memory link's ring, bytes.")                                             \
+  X(kHostSegment, "PYCOLLECTIVE_HOST_SEGMENT", "int", "1",                                        \
+    "1: the ranks of a host share one segment, through which their small collectives run "        \
+    "(algo 'slots'); 0: none, every collective over links.")                                      \
+  X(kHostSlotBytes, "PYCOLLECTIVE_HOST_SLOT_BYTES", "int", "16384",                               \
+    "Largest call (bytes per rank) the host segment holds; a multiple of 64, the same on every "  \
+    "rank.")                                                                                      \
   X(kOutputPoolBytes, "PYCOLLECTIVE_OUTPUT_POOL_BYTES", "int", "1073741824",                      \
     "Result arrays of at least 1 MiB freed by the user kept for reuse, at most this many bytes "  \
     "(0: none; fresh memory page-faults on first touch).")                                        \

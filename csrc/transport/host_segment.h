@@ -1,0 +1,114 @@
+#pragma once
+// One POSIX shared-memory segment for all ranks of a group on one host, for small collectives.
+// Each member owns two slots (a call header and a payload each); a call writes this member's
+// slot and reads everyone else's, so a small allreduce is one write and one wait instead of
+// log2(n) rounds of point-to-point messages, each of which needs the peer to be running.
+//
+// Calls alternate between the two slots. A member may write a slot again only two calls later,
+// and by then every member has read it: to finish call k a member waits until every member has
+// published call k, which each did only after it finished call k - 1. So no call needs more
+// synchronisation than the wait for its peers' data.
+//
+// Every published slot carries the call's FrameHeader, checked like a frame on a link, so
+// ranks that called different collectives fail with ProtocolError, naming both calls. A member
+// that aborts leaves its reason in the segment; one that dies without saying so is noticed by
+// its pid, as the shm links do.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+#include "transport/frame.h"
+
+namespace pycollective {
+
+struct HostSegmentOptions {
+  // POSIX shm name, unique per group and host ("/pycol-<session>-h<first rank>").
+  std::string name;
+  // Global ranks of the members, ascending; member 0 creates the segment (O_CREAT|O_EXCL, mode
+  // 0600) and the others open it.
+  std::vector<int> ranks;
+  int member = -1;         // this rank's index in `ranks`
+  int worldSize = 0;       // for messages ("[rank 3/8]")
+  std::string authDigest;  // 32 bytes from the cluster token (see ShmLinkOptions::authDigest)
+  size_t slotBytes = size_t(16) << 10;  // payload capacity of a slot: a multiple of 64
+  double connectTimeoutSeconds = 30.0;
+};
+
+class HostSegment {
+ public:
+  // Blocks until every member attached, or throws (CollectiveTimeout, InvalidArgument, Error,
+  // RemoteError when a member refused the segment). The name is unlinked once all attached,
+  // and on every failure of the creator.
+  static std::unique_ptr<HostSegment> connect(const HostSegmentOptions& options);
+  ~HostSegment();  // marks this member closed (unless it aborted) and unmaps
+
+  int member() const { return member_; }
+  int members() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const { return ranks_; }
+  size_t slotBytes() const { return slotBytes_; }
+  const std::string& name() const { return name_; }
+
+  // Fails every present and future call of every member, with this reason. Never throws.
+  void abort(const std::string& reason) noexcept;
+
+  // Said by a member before it runs a collective of the segment's ranks over links instead
+  // (a larger call): a member waiting in a segment call at the same position then fails with
+  // ProtocolError naming both calls, rather than both waiting until their timeouts.
+  void announceLinkCall(const FrameHeader& header);
+
+  // One collective on the segment. Every member makes the same calls in the same order.
+  class Call {
+   public:
+    // `header` describes the call (its bytes field is set per slot by publish); waits are
+    // bounded by `deadline`.
+    Call(HostSegment& segment, const FrameHeader& header, const Deadline& deadline);
+
+    // This member's payload area for the call: slotBytes() bytes, 64-byte aligned.
+    void* payload();
+    // Makes the first `bytes` of payload() and the call's header visible to the others.
+    void publish(size_t bytes);
+    // Waits until `member` published this call, checks its header (it must have published
+    // `bytes`) and returns its payload, valid until this member's next call. Throws
+    // ProtocolError (another call), RemoteError (the member aborted, left or died),
+    // CollectiveTimeout, Aborted (this member aborted meanwhile).
+    const void* await(int member, size_t bytes);
+
+   private:
+    HostSegment& seg_;
+    FrameHeader header_;
+    const Deadline& deadline_;
+    uint64_t call_;      // this member's call count on the segment (picks the slot)
+    uint64_t position_;  // collectives of the segment's ranks so far, link calls included
+    int slot_;
+  };
+
+  // The segment's first bytes (defined in host_segment.cc, where the layout is described).
+  struct Layout;
+
+ private:
+  HostSegment(const HostSegmentOptions& options, void* base, size_t mapBytes);
+  [[noreturn]] void fail(int member, const std::string& what, const FrameHeader& call);
+  void checkPeers(int waitingFor, const FrameHeader& call);
+  void checkLinkCall(int member, uint64_t position, const FrameHeader& call);
+  std::string who() const;
+
+  std::string name_;
+  std::vector<int> ranks_;
+  int member_;
+  int worldSize_;
+  size_t slotBytes_;
+  void* base_;
+  size_t mapBytes_;
+  Layout* layout_;
+  uint64_t calls_ = 0;     // calls this member made on the segment
+  uint64_t position_ = 0;  // collectives of the members this member made, on links too
+  double spinSeconds_;     // how long a wait spins before it yields the core
+  std::vector<bool> watchPid_;
+  std::atomic<bool> abortClaimed_{false};
+};
+
+}  // namespace pycollective

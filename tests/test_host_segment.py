@@ -1,0 +1,276 @@
+"""The host segment and the `slots` algorithm (csrc/transport/host_segment.h,
+csrc/algorithms/slots.cc): small collectives of one host's ranks through one shared segment.
+Results against numpy, mismatched calls, timeouts, dead and aborting peers, subgroups, and the
+settings that turn it off -- every case in separate processes under a hard deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from multiproc import run_ranks
+from reference import assert_close, make_inputs, reduce_ref
+
+SLOT_BYTES = 16 << 10
+
+
+def _segment():
+    from pycollective import process_group
+
+    return process_group._default()._world.comm.host_segment
+
+
+def _error(fn):
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return [type(exc).__name__, str(exc), time.monotonic() - start]
+    return ["no error", "", time.monotonic() - start]
+
+
+def _every_collective(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    name, ranks, slot_bytes = _segment()
+    assert ranks == list(range(n)) and slot_bytes == SLOT_BYTES
+    assert not any(name[1:] in f for f in os.listdir("/dev/shm")), "the name outlived init"
+    checks = 0
+    for dtype, itemsize in (("float32", 4), ("float64", 8), ("int32", 4), ("bfloat16", 2)):
+        for count in (0, 1, 7, 1000, SLOT_BYTES // itemsize):
+            for op in ("sum", "max", "avg") if dtype != "int32" else ("sum", "min"):
+                xs = make_inputs(dtype, op, n, count, seed=count + n)
+                y = pc.allreduce(xs[rank], op=op, algo="slots")
+                assert_close(y, reduce_ref(xs, op), op, n, f"slots {dtype} {op} {count}")
+                # In place: the input is copied into the slot before anything is written.
+                z = xs[rank].copy()
+                pc.allreduce(z, op=op, algo="slots", inplace=True)
+                assert np.asarray(z).tobytes() == np.asarray(y).tobytes()
+                checks += 2
+            xs = make_inputs(dtype, "sum", n, count, seed=count)
+            g = pc.allgather(xs[rank], algo="slots")
+            assert np.asarray(g).tobytes() == np.stack(xs).tobytes()
+            root = count % n
+            b = pc.broadcast(xs[rank], root=root, algo="slots")
+            assert np.asarray(b).tobytes() == xs[root].tobytes()
+            red = pc.reduce(xs[rank], root=root, algo="slots")
+            if rank == root:
+                assert_close(red, reduce_ref(xs, "sum"), "sum", n, "reduce")
+            else:
+                assert red is None
+            part = pc.reduce_scatter(xs[rank], algo="slots")
+            base, extra = divmod(count, n)
+            start = rank * base + min(rank, extra)
+            full = reduce_ref(xs, "sum").reshape(-1)
+            assert_close(
+                np.asarray(part).reshape(-1),
+                full[start : start + base + (rank < extra)],
+                "sum",
+                n,
+                "reduce_scatter",
+            )
+            checks += 4
+    # Every rank's result is the same to the bit (rank-order reduction on every rank).
+    x = make_inputs("float32", "sum", n, 1000, seed=5)[rank]
+    digest = np.frombuffer(pc.allreduce(x, algo="slots").tobytes(), np.uint8).astype(np.int64)
+    gathered = pc.allgather(digest, algo="ring")
+    assert all((gathered[i] == gathered[0]).all() for i in range(n))
+    # Many calls back to back alternate the two slots: results stay right across the reuse.
+    y = np.empty(3, np.float32)
+    plan = pc.prepare_allreduce(np.full(3, rank + 1, np.float32), out=y)
+    for _ in range(2000):
+        plan()
+        assert y[0] == n * (n + 1) / 2
+    pc.barrier()
+    pc.shutdown()
+    return checks
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_slots_run_every_collective(n):
+    results = run_ranks(_every_collective, n, timeout=150)
+    assert len(set(results)) == 1 and results[0] > 0
+
+
+def _auto_and_limits(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    g = pc.process_group._default()
+    small, large = g.explain("allreduce", 64), g.explain("allreduce", 4 << 20)
+    plan = pc.prepare_allreduce(np.ones(16, np.float32), out=np.empty(16, np.float32))
+    too_big = _error(lambda: pc.allreduce(np.ones(SLOT_BYTES // 4 + 1, np.float32), algo="slots"))
+    # A subgroup is not the segment's members: slots cannot run it, auto picks links.
+    sub = pc.new_group([0, 1])
+    sub_result = sub_error = None
+    if sub is not None:
+        sub_result = float(pc.allreduce(np.ones(4, np.float32), group=sub)[0])
+        sub_error = _error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots", group=sub))
+    pc.barrier()
+    pc.shutdown()
+    return [small, large, plan.algorithm, too_big, sub_result, sub_error]
+
+
+@pytest.mark.timeout(90)
+def test_auto_chooses_slots_for_small_calls_only():
+    for rank, (small, large, planned, too_big, sub_result, sub_error) in enumerate(
+        run_ranks(_auto_and_limits, 3, timeout=60)
+    ):
+        assert small.startswith("slots"), small
+        assert not large.startswith("slots") and "slots=n/a" in large, large
+        assert planned == "slots"
+        assert too_big[0] == "ValueError" and "slots hold 16384 bytes" in too_big[1], too_big
+        if rank < 2:
+            assert sub_result == 2.0
+            assert sub_error[0] == "ValueError" and "not on a subgroup" in sub_error[1], sub_error
+        else:
+            assert sub_result is None
+
+
+def _no_segment(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    seg = _segment()
+    err = _error(lambda: pc.allreduce(np.ones(2, np.float32), algo="slots"))
+    y = pc.allreduce(np.ones(2, np.float32))  # auto still works, over links
+    pc.barrier()
+    pc.shutdown()
+    return [seg, err, float(y[0])]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "env", [{"PYCOLLECTIVE_HOST_SEGMENT": "0"}, {"PYCOLLECTIVE_TRANSPORT": "tcp"}]
+)
+def test_no_segment_when_turned_off_or_links_forced_to_tcp(env):
+    for seg, err, y in run_ranks(_no_segment, 2, timeout=60, env=env):
+        assert seg is None
+        assert err[0] == "ValueError" and "no host segment" in err[1], err
+        assert y == 2.0
+
+
+def _mismatch(rank, n):
+    import pycollective as pc
+
+    pc.init(timeout=20)
+    count = 10 if rank == 1 else 12
+    res = _error(lambda: pc.allreduce(np.ones(count, np.float32), algo="slots"))
+    pc.shutdown(timeout=5)
+    return res
+
+
+@pytest.mark.timeout(90)
+def test_mismatched_calls_fail_naming_both():
+    res = run_ranks(_mismatch, 3, timeout=60)
+    # Rank 1 differs: the others see its header, and it sees theirs; nobody waits it out.
+    for name, msg, seconds in res:
+        assert name in ("ProtocolError", "RemoteError", "Aborted"), (name, msg)
+        assert seconds < 10, (name, msg, seconds)
+    assert any(
+        "element count: here 12, peer 10" in msg or "element count: here 10, peer 12" in msg
+        for _, msg, _ in res
+    ), res
+    assert res[1][0] == "ProtocolError", res[1]
+
+
+def _timeout(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    if rank == 0:
+        res = _error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots", timeout=1.0))
+    else:
+        time.sleep(3)  # never calls the collective
+        res = None
+    return res
+
+
+@pytest.mark.timeout(60)
+def test_timeout_names_rank_call_and_segment():
+    name, msg, seconds = run_ranks(_timeout, 2, timeout=40)[0]
+    assert name == "CollectiveTimeout", msg
+    assert "[rank 0/2] allreduce#0 (slots, float32, 4 elems" in msg, msg
+    assert "waiting for rank 1 on the host segment" in msg and "PYCOLLECTIVE_TIMEOUT" in msg, msg
+    assert seconds < 5
+
+
+def _peer_dies(rank, n, how):
+    import pycollective as pc
+
+    pc.init(timeout=30)
+    pc.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_dead_peer_is_reported_fast(how):
+    res = run_ranks(
+        _peer_dies,
+        3,
+        how,
+        timeout=40,
+        # Noticed by the segment's pid check or the abort broadcast, not the heartbeat.
+        env={"PYCOLLECTIVE_HEARTBEAT_TIMEOUT": "30"},
+        expect_exit={1: None},
+    )
+    for r in (0, 2):
+        name, msg, seconds = res[r]
+        assert name in ("RemoteError", "Aborted"), res[r]
+        assert "rank 1" in msg, msg
+        assert seconds < 8.0, f"rank {r} took {seconds:.1f} s to notice"
+
+
+def _aborts(rank, n):
+    import pycollective as pc
+
+    pc.init(timeout=30)
+    pc.barrier()
+    if rank == 0:
+        time.sleep(0.3)
+        pc.process_group._default()._world.comm.abort("rank 0 gave up on purpose")
+        return None
+    return _error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots"))
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_reaches_ranks_waiting_on_the_segment():
+    res = run_ranks(_aborts, 3, timeout=40)
+    for r in (1, 2):
+        name, msg, seconds = res[r]
+        assert name in ("RemoteError", "Aborted"), res[r]
+        assert "gave up on purpose" in msg, msg
+        assert seconds < 5.0
+
+
+def _segment_against_links(rank, n):
+    import pycollective as pc
+
+    pc.init(timeout=20)
+    # Rank 1's call fits the slots, the others' goes over links: still a mismatch, found fast.
+    count = 10 if rank == 1 else 100_000
+    res = _error(lambda: pc.allreduce(np.ones(count, np.float32)))
+    pc.shutdown(timeout=5)
+    return res
+
+
+@pytest.mark.timeout(90)
+def test_a_segment_call_against_a_link_call_fails_naming_both():
+    res = run_ranks(_segment_against_links, 3, timeout=60)
+    for name, msg, seconds in res:
+        assert name in ("ProtocolError", "RemoteError", "Aborted"), (name, msg)
+        assert seconds < 10, (name, msg, seconds)
+    assert res[1][0] == "ProtocolError", res[1]
+    assert "on the host segment where rank" in res[1][1] and "over links" in res[1][1], res[1]
+    assert "element count: here 10, peer 100000" in res[1][1], res[1]
