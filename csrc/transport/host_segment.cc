@@ -57,7 +57,7 @@ enum MemberState : uint32_t {
   kAttached = 1,
   kClosed = 2,   // left normally (its group was destroyed)
   kAborted = 3,  // reason[] says why
-  kRefused = 4,  // refused the segment while attaching; reason[] says why
+  kRefused = 4,  // refused the segment, or gave up waiting for the others; reason[] says why
 };
 
 // The member's latest collective over links (announceLinkCall): its position and header.
@@ -265,9 +265,11 @@ std::unique_ptr<HostSegment> HostSegment::connect(const HostSegmentOptions& opti
   // Every member waits for all: a group whose segment is not whole must not start.
   for (int m = 0; m < n; ++m) {
     for (;;) {
+      // A member that attached may have aborted or left since (its first call failed): the
+      // segment was whole, and the calls will report that failure.
       const uint32_t state = all[m].state.load(std::memory_order_seq_cst);
-      if (state == kAttached) break;
-      if (state != kAbsent)
+      if (state != kAbsent && state != kRefused) break;
+      if (state == kRefused)
         throw RemoteError(makeMessage(whoOf(o), ": rank ", o.ranks[m],
                                       " refused or gave up the host segment ", o.name, ": ",
                                       shm::loadReason(all[m].reason)));
@@ -276,7 +278,7 @@ std::unique_ptr<HostSegment> HostSegment::connect(const HostSegmentOptions& opti
         const std::string why = makeMessage(whoOf(o), " gave up waiting for rank ", o.ranks[m],
                                             " after ", o.connectTimeoutSeconds, " s");
         shm::storeReason(me.reason, why);
-        me.state.store(kAborted, std::memory_order_seq_cst);
+        me.state.store(kRefused, std::memory_order_seq_cst);
         throw CollectiveTimeout(makeMessage(
             whoOf(o), " timed out after ", o.connectTimeoutSeconds, " s waiting for rank ",
             o.ranks[m], " to attach to the host segment ", o.name,

@@ -25,13 +25,14 @@
 
 #include "core/deadline.h"
 #include "core/error.h"
+#include "expect.h"
+#include "forked.h"
 #include "reduce/reduce.h"
 #include "transport/frame.h"
 #include "transport/shm.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#include "expect.h"
 #define CPU_RELAX() _mm_pause()
 #else
 #define CPU_RELAX() ((void)0)
@@ -110,62 +111,6 @@ void waitAll(Link& link, const std::vector<RequestPtr>& requests, double seconds
 
 void waitOne(Link& link, const RequestPtr& r, double seconds = 60) {
   waitAll(link, {r}, seconds);
-}
-
-// Runs body in a child process; its return value is the exit status.
-pid_t spawn(const std::function<int()>& body) {
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) {
-    std::perror("fork");
-    std::exit(2);
-  }
-  if (pid == 0) {
-    gChecks = gFailures = 0;  // the child reports only its own failures
-    int rc = 3;
-    try {
-      rc = body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[pid %d] uncaught %s\n", static_cast<int>(getpid()), e.what());
-      rc = 4;
-    }
-    std::fflush(nullptr);
-    _exit(rc);
-  }
-  return pid;
-}
-
-// Reaps the children as they exit (promptly, so a dead child is not left a zombie), killing all
-// of them after `seconds`. Returns their wait statuses in order.
-std::vector<int> reap(const std::vector<pid_t>& pids, double seconds = 120) {
-  std::vector<int> status(pids.size(), -1);
-  size_t left = pids.size();
-  auto start = Clock::now();
-  bool killed = false;
-  while (left > 0) {
-    int st = 0;
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p > 0) {
-      for (size_t i = 0; i < pids.size(); ++i)
-        if (pids[i] == p) {
-          status[i] = st;
-          --left;
-        }
-      continue;
-    }
-    if (!killed && secondsSince(start) > seconds) {
-      std::fprintf(stderr, "FAIL: children still running after %.0f s: killing them\n", seconds);
-      ++gFailures;
-      for (pid_t q : pids) kill(q, SIGKILL);
-      killed = true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return status;
-}
-
-bool exitedOk(int status) {
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 // Runs the two sides of a case in two processes, then checks both passed and that the segment

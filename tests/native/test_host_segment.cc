@@ -1,0 +1,249 @@
+// Standalone test of the host segment (csrc/transport/host_segment.cc): every case forks one
+// process per member, which connect one segment and make calls on it the way algorithms/slots.cc
+// does; the parent reaps them under a hard timeout and checks that no /dev/shm entry is left.
+// Under the sanitizer build (.ci/native_tests.sh) this is where the segment's memory accesses
+// are checked.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/deadline.h"
+#include "core/error.h"
+#include "expect.h"
+#include "forked.h"
+#include "transport/frame.h"
+#include "transport/host_segment.h"
+
+using namespace pycollective;
+
+namespace {
+
+int gCase = 0;
+
+std::string segmentName(const char* label) {
+  return "/pycol-test-" + std::to_string(getpid()) + "-" + std::to_string(++gCase) + "-" + label;
+}
+
+bool shmEntryExists(const std::string& name) {
+  return access(("/dev/shm" + name).c_str(), F_OK) == 0;
+}
+
+HostSegmentOptions options(const std::string& name, int members, int member, size_t slot = 256) {
+  HostSegmentOptions o;
+  o.name = name;
+  for (int m = 0; m < members; ++m) o.ranks.push_back(m);
+  o.member = member;
+  o.worldSize = members;
+  o.authDigest = std::string(32, 'k');
+  o.slotBytes = slot;
+  o.connectTimeoutSeconds = 10;
+  return o;
+}
+
+FrameHeader header(uint64_t seq, uint64_t count) {
+  FrameHeader h;
+  h.seq = seq;
+  h.count = count;
+  h.kind = static_cast<uint8_t>(CollectiveKind::kAllreduce);
+  h.dtype = static_cast<uint8_t>(DType::kFloat32);
+  return h;
+}
+
+// Runs body(member) in one process per member; checks every one exited 0 and the name is gone.
+void runMembers(const char* label, int members,
+                const std::function<int(const std::string&, int)>& body) {
+  const std::string name = segmentName(label);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  for (int m = 0; m < members; ++m) pids.push_back(spawn([&, m] { return body(name, m); }));
+  const std::vector<int> st = reap(pids, 60);
+  bool ok = true;
+  for (int m = 0; m < members; ++m) {
+    EXPECT(exitedOk(st[m]), "%s: member %d status 0x%x", label, m, st[m]);
+    ok = ok && exitedOk(st[m]);
+  }
+  EXPECT(!shmEntryExists(name), "%s left /dev/shm%s", label, name.c_str());
+  std::printf("  case %-30s %s (%.2f s)\n", label, ok ? "ok" : "FAILED",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// Many calls back to back, alternating slots: each member publishes (call, member) pairs and
+// reads everyone's; a slot rewritten too early would show another call's values.
+void testCalls(int members) {
+  runMembers("calls back to back", members, [members](const std::string& name, int me) {
+    auto seg = HostSegment::connect(options(name, members, me));
+    const Deadline deadline = Deadline::after(30);
+    for (uint64_t k = 0; k < 20000; ++k) {
+      const size_t words = 1 + k % 64;  // 4 to 256 bytes
+      HostSegment::Call call(*seg, header(k, words), deadline);
+      auto* mine = static_cast<uint32_t*>(call.payload());
+      for (size_t i = 0; i < words; ++i) mine[i] = static_cast<uint32_t>(k * 131 + me * 7 + i);
+      call.publish(words * 4);
+      for (int m = 0; m < members; ++m) {
+        if (m == me) continue;
+        const auto* theirs = static_cast<const uint32_t*>(call.await(m, words * 4));
+        for (size_t i = 0; i < words; ++i)
+          if (theirs[i] != static_cast<uint32_t>(k * 131 + m * 7 + i)) {
+            EXPECT(false, "call %llu: member %d word %zu is %u", (unsigned long long)k, m, i,
+                   theirs[i]);
+            return 1;
+          }
+      }
+    }
+    return gFailures ? 1 : 0;
+  });
+}
+
+// Member 1 calls with another count: every member fails with ProtocolError naming the counts.
+void testMismatch() {
+  runMembers("mismatched calls", 3, [](const std::string& name, int me) {
+    auto seg = HostSegment::connect(options(name, 3, me));
+    const Deadline deadline = Deadline::after(10);
+    HostSegment::Call call(*seg, header(0, me == 1 ? 5 : 6), deadline);
+    call.publish(0);
+    try {
+      for (int m = 0; m < 3; ++m)
+        if (m != me) call.await(m, 0);
+    } catch (const ProtocolError& e) {
+      EXPECT(std::strstr(e.what(), "element count") != nullptr, "%s", e.what());
+      return gFailures ? 1 : 0;
+    } catch (const RemoteError& e) {  // a peer that failed first says so through its abort
+      EXPECT(std::strstr(e.what(), "element count") != nullptr, "%s", e.what());
+      return gFailures ? 1 : 0;
+    }
+    EXPECT(false, "member %d saw no mismatch", me);
+    return 1;
+  });
+}
+
+// A member that runs the same collective over links instead is caught by its notice.
+void testLinkCall() {
+  runMembers("call over links announced", 2, [](const std::string& name, int me) {
+    auto seg = HostSegment::connect(options(name, 2, me));
+    const Deadline deadline = Deadline::after(10);
+    if (me == 1) {
+      FrameHeader ring = header(0, 100000);
+      ring.algo = 1;
+      seg->announceLinkCall(ring);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return 0;
+    }
+    HostSegment::Call call(*seg, header(0, 5), deadline);
+    call.publish(0);
+    try {
+      call.await(1, 0);
+    } catch (const ProtocolError& e) {
+      EXPECT(std::strstr(e.what(), "over links") != nullptr, "%s", e.what());
+      return gFailures ? 1 : 0;
+    }
+    EXPECT(false, "no mismatch seen");
+    return 1;
+  });
+}
+
+// An abort, a timeout and a death each end a wait with the matching error.
+void testFailures() {
+  runMembers("abort reaches the waiter", 2, [](const std::string& name, int me) {
+    auto seg = HostSegment::connect(options(name, 2, me));
+    if (me == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      seg->abort("member 1 stops on purpose");
+      return 0;
+    }
+    const Deadline deadline = Deadline::after(10);
+    HostSegment::Call call(*seg, header(0, 1), deadline);
+    call.publish(0);
+    try {
+      call.await(1, 0);
+    } catch (const RemoteError& e) {
+      EXPECT(std::strstr(e.what(), "on purpose") != nullptr, "%s", e.what());
+      return gFailures ? 1 : 0;
+    }
+    EXPECT(false, "no error");
+    return 1;
+  });
+  runMembers("timeout", 2, [](const std::string& name, int me) {
+    auto seg = HostSegment::connect(options(name, 2, me));
+    if (me == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      return 0;
+    }
+    const Deadline deadline = Deadline::after(0.3);
+    HostSegment::Call call(*seg, header(0, 1), deadline);
+    call.publish(0);
+    try {
+      call.await(1, 0);
+    } catch (const CollectiveTimeout& e) {
+      EXPECT(std::strstr(e.what(), "waiting for rank 1") != nullptr, "%s", e.what());
+      return gFailures ? 1 : 0;
+    }
+    EXPECT(false, "no timeout");
+    return 1;
+  });
+  runMembers("dead member", 2, [](const std::string& name, int me) {
+    if (me == 1) {
+      // The victim is a child of this member's process: it connects, then is killed and reaped.
+      pid_t victim = spawn([&] {
+        auto seg = HostSegment::connect(options(name, 2, 1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        kill(getpid(), SIGKILL);
+        return 0;
+      });
+      reap({victim});
+      return 0;
+    }
+    auto seg = HostSegment::connect(options(name, 2, 0));
+    const Deadline deadline = Deadline::after(10);
+    HostSegment::Call call(*seg, header(0, 1), deadline);
+    call.publish(0);
+    try {
+      call.await(1, 0);
+    } catch (const RemoteError& e) {
+      EXPECT(std::strstr(e.what(), "died") != nullptr, "%s", e.what());
+      return gFailures ? 1 : 0;
+    }
+    EXPECT(false, "no error");
+    return 1;
+  });
+}
+
+// A wrong digest is refused by the opener, and the creator learns why.
+void testWrongDigest() {
+  runMembers("wrong digest", 2, [](const std::string& name, int me) {
+    HostSegmentOptions o = options(name, 2, me);
+    if (me == 1) o.authDigest = std::string(32, 'x');
+    try {
+      HostSegment::connect(o);
+    } catch (const Error& e) {
+      EXPECT(std::strstr(e.what(), "digest") != nullptr, "%s", e.what());
+      return gFailures ? 1 : 0;
+    }
+    EXPECT(false, "member %d accepted the segment", me);
+    return 1;
+  });
+}
+
+}  // namespace
+
+int main() {
+  registerAlgorithmNamer([](uint8_t index) { return index == 1 ? "ring" : "slots"; });
+  alarm(600);  // nothing here may hang: a deadlock kills the test instead
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::printf("host segment, %u CPUs\n", std::thread::hardware_concurrency());
+  testCalls(2);
+  testCalls(4);
+  testMismatch();
+  testLinkCall();
+  testFailures();
+  testWrongDigest();
+  std::printf("%s: %d checks, %d failures\n", gFailures ? "FAILED" : "PASSED", gChecks, gFailures);
+  return gFailures ? 1 : 0;
+}
