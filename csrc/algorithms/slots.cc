@@ -19,8 +19,10 @@ namespace slots {
 namespace {
 
 // The segment's one synchronisation (a store and a wait for every member's), as a share of a
-// link message's alpha. Calibrated on the 2-vCPU VM (docs/benchmarks.md, "A host-wide segment
-// for small calls"), where both paths were timed side by side.
+// link message's alpha: with 2 ranks the model then prefers slots to halving-doubling below
+// 0.5 alpha / beta (12 KB with the shm defaults), near the measured crossing at 16 KiB where
+// both took 4.8 us; with 4 ranks on 2 cores slots measured 1.5x-1.7x faster at 4-16 KiB and the
+// model agrees (docs/benchmarks.md, "A host-wide segment for small calls").
 constexpr double kSyncShareOfAlpha = 0.5;
 
 // Bytes each group rank publishes for the call (broadcast: the root alone).
