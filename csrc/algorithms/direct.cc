@@ -91,7 +91,7 @@ class Direct : public Algorithm {
     // In cache the accumulator's passes cost as much as the rest: per rank it is written (S/n)
     // and read once per output (S). beta prices a byte moved, one read and one write, hence
     // (1 + 1/n) / 2 of S more per rank. Out of cache those passes hide in L1.
-    const double accumulator = callStaysInCache(n, S) ? (1 + 1 / n) / 2 * S * c.beta : 0;
+    const double accumulator = callStaysInCache(g.comm(), n, S) ? (1 + 1 / n) / 2 * S * c.beta : 0;
     switch (a.kind) {
       case CollectiveKind::kAllreduce:
         return sync + S * c.beta + accumulator + (n - 1) / n * S * c.gamma;
@@ -120,7 +120,8 @@ class Direct : public Algorithm {
         // when the buffers leave the cache anyway; below that, plain stores leave the outputs in
         // cache for whoever reads them next. 2 replicas, side by side: 4 MiB 491-501 us
         // streaming against 272-277 plain; 64 MiB 8.4-9.5 ms against 10.1-10.2.
-        const bool streamOut = !callStaysInCache(n, static_cast<double>(a.count * es));
+        const bool streamOut =
+            !callStaysInCache(ex.group().comm(), n, static_cast<double>(a.count * es));
         for (size_t s = 0; s < mineLen; s += segElems) {
           size_t len = std::min(segElems, mineLen - s), off = mine + s;
           reduceAll(ex, all, acc, off, len);

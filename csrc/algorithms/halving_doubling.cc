@@ -262,7 +262,8 @@ class HalvingDoubling : public Algorithm {
         // In cache that pass is cheap and `direct` pays for its accumulator instead (4 MiB:
         // halving-doubling 198-201 us, `direct` 272-277).
         return 2 * exchanges([S, p](int mask) { return S * mask / p; }) +
-               (callStaysInCache(n, S) ? 0 : S / p * crowdCore * g.comm().localCost().beta) +
+               (callStaysInCache(g.comm(), n, S) ? 0
+                                                 : S / p * crowdCore * g.comm().localCost().beta) +
                (p - 1) / p * S * gamma + fold;
       case CollectiveKind::kReduceScatter:
         return exchanges([S, p](int mask) { return S * mask / p; }) + (p - 1) / p * S * gamma;

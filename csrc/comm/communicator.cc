@@ -59,6 +59,11 @@ void Communicator::setModelCores(int cores) {
   autoChoices_.forget();
 }
 
+void Communicator::setCacheBytes(double bytes) {
+  cacheBytes_ = bytes;
+  autoChoices_.forget();
+}
+
 void Communicator::setHierarchicalGroupSize(int size) {
   hierarchicalGroupSize_ = size;
   autoChoices_.forget();

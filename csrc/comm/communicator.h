@@ -26,6 +26,11 @@ struct LinkCost {
   double gamma = 1.0 / 8e9;  // seconds per byte reduced
 };
 
+// The cost model's cache line for groups across processes, which every rank must share: the
+// 32 MiB of L3 this project's first (EPYC) VM kept. (sysconf's L3 size there is the whole
+// socket's 256 MiB, which no VM gets, so it is not asked.)
+constexpr double kCacheResidentBytes = 32 << 20;
+
 // A measured winner written by `pycollective tune`: for calls of `kind` on the whole group of up
 // to maxBytes per rank (and above the previous entry's maxBytes), run `algo`.
 struct TunedChoice {
@@ -70,6 +75,11 @@ class Communicator {
   // costs already price threads that share cores (in-process replicas, local/local_group.cc).
   int modelCores() const { return modelCores_; }
   void setModelCores(int cores);
+  // Bytes a call may read and write in all and still be in cache on its next run, as the cost
+  // model counts it (algorithms/cache_model.h): kCacheResidentBytes unless set (in-process
+  // groups set what core/cache_probe.h measured; every rank of a process group must agree).
+  double cacheBytes() const { return cacheBytes_; }
+  void setCacheBytes(double bytes);
   // Ranks per hierarchical group when the host layout does not say (in-process replicas);
   // 0 = derive from hostOf.
   int hierarchicalGroupSize() const { return hierarchicalGroupSize_; }
@@ -121,6 +131,7 @@ class Communicator {
   LinkCost localCost_, remoteCost_;
   int modelCores_ = 0;
   int hierarchicalGroupSize_ = 0;
+  double cacheBytes_ = kCacheResidentBytes;
   std::vector<TunedChoice> tuned_;
   mutable ChoiceMemo autoChoices_;
   std::mutex seqMu_;

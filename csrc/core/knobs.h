@@ -19,6 +19,9 @@ namespace knobs {
     "Pipeline segment on device buffers (each step is a kernel), bytes.")                         \
   X(kReduceThreads, "PYCOLLECTIVE_REDUCE_THREADS", "int", "0",                                    \
     "Threads one large reduction may use (0: automatic).")                                        \
+  X(kCacheBytes, "PYCOLLECTIVE_CACHE_BYTES", "int", "0",                                          \
+    "Working set (bytes read and written) up to which in-process auto counts a call as in cache " \
+    "(0: measured once per process).")                                                            \
   X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
     "Log level: NONE, WARN, INFO (algorithm choices, links) or TRACE.")                           \
   X(kDebugSubsys, "PYCOLLECTIVE_DEBUG_SUBSYS", "str", "ALL",                                      \

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "algorithms/registry.h"
+#include "core/cache_probe.h"
 #include "core/error.h"
 #include "core/host_copy.h"
 #include "core/thread_pool.h"
@@ -57,6 +58,7 @@ LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
     const LinkCost link = inprocLinkCost(size);
     comm->setCosts(link, link);
     comm->setModelCores(0);  // inprocLinkCost prices the threads' share of the cores
+    comm->setCacheBytes(static_cast<double>(cacheResidentBytes()));
     comm->setHierarchicalGroupSize(groupSize);
     comms_.push_back(std::move(comm));
   }
@@ -163,7 +165,7 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
   if (const TunedChoice* t = tunedEntry(group, args[0]))
     best = t->algo == kInlineAlgorithm;
   else
-    best = inlineCost(args) < bestModelCost(group, args[0]);
+    best = inlineCost(args, first.cacheBytes()) < bestModelCost(group, args[0]);
   first.autoChoices().remember(shape, best ? 1 : 0, epoch);
   return best;
 }
