@@ -118,6 +118,9 @@ class ProcessGroup:
         self._where = f"rank {me}"  # names this rank in argument errors
         self._where_out = f"rank {me} out="
         self._memo = CallMemo(self._native_members)  # calls checked (_call_memo.py)
+        # barrier()'s spec per timeout: a training or benchmark loop calls it with the same
+        # arguments every time, and building the spec cost as much as the barrier itself.
+        self._barrier_specs: dict[float, Any] = {}
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self.rank}, size={self.size}, members={self.members})"
@@ -375,8 +378,15 @@ class ProcessGroup:
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank of the group called barrier()."""
-        spec = call_spec(KINDS["barrier"], 0, _FLOAT32, 0, 0, "auto", 0, self._timeout(timeout))
-        self._run_native(self._world.comm.run, spec, self._native_members, None, None)
+        seconds = self._timeout(timeout)
+        spec = self._barrier_specs.get(seconds)
+        if spec is None:
+            spec = call_spec(KINDS["barrier"], 0, _FLOAT32, 0, 0, "auto", 0, seconds)
+            self._barrier_specs[seconds] = spec
+        try:
+            self._world.comm.run(spec, self._native_members, None, None)
+        except CollectiveError as exc:
+            raise self._world.explain_failure(exc) from None
 
     def explain(self, collective: str, nbytes: int) -> str:
         """The algorithm algo="auto" picks for a float32 call of this size, with the model."""
