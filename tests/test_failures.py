@@ -55,6 +55,8 @@ def _dies_mid_collective(rank, n, how, collective="allreduce"):
         if how == "exit":
             os._exit(3)
         os.kill(os.getpid(), signal.SIGKILL)
+    if collective == "slots":  # a small call on the host segment (algorithms/slots.cc)
+        return _expect_error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots"))
     x = np.ones(1 << 20, np.float32)
     if collective == "allreduce_apply":
         update = fu.ReplicatedTensor([x], [np.zeros_like(x)])
@@ -91,12 +93,15 @@ def test_dead_rank_is_reported_fast(how, transport):
 
 
 @pytest.mark.timeout(60)
-def test_dead_rank_during_a_fused_update_is_reported_fast():
+@pytest.mark.parametrize(
+    "collective, how", [("allreduce_apply", "kill"), ("slots", "kill"), ("slots", "exit")]
+)
+def test_dead_rank_in_a_fused_update_or_on_the_host_segment_is_reported_fast(collective, how):
     res = run_ranks(
         _dies_mid_collective,
         3,
-        "kill",
-        "allreduce_apply",
+        how,
+        collective,
         timeout=40,
         env=_NO_HEARTBEAT_DETECTION,
         expect_exit={1: None},

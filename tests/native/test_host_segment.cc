@@ -57,6 +57,23 @@ FrameHeader header(uint64_t seq, uint64_t count) {
   return h;
 }
 
+// Member 0's side of a failure case: one call whose wait for member 1 must end in an `E` whose
+// message holds `needle`. Returns the exit status.
+template <typename E>
+int expectWaitFails(HostSegment& seg, uint64_t count, double seconds, const char* needle) {
+  const Deadline deadline = Deadline::after(seconds);
+  HostSegment::Call call(seg, header(0, count), deadline);
+  call.publish(0);
+  try {
+    call.await(1, 0);
+  } catch (const E& e) {
+    EXPECT(std::strstr(e.what(), needle) != nullptr, "%s", e.what());
+    return gFailures ? 1 : 0;
+  }
+  EXPECT(false, "the wait ended without the error (%s)", needle);
+  return 1;
+}
+
 // Runs body(member) in one process per member; checks every one exited 0 and the name is gone.
 void runMembers(const char* label, int members,
                 const std::function<int(const std::string&, int)>& body) {
@@ -128,7 +145,6 @@ void testMismatch() {
 void testLinkCall() {
   runMembers("call over links announced", 2, [](const std::string& name, int me) {
     auto seg = HostSegment::connect(options(name, 2, me));
-    const Deadline deadline = Deadline::after(10);
     if (me == 1) {
       FrameHeader ring = header(0, 100000);
       ring.algo = 1;
@@ -136,16 +152,7 @@ void testLinkCall() {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       return 0;
     }
-    HostSegment::Call call(*seg, header(0, 5), deadline);
-    call.publish(0);
-    try {
-      call.await(1, 0);
-    } catch (const ProtocolError& e) {
-      EXPECT(std::strstr(e.what(), "over links") != nullptr, "%s", e.what());
-      return gFailures ? 1 : 0;
-    }
-    EXPECT(false, "no mismatch seen");
-    return 1;
+    return expectWaitFails<ProtocolError>(*seg, 5, 10, "over links");
   });
 }
 
@@ -158,17 +165,7 @@ void testFailures() {
       seg->abort("member 1 stops on purpose");
       return 0;
     }
-    const Deadline deadline = Deadline::after(10);
-    HostSegment::Call call(*seg, header(0, 1), deadline);
-    call.publish(0);
-    try {
-      call.await(1, 0);
-    } catch (const RemoteError& e) {
-      EXPECT(std::strstr(e.what(), "on purpose") != nullptr, "%s", e.what());
-      return gFailures ? 1 : 0;
-    }
-    EXPECT(false, "no error");
-    return 1;
+    return expectWaitFails<RemoteError>(*seg, 1, 10, "on purpose");
   });
   runMembers("timeout", 2, [](const std::string& name, int me) {
     auto seg = HostSegment::connect(options(name, 2, me));
@@ -176,17 +173,7 @@ void testFailures() {
       std::this_thread::sleep_for(std::chrono::milliseconds(800));
       return 0;
     }
-    const Deadline deadline = Deadline::after(0.3);
-    HostSegment::Call call(*seg, header(0, 1), deadline);
-    call.publish(0);
-    try {
-      call.await(1, 0);
-    } catch (const CollectiveTimeout& e) {
-      EXPECT(std::strstr(e.what(), "waiting for rank 1") != nullptr, "%s", e.what());
-      return gFailures ? 1 : 0;
-    }
-    EXPECT(false, "no timeout");
-    return 1;
+    return expectWaitFails<CollectiveTimeout>(*seg, 1, 0.3, "waiting for rank 1");
   });
   runMembers("dead member", 2, [](const std::string& name, int me) {
     if (me == 1) {
@@ -201,17 +188,7 @@ void testFailures() {
       return 0;
     }
     auto seg = HostSegment::connect(options(name, 2, 0));
-    const Deadline deadline = Deadline::after(10);
-    HostSegment::Call call(*seg, header(0, 1), deadline);
-    call.publish(0);
-    try {
-      call.await(1, 0);
-    } catch (const RemoteError& e) {
-      EXPECT(std::strstr(e.what(), "died") != nullptr, "%s", e.what());
-      return gFailures ? 1 : 0;
-    }
-    EXPECT(false, "no error");
-    return 1;
+    return expectWaitFails<RemoteError>(*seg, 1, 10, "died");
   });
 }
 
