@@ -35,6 +35,17 @@ def reserve_ports(count: int = 1):
     return PortReservation(count)
 
 
+def expect_error(fn: Callable[[], Any]) -> list:
+    """Runs fn inside a rank; returns [exception class name, message, seconds it took] (JSON, for
+    the test to inspect), or ["no error", "", seconds]."""
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return [type(exc).__name__, str(exc), time.monotonic() - start]
+    return ["no error", "", time.monotonic() - start]
+
+
 class RankFailure(AssertionError):
     pass
 

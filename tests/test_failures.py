@@ -10,17 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from multiproc import run_ranks
-
-
-def _expect_error(fn):
-    """Runs fn; returns (exception class name, message, seconds it took)."""
-    start = time.monotonic()
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - the test inspects it
-        return [type(exc).__name__, str(exc), time.monotonic() - start]
-    return ["no error", "", time.monotonic() - start]
+from multiproc import expect_error, run_ranks
 
 
 def _timeout(rank, n):
@@ -28,7 +18,7 @@ def _timeout(rank, n):
 
     pc.init()
     if rank == 0:
-        res = _expect_error(lambda: pc.allreduce(np.ones(10), algo="ring", timeout=1.0))
+        res = expect_error(lambda: pc.allreduce(np.ones(10), algo="ring", timeout=1.0))
     else:
         time.sleep(3)  # never calls the collective
         res = None
@@ -56,12 +46,12 @@ def _dies_mid_collective(rank, n, how, collective="allreduce"):
             os._exit(3)
         os.kill(os.getpid(), signal.SIGKILL)
     if collective == "slots":  # a small call on the host segment (algorithms/slots.cc)
-        return _expect_error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots"))
+        return expect_error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots"))
     x = np.ones(1 << 20, np.float32)
     if collective == "allreduce_apply":
         update = fu.ReplicatedTensor([x], [np.zeros_like(x)])
-        return _expect_error(lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1.0), [update]))
-    return _expect_error(lambda: pc.allreduce(x, algo="ring"))
+        return expect_error(lambda: fu.allreduce_apply("sgd", fu.Hyper(lr=1.0), [update]))
+    return expect_error(lambda: pc.allreduce(x, algo="ring"))
 
 
 # A death must be noticed through the links or the abort broadcast, not because the dead rank
@@ -126,7 +116,7 @@ def _frozen_rank(rank, n):
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(30)
         return None
-    return _expect_error(lambda: pc.allreduce(np.ones(100), algo="ring"))
+    return expect_error(lambda: pc.allreduce(np.ones(100), algo="ring"))
 
 
 @pytest.mark.timeout(60)
@@ -178,7 +168,7 @@ def _mismatch(rank, n, what):
             if rank == 0
             else (lambda: pc.allreduce(x, algo="ring"))
         )
-    return _expect_error(call)
+    return expect_error(call)
 
 
 @pytest.mark.timeout(60)
@@ -232,8 +222,8 @@ def _group_is_unusable_after_failure(rank, n):
 
     pc.init(timeout=1)
     if rank == 0:
-        first = _expect_error(lambda: pc.allreduce(np.ones(3)))
-        second = _expect_error(lambda: pc.allreduce(np.ones(3)))
+        first = expect_error(lambda: pc.allreduce(np.ones(3)))
+        second = expect_error(lambda: pc.allreduce(np.ones(3)))
         return [first[0], second[0], second[1]]
     time.sleep(2.5)
     return None

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from multiproc import run_ranks
+from multiproc import expect_error, run_ranks
 from reference import assert_close, make_inputs, reduce_ref
 
 SLOT_BYTES = 16 << 10
@@ -21,15 +21,6 @@ def _segment():
     from pycollective import process_group
 
     return process_group._default()._world.comm.host_segment
-
-
-def _error(fn):
-    start = time.monotonic()
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - the test inspects it
-        return [type(exc).__name__, str(exc), time.monotonic() - start]
-    return ["no error", "", time.monotonic() - start]
 
 
 def _every_collective(rank, n):
@@ -104,13 +95,17 @@ def _auto_and_limits(rank, n):
     g = pc.process_group._default()
     small, large = g.explain("allreduce", 64), g.explain("allreduce", 4 << 20)
     plan = pc.prepare_allreduce(np.ones(16, np.float32), out=np.empty(16, np.float32))
-    too_big = _error(lambda: pc.allreduce(np.ones(SLOT_BYTES // 4 + 1, np.float32), algo="slots"))
+    too_big = expect_error(
+        lambda: pc.allreduce(np.ones(SLOT_BYTES // 4 + 1, np.float32), algo="slots")
+    )
     # A subgroup is not the segment's members: slots cannot run it, auto picks links.
     sub = pc.new_group([0, 1])
     sub_result = sub_error = None
     if sub is not None:
         sub_result = float(pc.allreduce(np.ones(4, np.float32), group=sub)[0])
-        sub_error = _error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots", group=sub))
+        sub_error = expect_error(
+            lambda: pc.allreduce(np.ones(4, np.float32), algo="slots", group=sub)
+        )
     pc.barrier()
     pc.shutdown()
     return [small, large, plan.algorithm, too_big, sub_result, sub_error]
@@ -137,7 +132,7 @@ def _no_segment(rank, n):
 
     pc.init()
     seg = _segment()
-    err = _error(lambda: pc.allreduce(np.ones(2, np.float32), algo="slots"))
+    err = expect_error(lambda: pc.allreduce(np.ones(2, np.float32), algo="slots"))
     y = pc.allreduce(np.ones(2, np.float32))  # auto still works, over links
     pc.barrier()
     pc.shutdown()
@@ -160,7 +155,7 @@ def _mismatch(rank, n, other_count, algo):
 
     pc.init(timeout=20)
     count = 10 if rank == 1 else other_count
-    res = _error(lambda: pc.allreduce(np.ones(count, np.float32), algo=algo))
+    res = expect_error(lambda: pc.allreduce(np.ones(count, np.float32), algo=algo))
     pc.shutdown(timeout=5)
     return res
 
@@ -191,7 +186,7 @@ def _timeout(rank, n):
 
     pc.init()
     if rank == 0:
-        res = _error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots", timeout=1.0))
+        res = expect_error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots", timeout=1.0))
     else:
         time.sleep(3)  # never calls the collective
         res = None
@@ -216,7 +211,7 @@ def _aborts(rank, n):
         time.sleep(0.3)
         pc.process_group._default()._world.comm.abort("rank 0 gave up on purpose")
         return None
-    return _error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots"))
+    return expect_error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots"))
 
 
 @pytest.mark.timeout(60)
