@@ -1,6 +1,5 @@
 #include "local/inline_collective.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "algorithms/chunking.h"
@@ -53,7 +52,7 @@ const char* reduceAll(const std::vector<CollectiveArgs>& args, void* dst, std::v
 
 }  // namespace
 
-double inlineCost(const std::vector<CollectiveArgs>& args, double cacheBytes) {
+double inlineCost(const std::vector<CollectiveArgs>& args) {
   // One thread streaming through buffers that mostly sit in cache: ~38 GB/s of reads plus
   // writes measured for 4 x 1 MiB on a 2-vCPU EPYC VM, falling to ~20 GB/s at 4 x 4 MiB (out
   // of cache, where the threaded algorithms win). 25 GB/s puts the switch between the two.
@@ -67,10 +66,11 @@ double inlineCost(const std::vector<CollectiveArgs>& args, double cacheBytes) {
   // cache_model.h, where every core's share of L3 and its own L2 hold the buffers. Placed by
   // measurement: 12 MiB of traffic still ran at in-cache rates (3 replicas x 2 MiB inline:
   // 305 us, 41 GB/s, against `direct`'s 312), while at 8 MiB the model sent such calls to the
-  // threaded algorithms, 1.26x-1.38x slower than `inline` with new outputs. A machine whose
-  // cache ends sooner (`cacheBytes`, the group's line: core/cache_probe.h) ends it there: on a
-  // Xeon VM that keeps 2 MiB, 4 replicas x 1 MiB ran inline in 355 us against `direct`'s 288.
-  const double kCacheBytes = std::min<double>(12 << 20, cacheBytes);
+  // threaded algorithms, 1.26x-1.38x slower than `inline` with new outputs. Not the group's
+  // line (Communicator::cacheBytes): on a Xeon VM whose line measures 2 MiB, `inline` stayed
+  // ahead up to 8-16 MiB of traffic (8 replicas x 512 KiB: 346 us against `direct`'s 569;
+  // 4 x 2 MiB: 1005 against 921).
+  constexpr double kCacheBytes = 12 << 20;
   const CollectiveArgs& a = args[0];
   const double n = static_cast<double>(args.size());
   const double S = static_cast<double>(a.count * elementSize(a.dtype));
