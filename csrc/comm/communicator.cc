@@ -10,14 +10,8 @@
 #include "core/error.h"
 #include "core/params.h"
 #include "core/thread_pool.h"
+#include "core/wait_policy.h"
 #include "transport/notifier.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define PC_CPU_RELAX() _mm_pause()
-#else
-#define PC_CPU_RELAX() ((void)0)
-#endif
 
 namespace pycollective {
 
@@ -39,11 +33,7 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
   modelCores_ = cores;
   reduceThreads_ =
       params::reduceThreads() > 0 ? params::reduceThreads() : std::max(1, cores / onMyHost);
-  // More ranks than cores: the peer a rank waits for is often parked on this very core, and
-  // spinning only delays it. Yield at once (as Open MPI does when oversubscribed): 4 ranks on
-  // 2 cores, a prepared 8-byte allreduce timed after a barrier went from 54-76 us with a 5 us
-  // spin to 23-24 us.
-  spinSeconds_ = onMyHost > cores ? 0.0 : 5e-6;
+  spinSeconds_ = spinSecondsFor(onMyHost);
 }
 
 Communicator::~Communicator() = default;
@@ -193,18 +183,14 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
                       ". Every rank must call the same collectives in the same order; raise "
                       "PYCOLLECTIVE_TIMEOUT (or timeout=) if ranks are legitimately slow."));
     }
-    // Spin briefly (small messages arrive within microseconds; not when ranks outnumber cores),
-    // then yield for a while (the peer may need this core), then sleep: on the doorbell, in
-    // poll() for sockets, or with a growing pause for links that can do neither (shared memory).
-    // Links without a doorbell yield for longer: a sleeping shm receiver wakes late, and a stream
-    // of large messages then runs at the pace of the sleeps (measured: a 64 MiB allreduce 3x
-    // slower).
+    // Spin, yield, then sleep (core/wait_policy.h): on the doorbell, in poll() for sockets, or
+    // with a growing pause for links that can do neither (shared memory), which yield longer.
     if (idleRounds++ == 0) idleSince = std::chrono::steady_clock::now();
     const double idle =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - idleSince).count();
-    const double yieldFor = (allNotify || allSockets) ? 100e-6 : 2e-3;
+    const double yieldFor = (allNotify || allSockets) ? 100e-6 : kPollingYieldSeconds;
     if (idle < spinSeconds_) {
-      PC_CPU_RELAX();
+      cpuRelax();
     } else if (idle < yieldFor) {
       std::this_thread::yield();
     } else if (allNotify) {
@@ -216,7 +202,7 @@ void Communicator::waitAll(const std::vector<Pending>& pending, const std::vecto
         if (l->pollEvents() != 0) fds.push_back(pollfd{l->pollFd(), l->pollEvents(), 0});
       ::poll(fds.data(), fds.size(), 5);
     } else {
-      auto pause = std::chrono::microseconds(std::min<long>(1000, static_cast<long>(idle * 1e4)));
+      const auto pause = sleepPause(idle);
       if (bell != nullptr)
         bell->waitPast(seen, pause);
       else

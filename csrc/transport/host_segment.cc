@@ -15,15 +15,8 @@
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "core/thread_pool.h"
+#include "core/wait_policy.h"
 #include "transport/shm_common.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define PC_SEGMENT_RELAX() _mm_pause()
-#else
-#define PC_SEGMENT_RELAX() ((void)0)
-#endif
 
 namespace pycollective {
 
@@ -50,7 +43,6 @@ constexpr size_t kControlBytes = 256;
 constexpr size_t kMaxSlotBytes = size_t(1) << 20;
 constexpr auto kLivenessInterval = std::chrono::milliseconds(50);
 constexpr auto kHandshakePoll = std::chrono::microseconds(500);
-constexpr double kYieldSeconds = 2e-3;  // then sleep, in pauses growing to 1 ms
 
 enum MemberState : uint32_t {
   kAbsent = 0,  // not attached yet (zero-filled segment)
@@ -306,9 +298,7 @@ HostSegment::HostSegment(const HostSegmentOptions& o, void* base, size_t mapByte
       base_(base),
       mapBytes_(mapBytes),
       layout_(static_cast<Layout*>(base)) {
-  // More members than cores: the member waited for is often parked on this very core, and
-  // spinning only delays it (as Communicator's waits).
-  spinSeconds_ = members() > hostCores() ? 0.0 : 5e-6;
+  spinSeconds_ = spinSecondsFor(members());
   const MemberBlock* all = blocks(base_);
   for (int m = 0; m < members(); ++m)
     watchPid_.push_back(m != member_ && shm::pidNamesPeer(all[m].pid, all[m].startTicks));
@@ -450,13 +440,13 @@ const void* HostSegment::Call::await(int member, size_t bytes) {
                                         " waited for it in ", describeCall(header_),
                                         " over shm (host segment ", s.name_, ")"));
       }
+      // Spin, yield, then sleep (core/wait_policy.h), as a wait on shm links does.
       if (idle < s.spinSeconds_) {
-        PC_SEGMENT_RELAX();
-      } else if (idle < kYieldSeconds) {
+        cpuRelax();
+      } else if (idle < kPollingYieldSeconds) {
         ::sched_yield();
       } else {
-        std::this_thread::sleep_for(
-            std::chrono::microseconds(std::min<long>(1000, static_cast<long>(idle * 1e4))));
+        std::this_thread::sleep_for(sleepPause(idle));
       }
     }
   }

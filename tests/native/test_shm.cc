@@ -25,18 +25,12 @@
 
 #include "core/deadline.h"
 #include "core/error.h"
+#include "core/wait_policy.h"
 #include "expect.h"
 #include "forked.h"
 #include "reduce/reduce.h"
 #include "transport/frame.h"
 #include "transport/shm.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
 
 using namespace pycollective;
 
@@ -103,7 +97,7 @@ void waitAll(Link& link, const std::vector<RequestPtr>& requests, double seconds
       throw CollectiveTimeout("test wait timed out after " + std::to_string(seconds) + " s on " +
                               link.describe());
     if (++idle < 64)
-      CPU_RELAX();
+      cpuRelax();
     else
       std::this_thread::yield();
   }
