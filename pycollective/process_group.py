@@ -705,8 +705,20 @@ class _World:
         # of init. Measured under `mpirun -n 4`: `pc.init()` then `import mpi4py` failed 5 of 8
         # times with "did not open the abort watch within 10 s". The coordinator's barrier, not
         # the group's: the group's first collective stays number 0 in every message.
+        # The barrier alone still left a window: rank 0 leaves it as soon as the coordinator
+        # releases it, and may take the GIL into MPI_Init before its server threads have sent
+        # the other ranks their release; those then waited out the barrier's deadline (one CI
+        # run in six, and 4 of about 40 4-rank `--mpi-in-job` benchmark runs, 2026-12-03). So
+        # every other rank says it got through, and rank 0 returns only once all have.
         try:
             self.client.barrier("pycollective/init", timeout=connect_timeout)
+            if spec.world_size > 1:
+                done = f"pycollective/init-done/{self._link_setup.session}"
+                if spec.rank != 0:
+                    self.client.set(f"{done}/{spec.rank}", b"1")
+                else:
+                    for r in range(1, spec.world_size):
+                        self.client.get(f"{done}/{r}", timeout=connect_timeout)
         except BaseException:
             self.close(0)
             raise
