@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pycollective import _exchange, config, cost_model, log, tuning
+from pycollective import _exchange, affinity, config, cost_model, log, tuning
 from pycollective._call_memo import CallMemo
 from pycollective._calls import KINDS, Prepared, call_spec, check_avg, prepare, wire_code
 from pycollective._ext import _C
@@ -686,6 +686,9 @@ class _World:
                 )
                 self._set_costs()
                 self.local_ranks = [p.rank for p in peers if p.host_id == hosts[spec.rank]]
+                self._cpus_before = affinity.spread_over_cores(
+                    spec.rank, self.local_ranks.index(spec.rank), len(self.local_ranks)
+                )
             except BaseException:
                 self.client.close()
                 if self.service is not None:
@@ -859,6 +862,7 @@ class _World:
         # next init() in this process must not find the old group's resources still held.
         # (A PreparedCall made on it keeps it alive until that call is dropped.)
         del self.comm
+        affinity.restore(self._cpus_before)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes that are missing: `comm` once the group was shut down.

@@ -72,6 +72,9 @@ namespace knobs {
   X(kHostSlotBytes, "PYCOLLECTIVE_HOST_SLOT_BYTES", "int", "16384",                               \
     "Largest call (bytes per rank) the host segment holds; a multiple of 64, the same on every "  \
     "rank.")                                                                                      \
+  X(kBind, "PYCOLLECTIVE_BIND", "str", "auto",                                                    \
+    "Bind each rank to one core, round-robin by local rank: auto (where a host's ranks "          \
+    "outnumber its CPUs by a whole multiple), core (always) or none.")                            \
   X(kOutputPoolBytes, "PYCOLLECTIVE_OUTPUT_POOL_BYTES", "int", "1073741824",                      \
     "Result arrays of at least 1 MiB freed by the user kept for reuse, at most this many bytes "  \
     "(0: none; fresh memory page-faults on first touch).")                                        \
