@@ -50,8 +50,19 @@ struct SlotRing {
 
 // Slots for reduceApplyAllgather's sums: the receive into a slot runs this many segments, less
 // one, ahead of their update (runPlans). 2, 4 and 8 measured alike at 2 ranks and 16 MiB
-// (256 KiB segments); 4 keeps three segments in flight, and their 1 MiB stays in cache.
+// (256 KiB segments); 4 keeps three segments in flight, and their 1 MiB stays in cache. With
+// the 64 KiB segments below, 16 slots (the same 1 MiB) measured worse than 4: Adam's sharded
+// step 1.34x-1.38x the bare all-reduce against 1.24x-1.31x, at 2 and 4 workers alike.
 constexpr size_t kApplySlots = 4;
+
+// reduceApplyAllgather's segments are at most this long (PYCOLLECTIVE_SEGMENT_BYTES may ask
+// for shorter ones). Each segment's update reads and writes the variable and every slot of
+// the rule besides the sum: Adam's 256 KiB segments touched 1 MiB each, and with three in
+// flight the update ran out of this VM's 2 MiB L2. Measured (2 ranks, 16 MiB in 8 tensors,
+// strategy_bench --sharded, two runs each; step / bare all-reduce): Adam 1.30x-1.32x at 256
+// KiB, 1.23x-1.25x at 64-128 KiB, 1.32x-1.34x at 32 KiB; momentum 1.14x-1.15x against
+// 1.06x at 64 KiB; plain SGD 1.01x-1.02x against 0.94x-0.95x.
+constexpr size_t kApplySegmentBytes = 64 << 10;
 
 // One buffer set of a coalesced schedule: its chunking, its segments per chunk and its steps.
 // The plans of one schedule have the same number of steps with the same chunk indices: only
@@ -223,7 +234,8 @@ void reduceApplyAllgather(Exchange& ex, const std::vector<ApplyBuffers>& tensors
   for (const ApplyBuffers& t : tensors) {
     PC_ASSERT(!t.gather.empty(), "reduceApplyAllgather needs a buffer to gather");
     Plan plan{Chunks(t.count, n), 0, {}};
-    plan.segments = segmentsFor(plan.chunks.size(0), es, ex.segmentBytes());
+    plan.segments =
+        segmentsFor(plan.chunks.size(0), es, std::min(ex.segmentBytes(), kApplySegmentBytes));
     largestSegment = std::max(largestSegment, Chunks(plan.chunks.size(0), plan.segments).size(0));
     addReduceScatterSteps(plan.steps, n, r, t.in, t.work, /*out=*/nullptr);
     // Every segment of this rank's chunk is applied as it arrives, before the allgather's
