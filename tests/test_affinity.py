@@ -61,28 +61,25 @@ def _expect(results, n, bound):
         assert all(cpus == two for cpus in res["after"]), (rank, "after shutdown", res["after"])
 
 
-@pytest.mark.timeout(120)
-def test_auto_binds_ranks_that_outnumber_the_cpus_round_robin():
-    _expect(run_ranks(_bind_case, 4, timeout=90, env={"PYCOLLECTIVE_BIND": "auto"}), 4, True)
-
-
-@pytest.mark.timeout(120)
-def test_auto_leaves_a_core_per_rank_and_uneven_counts_alone():
-    _expect(run_ranks(_bind_case, 2, timeout=90, env={"PYCOLLECTIVE_BIND": "auto"}), 2, False)
-    _expect(run_ranks(_bind_case, 3, timeout=90, env={"PYCOLLECTIVE_BIND": "auto"}), 3, False)
-
-
-@pytest.mark.timeout(120)
-def test_core_binds_even_with_a_core_per_rank():
-    _expect(run_ranks(_bind_case, 2, timeout=90, env={"PYCOLLECTIVE_BIND": "core"}), 2, True)
-
-
-@pytest.mark.timeout(120)
-def test_none_and_pretend_hosts_stay_unbound():
-    _expect(run_ranks(_bind_case, 3, timeout=90, env={"PYCOLLECTIVE_BIND": "none"}), 3, False)
+# (PYCOLLECTIVE_BIND, ranks, PYCOLLECTIVE_HOST_ID, bound?) on the two CPUs every rank keeps.
+CASES = [
+    ("auto", 4, None, True),  # ranks outnumber the CPUs by a whole multiple: round-robin
+    ("auto", 2, None, False),  # a CPU per rank: the scheduler spreads them already
+    ("auto", 3, None, False),  # uneven: one CPU holds an extra rank either way
+    ("core", 2, None, True),  # always, like mpirun --bind-to core
+    ("none", 4, None, False),
     # Pretend hosts share the machine's cores without seeing each other: auto leaves them be.
-    hosts = [{"PYCOLLECTIVE_HOST_ID": "a"}] * 4
-    _expect(run_ranks(_bind_case, 4, timeout=90, per_rank_env=hosts), 4, False)
+    ("auto", 4, "a", False),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("setting,ranks,host_id,bound", CASES)
+def test_which_ranks_are_bound_and_that_shutdown_restores(setting, ranks, host_id, bound):
+    env = {"PYCOLLECTIVE_BIND": setting}
+    if host_id is not None:
+        env["PYCOLLECTIVE_HOST_ID"] = host_id
+    _expect(run_ranks(_bind_case, ranks, timeout=90, env=env), ranks, bound)
 
 
 def _bad_setting(rank, n):
