@@ -14,9 +14,10 @@ round-robin by local rank, where the host's ranks outnumber those CPUs by a whol
 scheduler already spreads them, and a bound rank could no longer use an idle core. With an
 uneven count one core holds an extra rank either way, and binding moved the algorithms about
 (3 ranks on 2 cores: halving-doubling 1.2x-1.4x faster at 1-16 MiB, reduce_to_one 1.3x slower
-at 64 MiB, the ring within 5%), so the scheduler keeps them. ``core`` binds in every case (as ``mpirun --bind-to core`` does), ``none`` never. The
-binding covers every thread of the process at init and every thread started later, and
-``shutdown()`` restores the CPUs the process had before.
+at 64 MiB, the ring within 5%), so the scheduler keeps them. ``core`` binds in every case (as
+``mpirun --bind-to core`` does), ``none`` never. The binding covers every thread of the process
+at init and every thread started later, and ``shutdown()`` restores the CPUs the process had
+before.
 
 A host's ranks are those that report its host id. Pretend hosts on one machine
 (``PYCOLLECTIVE_HOST_ID``, network namespaces with host names of their own) share its cores
@@ -85,6 +86,7 @@ def spread_over_cores(rank: int, local_rank: int, local_size: int) -> set[int] |
         _set_for_all_threads({core})
     except OSError as exc:  # a container or a policy may forbid it: run unbound
         _log.info("rank %d: could not bind to CPU %d (%s); running unbound", rank, core, exc)
+        restore(before)  # the threads bound before the refusal
         return None
     _log.info(
         "rank %d: bound to CPU %d (local rank %d of %d on %d CPUs; PYCOLLECTIVE_BIND=%s)",
