@@ -24,8 +24,10 @@ using ChunkFn = std::function<void(const char* reduced, size_t offset, size_t n)
 // One tensor of reduceApplyAllgather: `in` (count elements) is reduced; `apply` turns each
 // segment of this rank's chunk of the sum (handed over in a segment-sized scratch buffer, valid
 // during the call) into chunk `rank` of every buffer in `gather` (full size, count elements
-// each; every tensor of a call gathers as many buffers); `work` is a full-size scratch for
-// partial sums (unused, may be null, with two ranks).
+// each; every tensor of a call gathers as many buffers); `work` (full size) holds partial sums
+// (unused, may be null, with two ranks). It may be gather[0], as an allreduce's output holds
+// its own partial sums: the partial sums land only in other ranks' chunks, which the
+// allgather overwrites, never in chunk `rank`, which `apply` reads and writes.
 struct ApplyBuffers {
   const char* in;
   char* work;
