@@ -64,7 +64,7 @@ def _set_for_all_threads(cpus: set[int]) -> None:
 def spread_over_cores(rank: int, local_rank: int, local_size: int) -> set[int] | None:
     """Binds this process to one core per ``PYCOLLECTIVE_BIND`` (see the module's docstring).
     Returns the CPUs it may use before, for :func:`restore`, or None when it left them alone."""
-    mode = config.text("PYCOLLECTIVE_BIND").lower() or "auto"
+    mode = config.text("PYCOLLECTIVE_BIND").lower()  # the table's default: auto
     if mode not in MODES:
         raise ValueError(
             f"rank {rank}: PYCOLLECTIVE_BIND={mode!r} is not one of {', '.join(MODES)}"

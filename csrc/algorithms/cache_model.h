@@ -9,8 +9,11 @@ namespace pycollective {
 // reads and writes in all, every rank's input and output, 2 * n * S), so a cost may jump there
 // (direct gets cheaper by its accumulator's passes, halving-doubling dearer by its own part's
 // copy) where the measured times change smoothly: near the line `auto` may take either.
+inline bool callStaysInCache(double lineBytes, double ranks, double bytesPerRank) {
+  return 2 * ranks * bytesPerRank <= lineBytes;
+}
 inline bool callStaysInCache(const Communicator& comm, double ranks, double bytesPerRank) {
-  return 2 * ranks * bytesPerRank <= comm.cacheBytes();
+  return callStaysInCache(comm.cacheBytes(), ranks, bytesPerRank);
 }
 
 }  // namespace pycollective

@@ -123,7 +123,8 @@ class Direct : public Algorithm {
         // not the group's measured one: on a Xeon VM whose line measures 2 MiB, plain stores
         // still won at 2 x 4 MiB (666-671 us against 900-913) and 4 x 4 MiB (1290-1295 against
         // 1749-1782).
-        const bool streamOut = 2.0 * n * static_cast<double>(a.count * es) > kCacheResidentBytes;
+        const bool streamOut =
+            !callStaysInCache(kCacheResidentBytes, n, static_cast<double>(a.count * es));
         for (size_t s = 0; s < mineLen; s += segElems) {
           size_t len = std::min(segElems, mineLen - s), off = mine + s;
           reduceAll(ex, all, acc, off, len);
