@@ -32,41 +32,17 @@ MAX_BYTES = 64 * 1024
 CAPACITY = 64
 
 
-class CallMemo:
-    """Per group: a call's scalar arguments -> the native layouts checked with them. Safe
-    without a lock: a lost entry is only checked anew."""
+class CallMemo(dict):
+    """Per group: a call's scalar arguments (the key ``ProcessGroup._run`` makes) -> the native
+    layouts checked with them, which run the call (``KnownLayouts.run``). A dict, so that the
+    lookup on every small call is the dict's own. Safe without a lock: a lost entry is only
+    checked anew."""
 
-    __slots__ = ("_calls", "_members")
+    __slots__ = ("_members",)
 
     def __init__(self, members: Any) -> None:
-        self._calls: dict[tuple, Any] = {}
+        super().__init__()
         self._members = members
-
-    @staticmethod
-    def key(
-        kind: str,
-        op: Any,
-        algo: Any,
-        root: Any,
-        inplace: Any,
-        out: Any,
-        timeout: Any,
-        compress: Any,
-    ) -> tuple:
-        """The memo's key for a call's scalar arguments (the arrays are matched natively). The
-        types of op and root are part of it: op=0 equals ReduceOp.SUM and root=1.0 equals 1,
-        but the full path refuses them."""
-        return (kind, type(op), op, algo, type(root), root, inplace, out is None, timeout, compress)
-
-    def run(self, key: tuple, comm: Any, x: Any, out: Any) -> Any:
-        """The result of a call whose layout is known (it ran on `comm`, the group's
-        communicator; None is reduce's result at a rank other than root), or NotImplemented:
-        take the full path."""
-        try:
-            layouts = self._calls.get(key)
-        except TypeError:  # an unhashable argument: the full path reports what is wrong
-            return NotImplemented
-        return NotImplemented if layouts is None else layouts.run(comm, x, out)
 
     def remember(
         self, key: tuple, x: Any, call: Prepared, out: Any, inplace: bool, spec: Any
@@ -86,11 +62,11 @@ class CallMemo:
         if writes == "new" and call.out.nbytes >= POOLED_OUTPUT_BYTES:  # type: ignore[union-attr]
             return
         try:
-            layouts = self._calls.get(key)
+            layouts = self.get(key)
             if layouts is None:
-                if len(self._calls) >= CAPACITY:  # drop the oldest (tolerating a concurrent drop)
-                    self._calls.pop(next(iter(self._calls), None), None)  # type: ignore[arg-type]
-                layouts = self._calls[key] = _C.KnownLayouts(self._members)
+                if len(self) >= CAPACITY:  # drop the oldest (tolerating a concurrent drop)
+                    self.pop(next(iter(self), None), None)  # type: ignore[arg-type]
+                layouts = self[key] = _C.KnownLayouts(self._members)
         except TypeError:  # an unhashable argument that the checks let through
             return
         layouts.remember(x, out, writes, spec, call.out)

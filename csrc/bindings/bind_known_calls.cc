@@ -97,18 +97,20 @@ class KnownLayouts {
     const auto xa = py::reinterpret_borrow<py::array>(x);
     std::shared_ptr<Known> k = find(xa, out);  // held: remember() may drop it meanwhile
     if (k == nullptr) return miss;
+    // Handles, not py::array: a default-constructed py::array allocates an empty numpy array,
+    // which cost a third of this whole call.
     py::object result = py::none();
     void* dst = nullptr;
     if (k->writes != Writes::kNone) {
-      py::array target;
       switch (k->writes) {
-        case Writes::kOut: target = py::reinterpret_borrow<py::array>(out); break;
-        case Writes::kInplace: target = xa; break;
-        default: target = py::array(k->resultType, k->resultShape); break;
+        case Writes::kOut: result = py::reinterpret_borrow<py::object>(out); break;
+        case Writes::kInplace: result = xa; break;
+        default: result = py::array(k->resultType, k->resultShape); break;
       }
-      if (!target.writeable()) return miss;  // the full path says so
-      dst = target.mutable_data();
-      result = std::move(target);
+      const auto* target = py::detail::array_proxy(result.ptr());
+      if ((target->flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_) == 0)
+        return miss;  // the full path says so
+      dst = target->data;
     }
     const void* in = xa.data();
     const uint64_t epoch = comm.autoChoices().epoch();
