@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import selectors
 import socket
 import threading
 import time
@@ -45,3 +46,57 @@ def loopback_tcp_bandwidth(nbytes: int = 256 << 20, chunk: int = 4 << 20) -> flo
         elapsed = time.perf_counter() - start
     server.close()
     return received[0] / elapsed if elapsed > 0 else 0.0
+
+
+def loopback_tcp_exchange_bandwidth(nbytes: int = 128 << 20, chunk: int = 4 << 20) -> float:
+    """Two endpoints over one loopback TCP connection, each sending `nbytes` while it receives
+    as many, as every rank of a ring all-reduce does: bytes per second each way. Over loopback
+    the kernel copies every byte on both sides, so on a host with as many cores as endpoints
+    this is a fraction of one stream's rate; a tcp all-reduce's busbw can reach this one."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    server.close()
+    start = threading.Barrier(2)
+    finished: list[float] = []
+
+    def endpoint(conn: socket.socket) -> None:
+        conn.setblocking(False)
+        payload = memoryview(bytes(chunk))
+        inbox = memoryview(bytearray(chunk))
+        sent = received = 0
+        with selectors.DefaultSelector() as sel:
+            sel.register(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            start.wait()
+            while received < nbytes or sent < nbytes:
+                reading = selectors.EVENT_READ if received < nbytes else 0
+                sel.modify(conn, reading | (selectors.EVENT_WRITE if sent < nbytes else 0))
+                for _, ready in sel.select(timeout=60):
+                    if ready & selectors.EVENT_WRITE:
+                        try:
+                            sent += conn.send(payload[: min(chunk, nbytes - sent)])
+                        except BlockingIOError:
+                            pass
+                    if ready & selectors.EVENT_READ:
+                        try:
+                            n = conn.recv_into(inbox)
+                        except BlockingIOError:
+                            continue
+                        if n == 0:
+                            return
+                        received += n
+        finished.append(time.perf_counter())
+
+    threads = [threading.Thread(target=endpoint, args=(c,), daemon=True) for c in (client, peer)]
+    for t in threads:
+        t.start()
+    began = time.perf_counter()
+    for t in threads:
+        t.join(120)
+    client.close()
+    peer.close()
+    if len(finished) != 2:
+        return 0.0
+    return nbytes / (max(finished) - began)

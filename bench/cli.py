@@ -194,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     ceilings = {"memory_copy_Bps": copy_bw}
     if procs_mode and ("tcp" in transports or "gloo" in peers):
         ceilings["loopback_tcp_Bps"] = measure.loopback_tcp_bandwidth()
+        ceilings["loopback_tcp_exchange_Bps"] = measure.loopback_tcp_exchange_bandwidth()
     where = (
         f"{world} processes over {','.join(transports)}"
         if procs_mode
@@ -208,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if "loopback_tcp_Bps" in ceilings:
         print(f"# ceiling: loopback TCP, one stream: {ceilings['loopback_tcp_Bps'] / 1e9:.2f} GB/s")
+        print(
+            "# ceiling: loopback TCP, two endpoints sending and receiving at once: "
+            f"{ceilings['loopback_tcp_exchange_Bps'] / 1e9:.2f} GB/s each way"
+        )
     notes: list[str] = []
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")

@@ -137,11 +137,13 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
 def tcp_against_ceiling(rows: list[Row], ceilings: dict) -> list[str]:
     """Per size, `auto` over tcp (the call a user makes) as a fraction of one loopback TCP stream
     measured in the same run: its busbw (the GB/s the table prints; with 2 ranks equal to algbw)
-    over the stream's bytes per second; and its speed against gloo (torch.distributed, also
-    tcp) at the same size."""
+    over the stream's bytes per second; as a fraction of the two-way exchange ceiling (each rank
+    of a ring sends and receives busbw at once, which is the most that ceiling allows); and its
+    speed against gloo (torch.distributed, also tcp) at the same size."""
     stream = ceilings.get("loopback_tcp_Bps")
     if not stream:
         return []
+    exchange = ceilings.get("loopback_tcp_exchange_Bps")
     lines = []
     for r in sorted(rows, key=lambda r: (r.collective, r.nbytes)):
         if r.peer or r.transport != "tcp" or r.algo != "auto":
@@ -150,6 +152,8 @@ def tcp_against_ceiling(rows: list[Row], ceilings: dict) -> list[str]:
             f"tcp {r.collective} at {human_bytes(r.nbytes)}: auto {r.busbw / 1e9:.2f} GB/s = "
             f"{r.busbw / stream:.2f}x one loopback TCP stream"
         )
+        if exchange:
+            text += f", {r.busbw / exchange:.2f}x the two-way exchange"
         gloo = next(
             (
                 p

@@ -332,6 +332,22 @@ def test_summary_puts_tcp_against_one_loopback_stream_and_gloo():
     want = "tcp allreduce at 64 MiB: auto 2.50 GB/s = 0.50x one loopback TCP stream; 2.00x gloo"
     assert want in lines, lines
     assert not any(line.startswith("tcp ") for line in report.summary(rows))  # no ceiling
+    ceilings["loopback_tcp_exchange_Bps"] = 3.125e9
+    want = (
+        "tcp allreduce at 64 MiB: auto 2.50 GB/s = 0.50x one loopback TCP stream, "
+        "0.80x the two-way exchange; 2.00x gloo"
+    )
+    assert want in report.summary(rows, ceilings)
+
+
+@pytest.mark.timeout(60)
+def test_exchange_ceiling_moves_bytes_both_ways():
+    """The two-way exchange ceiling completes (both endpoints sent and received everything) and
+    reports a rate."""
+    from pycollective.bench import ceilings
+
+    rate = ceilings.loopback_tcp_exchange_bandwidth(nbytes=8 << 20, chunk=1 << 20)
+    assert rate > 0
 
 
 @pytest.mark.timeout(180)
