@@ -9,15 +9,19 @@ the ranks pinned two per core, 6.9-7.3 us with three pinned to one core; of 12 l
 the scheduler 7 ran at 5.9-7.9 us (docs/benchmarks.md, "Four ranks on two cores").
 
 ``auto`` (the default) therefore binds each rank to one core of the CPUs it may use,
-round-robin by local rank, where the host's ranks outnumber those CPUs by a whole multiple
-(4 ranks on 2 CPUs; the same number of ranks on every core). With a core per rank the
-scheduler already spreads them, and a bound rank could no longer use an idle core. With an
-uneven count one core holds an extra rank either way, and binding moved the algorithms about
-(3 ranks on 2 cores: halving-doubling 1.2x-1.4x faster at 1-16 MiB, reduce_to_one 1.3x slower
-at 64 MiB, the ring within 5%), so the scheduler keeps them. ``core`` binds in every case (as
-``mpirun --bind-to core`` does), ``none`` never. The binding covers every thread of the process
-at init and every thread started later, and ``shutdown()`` restores the CPUs the process had
-before.
+round-robin by local rank, where the host's ranks outnumber those CPUs. With a core per rank
+the scheduler already spreads them, and a bound rank could no longer use an idle core. With an
+uneven count (3 ranks on 2 CPUs) one core holds an extra rank either way; bound, consecutive
+ranks sit on different cores, so halving-doubling, whose fold and exchange keep two ranks busy
+at a time, always runs them on two cores. Left to the scheduler it sometimes ran them on one.
+In three alternating pairs of sweeps of 3 ranks, at 1-16 MiB halving-doubling took 0.73x-0.85x
+the ring's time bound and 0.76x-1.17x unbound (by run and size), and ``auto`` was over 1.15x
+the fastest algorithm in 2, 5 and 2 of 24 cells unbound, in none bound. The best time bound
+against the best unbound: 0.75x-1.00x at 1-16 MiB, 0.97x-1.14x at 64 MiB, and 0.89x-1.19x at
+8 B-8 KiB, where the runs disagreed (docs/benchmarks.md, "Three ranks on two cores").
+``core`` binds in every case (as ``mpirun --bind-to core`` does), ``none`` never. The binding
+covers every thread of the process at init and every thread started later, and ``shutdown()``
+restores the CPUs the process had before.
 
 A host's ranks are those that report its host id. Pretend hosts on one machine
 (``PYCOLLECTIVE_HOST_ID``, network namespaces with host names of their own) share its cores
@@ -75,11 +79,7 @@ def spread_over_cores(rank: int, local_rank: int, local_size: int) -> set[int] |
     cpus = sorted(before)
     if len(cpus) < 2:
         return None
-    if mode == "auto" and (
-        local_size <= len(cpus)
-        or local_size % len(cpus) != 0
-        or config.text("PYCOLLECTIVE_HOST_ID")
-    ):
+    if mode == "auto" and (local_size <= len(cpus) or config.text("PYCOLLECTIVE_HOST_ID")):
         return None
     core = cpus[local_rank % len(cpus)]
     try:

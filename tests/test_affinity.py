@@ -63,9 +63,9 @@ def _expect(results, n, bound):
 
 # (PYCOLLECTIVE_BIND, ranks, PYCOLLECTIVE_HOST_ID, bound?) on the two CPUs every rank keeps.
 CASES = [
-    ("auto", 4, None, True),  # ranks outnumber the CPUs by a whole multiple: round-robin
+    ("auto", 4, None, True),  # ranks outnumber the CPUs: round-robin
+    ("auto", 3, None, True),  # unevenly too: halving-doubling's fold then keeps to two CPUs
     ("auto", 2, None, False),  # a CPU per rank: the scheduler spreads them already
-    ("auto", 3, None, False),  # uneven: one CPU holds an extra rank either way
     ("core", 2, None, True),  # always, like mpirun --bind-to core
     ("none", 4, None, False),
     # Pretend hosts share the machine's cores without seeing each other: auto leaves them be.

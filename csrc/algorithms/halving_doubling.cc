@@ -246,11 +246,14 @@ class HalvingDoubling : public Algorithm {
       }
       return t;
     };
+    // The fold: the even rank of each pair hands its data in (reduced on arrival) and gets the
+    // result back, one way each time.
     auto folded = [&f](int r) { return r < 2 * f.rem && r % 2 == 0 ? r + 1 : -1; };
-    const double fold =
-        f.rem > 0 ? 2 * (stepAlpha(g, a, folded) + wait + S * crowdFold * stepBeta(g, a, folded)) +
-                        S * crowdFold * c.gamma
-                  : 0;
+    auto unfolded = [&f](int r) { return r < 2 * f.rem && r % 2 == 1 ? r - 1 : -1; };
+    const double fold = f.rem > 0 ? 2 * (stepAlpha(g, a, folded) + wait) +
+                                        oneWaySeconds(g, a, folded, S, true, crowdFold) +
+                                        oneWaySeconds(g, a, unfolded, S, false, crowdFold)
+                                  : 0;
     const double L = log2Floor(n);
     switch (a.kind) {
       case CollectiveKind::kAllreduce:

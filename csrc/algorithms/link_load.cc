@@ -32,6 +32,22 @@ double stepBeta(const Group& g, const CollectiveArgs& args, const std::function<
   return beta > 0 ? beta : comm.localCost().beta;
 }
 
+double oneWaySeconds(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to,
+                     double bytes, bool reduce, double crowd) {
+  const Communicator& comm = g.comm();
+  const double beta = stepBeta(g, args, to), gamma = costOf(g, args).gamma;
+  bool sameHost = true;
+  const auto& hosts = comm.hostOf();
+  for (int i = 0; i < g.size() && sameHost; ++i) {
+    const int j = to(i);
+    sameHost = j < 0 || j == i || hosts[g.globalRank(i)] == hosts[g.globalRank(j)];
+  }
+  if (!sameHost || !comm.localCost().bothSidesCopy)
+    return crowd * bytes * (beta + (reduce ? gamma : 0));
+  const double copy = bytes * beta / 2;
+  return crowd * (reduce ? std::max(copy, bytes * gamma) : copy);
+}
+
 double stepAlpha(const Group& g, const CollectiveArgs& args, const std::function<int(int)>& to) {
   const Communicator& comm = g.comm();
   const auto& hosts = comm.hostOf();

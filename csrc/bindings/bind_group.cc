@@ -99,8 +99,8 @@ void bindGroup(py::module_& m) {
       [](const std::vector<int>& hostOf, const CostTuple& local, const CostTuple& remote,
          const CallSpec& spec, int cores) {
         std::string pick;
-        auto estimates =
-            modelEstimates(hostOf, linkCost(local), linkCost(remote), spec.args(), cores, &pick);
+        auto estimates = modelEstimates(hostOf, processLinkCost(local), linkCost(remote),
+                                        spec.args(), cores, &pick);
         py::list rows;
         for (const auto& e : estimates)
           rows.append(py::make_tuple(
@@ -206,10 +206,11 @@ void bindGroup(py::module_& m) {
       .def(
           "set_costs",
           [](Communicator& c, const CostTuple& local, const CostTuple& remote) {
-            c.setCosts(linkCost(local), linkCost(remote));
+            c.setCosts(processLinkCost(local), linkCost(remote));
           },
           py::arg("local"), py::arg("remote"),
-          "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links")
+          "(alpha s/message, beta s/byte, gamma s/byte reduced) for same-host links (between "
+          "processes: both sides copy) and cross-host links")
       .def(
           "submit",
           [](Communicator& c, const CallSpec& spec, const GroupMembers& g, py::handle in,

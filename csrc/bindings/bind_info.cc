@@ -29,6 +29,12 @@ LinkCost linkCost(const CostTuple& t) {
   return LinkCost{std::get<0>(t), std::get<1>(t), std::get<2>(t)};
 }
 
+LinkCost processLinkCost(const CostTuple& t) {
+  LinkCost c = linkCost(t);
+  c.bothSidesCopy = true;
+  return c;
+}
+
 std::vector<TunedChoice> tunedTable(const TunedRows& rows) {
   std::vector<TunedChoice> out;
   for (const auto& [kind, maxBytes, algo] : rows) out.push_back({kind, maxBytes, algo});

@@ -73,6 +73,9 @@ uintptr_t dataPointer(const pybind11::handle& array);
 using CostTuple = std::tuple<double, double, double>;
 using TunedRows = std::vector<std::tuple<int, size_t, std::string>>;
 LinkCost linkCost(const CostTuple& t);
+// The same for links between processes of one host, whose sender and receiver both copy
+// (LinkCost::bothSidesCopy).
+LinkCost processLinkCost(const CostTuple& t);
 std::vector<TunedChoice> tunedTable(const TunedRows& rows);
 
 }  // namespace bindings

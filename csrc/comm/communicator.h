@@ -24,6 +24,12 @@ struct LinkCost {
   double alpha = 5e-6;       // seconds per message
   double beta = 1.0 / 5e9;   // seconds per byte moved
   double gamma = 1.0 / 8e9;  // seconds per byte reduced
+  // Whether the sender copies each byte in and the receiver copies it out (a ring in shared
+  // memory, a loopback socket: links between processes of one host), rather than the receiver
+  // alone (in-process links) or a wire setting the pace (other hosts). beta prices an
+  // exchange, in which each rank makes both copies; a one-way transfer runs its two copies on
+  // two cores (link_load.h, oneWaySeconds).
+  bool bothSidesCopy = false;
 };
 
 // The cost model's cache line for groups across processes, which every rank must share: the
