@@ -165,7 +165,7 @@ class Communicator:
         """
     def set_costs(self, local: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], remote: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
         """
-        (alpha s/message, beta s/byte, gamma s/byte reduced) for same-host and cross-host links
+        (alpha s/message, beta s/byte, gamma s/byte reduced) for same-host links (between processes: both sides copy) and cross-host links
         """
     def set_tuned(self, table: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, str]]) -> None:
         """

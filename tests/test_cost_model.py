@@ -99,7 +99,8 @@ def test_ranks_that_outnumber_their_cores_take_turns():
     )
     # Large messages too: the ring moves the fewest bytes per rank, but all three ranks share
     # the two cores in each of its steps, where the fold runs one way on two cores (below).
-    # Measured with the ranks bound: halving-doubling 1.3x-1.35x faster than the ring at 4-16 MiB.
+    # Measured with the ranks bound: halving-doubling 1.32x-1.37x faster than the ring at
+    # 4-16 MiB.
     assert estimate([0, 0, 0], 4 * MiB, local=SHM, cores=2).auto == "halving_doubling"
 
 
