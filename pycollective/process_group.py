@@ -142,6 +142,13 @@ class ProcessGroup:
         ``compress="bf16"`` (or ``"fp16"``), for float32 tensors: values cross network links
         (tcp, grpc) as 16 bits and are accumulated in float32 -- half the bytes on slow links.
         Every rank's result is rounded alike to that 16-bit precision (docs/compression.md)."""
+        # The plain call, remembered, runs without a memo key (CallMemo.plain_out/plain_new).
+        if op == "sum" and algo == "auto" and not inplace and timeout is None and compress is None:
+            layouts = self._memo.plain_out if out is not None else self._memo.plain_new
+            if layouts is not None:
+                result = self._run_known(layouts, x, out)
+                if result is not NotImplemented:
+                    return result
         return self._run("allreduce", x, op, algo, 0, inplace, out, timeout, compress=compress)
 
     def prepare_allreduce(
@@ -406,6 +413,14 @@ class ProcessGroup:
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
 
+    def _run_known(self, layouts: Any, x: Any, out: Any) -> Any:
+        """A remembered call's result (``KnownLayouts.run``), or NotImplemented when (x, out)
+        has no known layout."""
+        try:
+            return layouts.run(self._world.comm, x, out)
+        except CollectiveError as exc:
+            raise self._world.explain_failure(exc) from None
+
     def _run(
         self,
         kind: str,
@@ -434,10 +449,7 @@ class ProcessGroup:
             except TypeError:  # an unhashable argument: the full path reports what is wrong
                 layouts = memo_key = None
             if layouts is not None:
-                try:
-                    result = layouts.run(self._world.comm, x, out)
-                except CollectiveError as exc:
-                    raise self._world.explain_failure(exc) from None
+                result = self._run_known(layouts, x, out)
                 if result is not NotImplemented:
                     return result
         if not isinstance(root, int) or not 0 <= root < self.size:
@@ -1151,7 +1163,10 @@ def allreduce(
     compress: str | None = None,
 ) -> Any:
     """Every rank gets the reduction (sum, prod, min, max, avg) of all ranks' tensors."""
-    return _group(group).allreduce(x, op, algo, inplace, out, timeout, compress)
+    # _group written out: one Python call fewer on the path of every small call.
+    return (_default() if group is None else group).allreduce(
+        x, op, algo, inplace, out, timeout, compress
+    )
 
 
 def prepare_allreduce(

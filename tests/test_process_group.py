@@ -209,6 +209,7 @@ def _repeated_plain_calls(rank, n):
     (the group remembers the checked layouts of small calls, pycollective/_call_memo.py), with
     the arrays changed in place between calls."""
     import pycollective as pc
+    from pycollective.process_group import _group
 
     pc.init()
     total = n * (n + 1) / 2
@@ -223,6 +224,8 @@ def _repeated_plain_calls(rank, n):
         assert all(fresh is not s for s in seen) and fresh is not y
         seen.append(fresh)
         np.testing.assert_allclose(fresh, y)
+    memo = _group(None)._memo  # these plain calls take the path that makes no key
+    assert memo.plain_out is not None and memo.plain_new is not None
     for s in seen[:-1]:  # earlier results are the caller's own: later calls left them alone
         assert s.shape == (6,)
     np.testing.assert_allclose(seen[0], np.arange(6) * total)
@@ -287,6 +290,7 @@ def _remembered_calls_refuse_what_the_full_path_refuses(rank, n):
     x, y = np.ones(6, np.float32), np.empty(6, np.float32)
     for _ in range(2):
         pc.allreduce(x, op=pc.ReduceOp.SUM, out=y)
+        pc.allreduce(x, out=y)  # the plain call, remembered apart (CallMemo.plain_out)
         pc.reduce(x, root=0)
     outcomes = []
     for call in (
@@ -302,17 +306,21 @@ def _remembered_calls_refuse_what_the_full_path_refuses(rank, n):
             outcomes.append(type(exc).__name__)
     group = _group(None)
     pc.shutdown()
-    try:
-        group.allreduce(x, op=pc.ReduceOp.SUM, out=y)
-        outcomes.append("ran")
-    except RuntimeError as exc:
-        outcomes.append("shut down" if "shut down" in str(exc) else str(exc))
+    for call in (
+        lambda: group.allreduce(x, op=pc.ReduceOp.SUM, out=y),
+        lambda: group.allreduce(x, out=y),
+    ):
+        try:
+            call()
+            outcomes.append("ran")
+        except RuntimeError as exc:
+            outcomes.append("shut down" if "shut down" in str(exc) else str(exc))
     return outcomes
 
 
 @pytest.mark.timeout(60)
 def test_remembered_calls_refuse_what_the_full_path_refuses():
-    want = ["TypeError", "TypeError", "ValueError", "ValueError", "shut down"]
+    want = ["TypeError", "TypeError", "ValueError", "ValueError", "shut down", "shut down"]
     assert (
         run_ranks(_remembered_calls_refuse_what_the_full_path_refuses, 2, timeout=45) == [want] * 2
     )
