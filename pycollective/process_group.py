@@ -41,6 +41,11 @@ from pycollective.transports import (
 )
 
 _FLOAT32 = _C.enum_codes()["dtype"]["float32"]
+# How long the coordinator host's service keeps serving once it stops: when a rank dies, the
+# abort notice naming it is still on its way to the survivors as the coordinator host raises and
+# exits; a grace of 0 cancels those calls, and a survivor's error would name only the lost
+# coordinator instead of the rank that failed.
+_NOTICE_GRACE_S = 0.5
 
 
 class Work:
@@ -875,7 +880,7 @@ class _World:
                 # Stop only once everyone left: a stopped service reads as a failure to a rank
                 # still connected to it.
                 self.service.wait_until_left(timeout)
-            self.service.stop(grace=0 if failed else 0.5)
+            self.service.stop(grace=_NOTICE_GRACE_S)
         self.comm.abort("the group was shut down")
         for callback in self._abort_callbacks:
             callback("the group was shut down")
@@ -1308,7 +1313,7 @@ def _leave_quietly() -> None:
             if world.service is not None:
                 if not world.comm.aborted:  # a failed group's ranks may never leave
                     world.service.wait_until_left(5.0)
-                world.service.stop(grace=0)
+                world.service.stop(grace=_NOTICE_GRACE_S)
             world.comm.abort("the process is exiting")
             if world.grpc_plane is not None:
                 world.grpc_plane.close()
