@@ -8,11 +8,11 @@
 
 namespace pycollective {
 
-// PYCOLLECTIVE_CACHE_BYTES if set, else measured once per process (about 40 ms, a 64 MiB
-// buffer held meanwhile): the largest working set from 1 MiB to 32 MiB, doubling, whose
-// read-and-write pass still runs at 1.5x the speed of a 64 MiB one. Only in-process groups use
-// it (one process decides for every replica); groups across processes keep the fixed line,
-// which every rank then shares.
+// PYCOLLECTIVE_CACHE_BYTES if set, else measured once per process (about 80 ms, a 64 MiB
+// buffer held meanwhile): the largest working set from 1 MiB to 16 MiB, doubling, whose
+// read-and-write pass still runs at 1.5x the speed of the faster of a 32 and a 64 MiB one. Only
+// in-process groups use it (one process decides for every replica); groups across processes keep
+// the fixed line, which every rank then shares.
 size_t cacheResidentBytes();
 
 }  // namespace pycollective
