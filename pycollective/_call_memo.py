@@ -47,10 +47,9 @@ class CallMemo(dict):
 
     The plain all-reduce's layouts are also kept in ``plain_out`` and ``plain_new``, which
     ``ProcessGroup.allreduce`` (and ``pycollective.allreduce``, for the default group) read
-    without making a key: with 4 ranks on 2 cores every bit of
-    Python before the native call costs several times what it costs alone (building the key and
-    looking it up: 1.8 us of a 5.6 us call), since each delay makes the ranks sharing a core hand
-    it over more often."""
+    without making a key: with 4 ranks on 2 cores every bit of Python before the native call
+    costs several times what it costs alone (building the key and looking it up: 1.8 us of a
+    5.6 us call), since each delay makes the ranks sharing a core hand it over more often."""
 
     __slots__ = ("_members", "plain_out", "plain_new")
 

@@ -47,8 +47,8 @@ size_t measure() {
   // The reference is the faster of the two largest working sets. On the Xeon VM (480 MiB of
   // L3 on a shared host) every set from 4 to 64 MiB ran at the same ~30 GB/s when the machine
   // was quiet, but a neighbour streaming memory on the other core slowed the 64 MiB pass alone
-  // (27 -> 21 GB/s): 4-32 MiB then read 1.36x-1.44x faster, at times past 1.5x, and the line
-  // jumped from 2 to 32 MiB with the load, sending 4 replicas x 2 MiB to halving-doubling,
+  // (27 -> 21 GB/s): 4-32 MiB then read up to 1.44x faster, and past 1.5x under a heavier load
+  // the line jumped from 2 to 16 MiB or more, sending 4 replicas x 2 MiB to halving-doubling,
   // 1.4x-1.8x behind `direct` (tests/test_auto_choice.py failed in CI). A pass at the largest
   // line could not outrun itself, so the line now ends at 16 MiB; the calls it was placed for (2
   // replicas x 4 MiB on the EPYC VM, 16 MiB of traffic) keep their side of it.
