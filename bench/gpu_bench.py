@@ -10,6 +10,9 @@ not the absolute numbers, carry the result.
    algbw and busbw (nccl-tests: busbw = algbw x 2(n-1)/n), each result checked.
 3. nccl: single-rank all-reduce through pycollective's NCCL binding against CuPy's NCCL binding,
    same sizes, same stream: host time per call (enqueue) and device time per call.
+4. torch: torch.distributed, one rank on the GPU, ``dist.all_reduce`` of a CUDA tensor through
+   the "pycollective" backend against torch's own "nccl" backend in the same process (both end
+   in NCCL; the difference is what each backend does around it): host and device time per call.
 
 Needs a CUDA build of pycollective; CuPy and NCCL are optional (their parts are skipped with the
 reason). Device memory comes from pycollective.device.DeviceArray, so parts 1 and 2 run
@@ -39,17 +42,27 @@ MiB = 1 << 20
 CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 
 
-def _device_seconds(fn: Callable[[], None], iters: int, warmup: int = 2, reps: int = 3) -> float:
+def _sync_default_stream() -> None:
+    _C.cuda_synchronize(stream=0)
+
+
+def _device_seconds(
+    fn: Callable[[], None],
+    iters: int,
+    warmup: int = 2,
+    reps: int = 3,
+    sync: Callable[[], None] = _sync_default_stream,
+) -> float:
     """Median over `reps` of (time of `iters` enqueued calls, synchronized) / iters."""
     for _ in range(warmup):
         fn()
-    _C.cuda_synchronize(stream=0)
+    sync()
     samples = []
     for _ in range(reps):
         t = time.perf_counter()
         for _ in range(iters):
             fn()
-        _C.cuda_synchronize(stream=0)
+        sync()
         samples.append((time.perf_counter() - t) / iters)
     return statistics.median(samples)
 
@@ -245,16 +258,67 @@ def _nccl_row(ours: Any, theirs: Any, nbytes: int) -> dict:
     return row
 
 
-def _host_us(fn: Callable[[], None], iters: int) -> float:
+def _host_us(
+    fn: Callable[[], None], iters: int, sync: Callable[[], None] = _sync_default_stream
+) -> float:
     """Host time of one enqueue (the device may lag; it is synchronized after the loop)."""
     fn()
-    _C.cuda_synchronize(stream=0)
+    sync()
     t = time.perf_counter()
     for _ in range(iters):
         fn()
     host = (time.perf_counter() - t) / iters
-    _C.cuda_synchronize(stream=0)
+    sync()
     return host * 1e6
+
+
+# ---- 4. torch.distributed: the "pycollective" backend vs torch's "nccl" ----
+
+
+def bench_torch(sizes: list[int]) -> dict:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import pycollective.torch  # noqa: F401  (registers the backend)
+    except ImportError as e:
+        return {"skipped": f"needs PyTorch: {e}"}
+    if not torch.cuda.is_available():
+        return {"skipped": "this PyTorch has no CUDA"}
+    import socket
+
+    with socket.socket() as s:  # a free port for the one-rank store (released just before use)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group(
+        "pycollective", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
+    try:
+        groups = {"pycollective": None, "nccl": dist.new_group(backend="nccl")}
+        out: dict[str, Any] = {"torch": torch.__version__, "rows": []}
+        for nbytes in sizes:
+            x = torch.ones(nbytes // 4, device="cuda")
+            iters = max(5, min(1000, int(GiB // 4 // max(nbytes, 1))))
+            row: dict[str, Any] = {"bytes": nbytes, "iters": iters}
+            for name, group in groups.items():
+
+                def call(group=group, x=x) -> None:
+                    dist.all_reduce(x, group=group)
+
+                # torch's "nccl" runs on streams of its own: wait for the whole device.
+                sync = torch.cuda.synchronize
+                row[f"{name}_host_us"] = _host_us(call, iters, sync)
+                row[f"{name}_device_us"] = _device_seconds(call, iters, sync=sync) * 1e6
+            torch.cuda.synchronize()
+            row["correct"] = bool((x[[0, -1]] == 1).all().item())  # one rank: the sum is x
+            row["host_ratio"] = row["pycollective_host_us"] / row["nccl_host_us"]
+            row["device_ratio"] = row["pycollective_device_us"] / row["nccl_device_us"]
+            out["rows"].append(row)
+            del x
+        return out
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- report ----
@@ -354,11 +418,40 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
+    t = time.perf_counter()
+    try:
+        result["torch"] = bench_torch(nccl_sizes)
+    except Exception as e:  # noqa: BLE001 - reported, and the parts above are kept
+        result["torch"] = {"failed": f"{type(e).__name__}: {e}"}
+    print(
+        f"\n4. torch.distributed all_reduce on one GPU, backend pycollective vs nccl "
+        f"({time.perf_counter() - t:.1f} s)"
+    )
+    if "rows" not in result["torch"]:
+        print("  ", result["torch"])
+    else:
+        print(
+            _table(
+                result["torch"]["rows"],
+                [
+                    "bytes",
+                    "pycollective_host_us",
+                    "nccl_host_us",
+                    "host_ratio",
+                    "pycollective_device_us",
+                    "nccl_device_us",
+                    "device_ratio",
+                    "correct",
+                ],
+            )
+        )
+
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2, default=str)
     print(f"\nwrote {args.out}")
     bad = [r for r in result["replicas"] if not r["correct"]]
     bad += [r for r in result["nccl"].get("rows", []) if not r.get("pycollective_correct", True)]
+    bad += [r for r in result["torch"].get("rows", []) if not r["correct"]]
     return 1 if bad else 0
 
 

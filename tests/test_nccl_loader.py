@@ -190,8 +190,9 @@ def test_process_library_and_unique_id_through_a_fake_nccl(fakes):
         out.update(version=info["version"], n=len(uid), ok=uid == want)
         try:
             pc.nccl.NcclCommunicator(1, uid, 0, device=0, timeout=5)
-        except (pc.NcclUnavailable, ValueError, pc.CudaError) as e:
+        except (pc.NcclUnavailable, ValueError, pc.CudaError, pc.NcclError) as e:
             out["comm"] = type(e).__name__
+            out["message"] = str(e)
         print(json.dumps(out))
     """)
     env = dict(os.environ, PYCOLLECTIVE_NCCL_LIBRARY=fakes["good"])
@@ -210,9 +211,12 @@ def test_process_library_and_unique_id_through_a_fake_nccl(fakes):
 
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["version"] == "2.21.5" and out["n"] == 128 and out["ok"]
-    # Without a CUDA device (or without CUDA in the build) no communicator can exist.
+    # Without a CUDA device (or without CUDA in the build) no communicator can exist; with one,
+    # the fake's init "succeeds" without a communicator, which is refused by name.
     if _C.cuda_device_count() == 0:
         assert out["comm"] in ("NcclUnavailable", "ValueError")
+    else:
+        assert out["comm"] == "NcclError" and "no communicator" in out["message"], out
 
 
 def test_unique_id_without_nccl_raises(tmp_path):
