@@ -57,6 +57,13 @@ nccl::RedOp redOp(DType t, ReduceOp op) {
   throw InvalidArgument(makeMessage("unknown reduce op value ", static_cast<int>(op)));
 }
 
+// What init says when NCCL reported success but handed back no communicator (a stand-in
+// library, or a broken build of NCCL): nothing could be enqueued on it.
+std::string noCommunicator(const nccl::Library& lib) {
+  return "ncclCommInitRankConfig reported success but returned no communicator; is " + lib.path() +
+         " a working NCCL? Point PYCOLLECTIVE_NCCL_LIBRARY at a real libnccl.so.2";
+}
+
 // A short pause that grows: polling NCCL's state costs little, but a tight loop would take a
 // core from NCCL's own proxy thread.
 void pause(int& round) {
@@ -75,7 +82,7 @@ struct GroupState {
   struct Op {
     NcclComm* comm;
     cuda::Stream stream;
-    std::string what;
+    NcclComm::CallLabel label;
   };
   std::vector<Op> ops;
 };
@@ -145,6 +152,7 @@ NcclComm::NcclComm(int nranks, const nccl::UniqueId& id, int rank, int device,
     comm_ = nullptr;
     throw NcclError(who() + " ncclCommInitRankConfig failed: " + why);
   }
+  if (comm_ == nullptr) throw NcclError(who() + " " + noCommunicator(lib_));
   try {
     waitReady("communicator init", deadline);
   } catch (const CollectiveTimeout&) {
@@ -197,6 +205,8 @@ std::vector<std::unique_ptr<NcclComm>> NcclComm::initAll(const std::vector<int>&
   if (failure.empty() && r != nccl::kSuccess && r != nccl::kInProgress)
     failure =
         std::string("ncclGroupEnd failed: ") + resultName(r) + " (" + api.getErrorString(r) + ")";
+  for (int i = 0; i < n && failure.empty(); ++i)
+    if (comms[i]->comm_ == nullptr) failure = comms[i]->who() + " " + noCommunicator(lib);
   if (!failure.empty()) {
     for (auto& c : comms) c->abort(failure);
     throw NcclError(failure);
@@ -329,33 +339,37 @@ void NcclComm::waitReady(const std::string& what, const Deadline& deadline) {
   }
 }
 
-void NcclComm::settle(nccl::Result r, const std::string& what, const Deadline& deadline) {
+void NcclComm::settle(nccl::Result r, const CallLabel& label, const Deadline& deadline) {
   if (r == nccl::kSuccess) return;
   if (r == nccl::kInProgress) {
-    waitReady(what, deadline);
+    waitReady(label.str(), deadline);
     return;
   }
-  const std::string msg = who() + " " + what + " failed: " + describe(r);
+  const std::string msg = who() + " " + label.str() + " failed: " + describe(r);
   // Argument errors leave the communicator usable; anything else does not.
   if (r != nccl::kInvalidArgument && r != nccl::kInvalidUsage) fail(Failure::kNccl, msg);
   throw NcclError(msg);
 }
 
-std::string NcclComm::nextWhat(const char* collective, size_t count, DType dtype) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return std::string(collective) + "#" + std::to_string(seq_++) + " (" + std::to_string(count) +
-         " " + dtypeName(dtype) + ")";
+std::string NcclComm::CallLabel::str() const {
+  return std::string(collective) + "#" + std::to_string(seq) + " (" + std::to_string(count) + " " +
+         dtypeName(dtype) + ")";
 }
 
-void NcclComm::enqueued(cuda::Stream stream, const std::string& what) {
+NcclComm::CallLabel NcclComm::nextLabel(const char* collective, size_t count, DType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {collective, seq_++, count, dtype};
+}
+
+void NcclComm::enqueued(cuda::Stream stream, const CallLabel& label) {
   if (tlGroup.depth > 0) {
-    tlGroup.ops.push_back({this, stream, what});
+    tlGroup.ops.push_back({this, stream, label});
     return;
   }
-  watch(stream, what);
+  watch(stream, label);
 }
 
-void NcclComm::watch(cuda::Stream stream, const std::string& what) {
+void NcclComm::watch(cuda::Stream stream, const CallLabel& label) {
   cuda::Event event = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -369,24 +383,28 @@ void NcclComm::watch(cuda::Stream stream, const std::string& what) {
     ops_.recordEvent(event, stream, device_);
   } catch (const CudaError& e) {
     if (event != nullptr) ops_.destroyEvent(event, device_);
-    fail(Failure::kCuda, who() + " " + what + ": " + e.what());
+    fail(Failure::kCuda, who() + " " + label.str() + ": " + e.what());
     throw;
   }
+  bool wasIdle;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back({event, Deadline::after(timeoutSeconds_), what});
+    wasIdle = pending_.empty();
+    pending_.push_back({event, stream, Deadline::after(timeoutSeconds_), label});
   }
-  cv_.notify_all();
+  // Only an idle watchdog sleeps until told; a busy one polls on its own. Waking it on every
+  // call put a pass over the pending events (driver calls, under mu_) beside each enqueue.
+  if (wasIdle) cv_.notify_all();
 }
 
 template <typename Call>
 void NcclComm::collective(const char* name, size_t count, DType dtype, cuda::Stream stream,
                           Call&& call) {
   checkUsable();
-  const std::string what = nextWhat(name, count, dtype);
+  const CallLabel label = nextLabel(name, count, dtype);
   const Deadline deadline = Deadline::after(timeoutSeconds_);
-  settle(callNccl(std::forward<Call>(call)), what, deadline);
-  enqueued(stream, what);
+  settle(callNccl(std::forward<Call>(call)), label, deadline);
+  enqueued(stream, label);
 }
 
 void NcclComm::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
@@ -453,14 +471,15 @@ void NcclComm::groupEnd() {
   if (r != nccl::kSuccess && r != nccl::kInProgress) {
     std::string msg = std::string("ncclGroupEnd failed: ") + resultName(r) + " (" +
                       lib.api().getErrorString(r) + ")";
-    for (auto& op : ops) op.comm->fail(Failure::kNccl, op.comm->who() + " " + op.what + ": " + msg);
+    for (auto& op : ops)
+      op.comm->fail(Failure::kNccl, op.comm->who() + " " + op.label.str() + ": " + msg);
     throw NcclError(msg);
   }
   std::vector<NcclComm*> comms;
   for (auto& op : ops)
     if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
   for (NcclComm* c : comms) c->waitReady("group", Deadline::after(c->timeoutSeconds_));
-  for (auto& op : ops) op.comm->watch(op.stream, op.what);
+  for (auto& op : ops) op.comm->watch(op.stream, op.label);
 }
 
 // ---- completion, failure, watchdog ----
@@ -543,23 +562,30 @@ void NcclComm::watchdogLoop() {
       continue;
     }
     // Completed collectives leave the list; the first expired one aborts the communicator.
+    // A stream runs its work in order, so past its first unfinished collective none of its
+    // later ones is queried: a pass costs a query per finished collective plus one per stream,
+    // not one per collective in flight (thousands when a loop enqueues ahead of the device).
     std::string expired, cudaFailure;
     bool progressed = false;
+    std::vector<cuda::Stream> busyStreams;
     for (auto it = pending_.begin(); it != pending_.end();) {
       bool done = false;
+      const bool behindBusy =
+          std::find(busyStreams.begin(), busyStreams.end(), it->stream) != busyStreams.end();
       try {
-        done = ops_.eventDone(it->event);
+        done = !behindBusy && ops_.eventDone(it->event);
       } catch (const std::exception& e) {
-        cudaFailure = who() + " " + it->what + " failed on the device: " + e.what();
+        cudaFailure = who() + " " + it->label.str() + " failed on the device: " + e.what();
         break;
       }
+      if (!done && !behindBusy) busyStreams.push_back(it->stream);
       if (done) {
         freeEvents_.push_back(it->event);
         it = pending_.erase(it);
         progressed = true;
       } else {
         if (expired.empty() && it->deadline.expired())
-          expired = who() + " " + it->what + " did not finish within " +
+          expired = who() + " " + it->label.str() + " did not finish within " +
                     std::to_string(it->deadline.totalSeconds()) +
                     " s; the communicator was aborted. Every rank must call the same "
                     "collectives in the same order; raise timeout= (PYCOLLECTIVE_TIMEOUT) if "

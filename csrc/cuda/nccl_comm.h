@@ -88,12 +88,24 @@ class NcclComm {
   // "[nccl rank 1/4 on cuda:1]"
   std::string who() const;
 
+  // Names one collective in messages ("allreduce#12 (1024 float32)"). Kept as its parts and
+  // formatted only when a message needs it, instead of building and copying a string on every
+  // call for the rare error.
+  struct CallLabel {
+    const char* collective = "";
+    uint64_t seq = 0;
+    size_t count = 0;
+    DType dtype = DType::kFloat32;
+    std::string str() const;
+  };
+
  private:
   enum class Failure { kNone, kTimeout, kNccl, kCuda, kAborted };
   struct Pending {
     cuda::Event event;
+    cuda::Stream stream;
     Deadline deadline;
-    std::string what;
+    CallLabel label;
   };
 
   NcclComm(const nccl::Library& lib, cuda::DeviceOps& ops, int rank, int size, int device,
@@ -106,14 +118,14 @@ class NcclComm {
   template <typename Call>
   nccl::Result callNccl(Call&& call);
   // Handles a call's result: success; in progress (polls until NCCL settled); or an error.
-  void settle(nccl::Result r, const std::string& what, const Deadline& deadline);
+  void settle(nccl::Result r, const CallLabel& label, const Deadline& deadline);
   // Polls ncclCommGetAsyncError until it is no longer ncclInProgress.
   void waitReady(const std::string& what, const Deadline& deadline);
   // Starts watching the collective just enqueued on `stream` (deferred to groupEnd in a group).
-  void enqueued(cuda::Stream stream, const std::string& what);
-  void watch(cuda::Stream stream, const std::string& what);
+  void enqueued(cuda::Stream stream, const CallLabel& label);
+  void watch(cuda::Stream stream, const CallLabel& label);
   std::string describe(nccl::Result r);
-  std::string nextWhat(const char* collective, size_t count, DType dtype);
+  CallLabel nextLabel(const char* collective, size_t count, DType dtype);
   void checkUsable();
   [[noreturn]] void throwFailure(Failure kind, const std::string& message);
   void fail(Failure kind, const std::string& message) noexcept;
