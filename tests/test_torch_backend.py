@@ -257,6 +257,31 @@ def test_collectives_match_gloo(n, transport):
     assert len(set(results)) == 1 and results[0] > 100 * len(DTYPES) // 4
 
 
+def test_host_array_shares_memory_or_hands_back_the_tensor():
+    """The backend hands pycollective numpy views of contiguous CPU tensors (calls on small
+    numpy arrays are remembered and run natively); anything numpy cannot view stays a tensor."""
+    from pycollective.torch.ops import host_array
+
+    t = torch.arange(6, dtype=torch.float32)
+    a = host_array(t)
+    a[0] = 42
+    assert t[0] == 42
+    p = torch.nn.Parameter(torch.ones(3))
+    host_array(p)[1] = 7  # a parameter is viewed through detach(): same memory
+    assert p[1].item() == 7
+    bf = torch.zeros(4, dtype=torch.bfloat16)
+    b = host_array(bf)
+    if b is not bf:  # ml_dtypes present: a bfloat16 numpy view
+        b[2] = 1.5
+        assert str(b.dtype) == "bfloat16" and bf[2].item() == 1.5
+    for keep in (
+        torch.ones(3, dtype=torch.bool),
+        torch.ones(3, 2).t(),
+        torch._neg_view(torch.ones(3)),
+    ):
+        assert host_array(keep) is keep
+
+
 def _model(seed):
     """An MLP with a branch that forward() skips when asked (find_unused_parameters)."""
     import torch.nn as nn

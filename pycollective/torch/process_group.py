@@ -22,7 +22,7 @@ import torch.distributed as dist
 import pycollective as pc
 from pycollective.errors import CollectiveError
 from pycollective.torch import rendezvous
-from pycollective.torch.ops import Staging, reduce_op, scaled
+from pycollective.torch.ops import Staging, host_array, reduce_op, scaled
 from pycollective.torch.work import Work, backend_error, seconds, stop_completer
 
 
@@ -131,7 +131,7 @@ class ProcessGroup(dist.ProcessGroup):
         return self._start(opts, list(tensors), staging, steps)
 
     def _allreduce_step(self, buf: torch.Tensor, op: str) -> Callable[[bool, float], Any]:
-        g = self._group
+        g, buf = self._group, host_array(buf)
 
         def step(asynchronous: bool, timeout: float) -> Any:
             if asynchronous:
@@ -169,7 +169,7 @@ class ProcessGroup(dist.ProcessGroup):
         if factor is not None:
             buf = scaled(buf, factor)
             staging.copy_back(t, buf)
-        g, root = self._group, opts.rootRank
+        g, root, buf = self._group, opts.rootRank, host_array(buf)
 
         def step(asynchronous: bool, timeout: float) -> Any:
             run = g.reduce_async if asynchronous else g.reduce
@@ -218,7 +218,7 @@ class ProcessGroup(dist.ProcessGroup):
         op, factor = reduce_op(opts.reduceOp, self._where)
         flat = scaled(flat, factor)
         staging = Staging()
-        buf = staging.output(out).reshape(-1)
+        flat, buf = host_array(flat), host_array(staging.output(out).reshape(-1))
         g = self._group
 
         def step(asynchronous: bool, timeout: float) -> Any:
@@ -239,7 +239,7 @@ class ProcessGroup(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
         t = self._one(tensors, "broadcast")
         staging = Staging()
-        buf = staging.output(t)
+        buf = host_array(staging.output(t))
         g, root = self._group, opts.rootRank
 
         def step(asynchronous: bool, timeout: float) -> Any:
@@ -273,7 +273,7 @@ class ProcessGroup(dist.ProcessGroup):
                 return run(src, out=gathered, timeout=timeout)
 
             return self._start(opts, [list(outs)], staging, [step])
-        bufs = [staging.output(o) for o in outs]
+        src, bufs = host_array(src), [host_array(staging.output(o)) for o in outs]
 
         def step(asynchronous: bool, timeout: float) -> Any:
             if asynchronous:
@@ -297,8 +297,8 @@ class ProcessGroup(dist.ProcessGroup):
             )
         staging = Staging()
         src = staging.input(input)
-        buf = staging.output(output).view((self.size(),) + tuple(src.shape))
-        g = self._group
+        buf = host_array(staging.output(output).view((self.size(),) + tuple(src.shape)))
+        src, g = host_array(src), self._group
 
         def step(asynchronous: bool, timeout: float) -> Any:
             run = g.allgather_async if asynchronous else g.allgather
