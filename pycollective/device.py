@@ -13,7 +13,9 @@ calls the native extension's CUDA functions unless a device tensor reached it.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +170,7 @@ def stream_handle(stream: Any) -> int:
     )
 
 
+@functools.cache
 def _torch_codes() -> dict:
     import torch
 
@@ -183,14 +186,26 @@ def _torch_codes() -> dict:
     }
 
 
-def _from_torch(t: Any, where: str) -> DeviceBuffer:
+@functools.cache
+def _torch_current_stream() -> Callable[[int], int]:
+    """device index -> the cudaStream_t of torch's current stream there. torch's raw query
+    where it has one (what its own compiled kernels use): the public
+    ``torch.cuda.current_stream(device).cuda_stream`` builds a Stream object per call, a few
+    microseconds of a collective's Python."""
     import torch
 
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+def _from_torch(t: Any, where: str) -> DeviceBuffer:
     code = _torch_codes().get(t.dtype)
     if code is None:
         raise TypeError(f"{where}: unsupported torch dtype {t.dtype}; supported: {SUPPORTED}")
     t = t.detach()
-    stream = torch.cuda.current_stream(t.device).cuda_stream
+    stream = _torch_current_stream()(t.device.index)
     return DeviceBuffer(
         t.data_ptr(), tuple(t.shape), code, t.device.index, stream, t, "torch", t.is_contiguous()
     )

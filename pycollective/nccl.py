@@ -244,19 +244,24 @@ class NcclCommunicator:
         *,
         _native: Any = None,
     ) -> None:
-        if _native is not None:
-            self._native = _native
-            return
-        if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != UNIQUE_ID_BYTES:
-            raise ValueError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of get_unique_id()")
-        _ensure_search()
-        self._native = _C.NcclComm(
-            nranks=int(nranks),
-            unique_id=bytes(unique_id),
-            rank=int(rank),
-            device=_current_device() if device is None else int(device),
-            timeout=_timeout(timeout),
-        )
+        if _native is None:
+            if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != UNIQUE_ID_BYTES:
+                raise ValueError(
+                    f"unique_id must be the {UNIQUE_ID_BYTES} bytes of get_unique_id()"
+                )
+            _ensure_search()
+            _native = _C.NcclComm(
+                nranks=int(nranks),
+                unique_id=bytes(unique_id),
+                rank=int(rank),
+                device=_current_device() if device is None else int(device),
+                timeout=_timeout(timeout),
+            )
+        self._native = _native
+        # Fixed for the communicator's life; read on every array-level call, so kept here
+        # rather than asked of the native object each time.
+        self._rank, self._size, self._device = _native.rank, _native.size, _native.device
+        self._where = f"nccl rank {self._rank}"
 
     @classmethod
     def init_all(
@@ -276,15 +281,15 @@ class NcclCommunicator:
 
     @property
     def rank(self) -> int:
-        return self._native.rank
+        return self._rank
 
     @property
     def size(self) -> int:
-        return self._native.size
+        return self._size
 
     @property
     def device(self) -> int:
-        return self._native.device
+        return self._device
 
     @property
     def timeout(self) -> float:
@@ -407,20 +412,20 @@ class NcclCommunicator:
     def _array(
         self, kind: str, x: Any, op: Any, root: int, inplace: bool, out: Any, stream: Any
     ) -> Any:
-        where = f"nccl rank {self.rank}"
+        where = self._where
         buf = adapt_device(x, where)
         reduce_op = parse_op(op)
-        check_call(kind, buf, reduce_op, self.size, where)
-        if buf.device != self.device:
+        check_call(kind, buf, reduce_op, self._size, where)
+        if buf.device != self._device:
             raise ValueError(
                 f"{where}: the array is on cuda:{buf.device} but this "
-                f"communicator is on cuda:{self.device}"
+                f"communicator is on cuda:{self._device}"
             )
         call = prepare_device(
             kind,
             buf,
-            self.rank,
-            self.size,
+            self._rank,
+            self._size,
             root,
             inplace,
             where,
