@@ -1,0 +1,226 @@
+// NcclComm's watchdog, checked without a GPU: the core linked with a fake DeviceOps whose events
+// finish when the test says so, and a stand-in libnccl.so.2 (fake_nccl.c, named by
+// PYCOLLECTIVE_NCCL_LIBRARY) whose calls all succeed at once. On a GPU the same code runs under
+// tests/test_cuda.py, but a collective that never finishes there needs two GPUs; here it is a
+// stream the test never completes.
+//
+//   test_nccl_watchdog                      ordering, progress, timeout
+//   test_nccl_watchdog --no-communicator    (with FAKE_NCCL_NO_COMM=1) init without a communicator
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/device_ops.h"
+#include "cuda/nccl_api.h"
+#include "cuda/nccl_comm.h"
+
+using namespace pycollective;
+
+namespace {
+
+int gFailures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+    ++gFailures;
+  }
+}
+
+// An event marks a position in its stream's order; a stream has finished everything up to the
+// position the test completed it to.
+struct FakeEvent {
+  cuda::Stream stream = nullptr;
+  uint64_t position = 0;
+};
+
+class FakeDeviceOps final : public cuda::DeviceOps {
+ public:
+  std::string describe() override { return "fake device (events the test completes)"; }
+  int deviceCount() override { return 1; }
+  int pointerDevice(const void*) override { return 0; }
+  void setDevice(int) override {}
+  int currentDevice() override { return 0; }
+  int beginCall(int, cuda::Stream) override { unused("beginCall"); }
+  void endCall(int) noexcept override {}
+  void enablePeerAccess(const std::vector<int>&) override { unused("enablePeerAccess"); }
+  CopyFn copyFn() override { unused("copyFn"); }
+  ReduceFn reduceFn(DType, ReduceOp) override { unused("reduceFn"); }
+  void scale(void*, size_t, DType, double) override { unused("scale"); }
+  void reduceAsync(void*, const void*, const void*, size_t, DType, ReduceOp,
+                   cuda::Stream) override {
+    unused("reduceAsync");
+  }
+  void scaleAsync(void*, size_t, DType, double, cuda::Stream) override { unused("scaleAsync"); }
+  void copyAsync(void*, const void*, size_t, cuda::Stream) override { unused("copyAsync"); }
+  void streamSynchronize(cuda::Stream) override { unused("streamSynchronize"); }
+  void* alloc(size_t, int) override { unused("alloc"); }
+  void free(void*, int) noexcept override {}
+
+  cuda::Event createEvent(int) override { return new FakeEvent; }
+  void recordEvent(cuda::Event event, cuda::Stream stream, int) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto* e = static_cast<FakeEvent*>(event);
+    e->stream = stream;
+    e->position = ++recorded_[stream];
+  }
+  bool eventDone(cuda::Event event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto* e = static_cast<FakeEvent*>(event);
+    const bool done = e->position <= completed_[e->stream];
+    if (done) {
+      ++finished_[e->stream];
+    } else {
+      waitingQueried_[e->stream].insert({e, e->position});
+    }
+    return done;
+  }
+  void destroyEvent(cuda::Event event, int) noexcept override {
+    delete static_cast<FakeEvent*>(event);
+  }
+
+  // The test's controls and readings.
+  void completeAll(cuda::Stream stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    completed_[stream] = recorded_[stream];
+  }
+  // How many distinct positions of `stream` were queried while still unfinished.
+  size_t unfinishedQueried(cuda::Stream stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waitingQueried_[stream].size();
+  }
+  uint64_t finished(cuda::Stream stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_[stream];
+  }
+
+ private:
+  [[noreturn]] static void unused(const char* what) {
+    throw std::logic_error(std::string("fake device: ") + what + " is not used by NcclComm");
+  }
+
+  std::mutex mu_;
+  std::map<cuda::Stream, uint64_t> recorded_, completed_, finished_;
+  std::map<cuda::Stream, std::set<std::pair<const void*, uint64_t>>> waitingQueried_;
+};
+
+FakeDeviceOps& fake() {
+  static FakeDeviceOps ops;
+  return ops;
+}
+
+cuda::Stream streamNamed(uintptr_t n) {
+  return reinterpret_cast<cuda::Stream>(n);
+}
+
+// Any non-null addresses: the fake NCCL never touches them.
+float gSend[4], gRecv[4];
+
+void allreduce(NcclComm& comm, cuda::Stream stream) {
+  comm.allreduce(gSend, gRecv, 4, DType::kFloat32, ReduceOp::kSum, stream);
+}
+
+nccl::UniqueId someId() {
+  nccl::UniqueId id{};
+  for (int i = 0; i < nccl::kUniqueIdBytes; ++i) id.internal[i] = static_cast<char>(i);
+  return id;
+}
+
+void sleepMs(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+// A stalled stream holds the watchdog at its first unfinished collective: the 499 behind it
+// are never queried, however many passes the watchdog makes; another stream progresses
+// meanwhile; once the stream finishes, everything completes.
+void testOrderAndProgress() {
+  NcclComm comm(1, someId(), 0, 0, 30.0);
+  const cuda::Stream stalled = streamNamed(0x10), moving = streamNamed(0x20);
+  for (int i = 0; i < 500; ++i) allreduce(comm, stalled);
+  for (int i = 0; i < 3; ++i) allreduce(comm, moving);
+  fake().completeAll(moving);
+  sleepMs(100);  // about a hundred watchdog passes
+  check(fake().unfinishedQueried(stalled) == 1,
+        "the watchdog queried " + std::to_string(fake().unfinishedQueried(stalled)) +
+            " unfinished collectives of a stalled stream; only its first should be");
+  check(fake().finished(moving) == 3, "the moving stream's collectives finished " +
+                                          std::to_string(fake().finished(moving)) +
+                                          " times, not 3, while another stream stalled");
+  check(!comm.synchronize(0.05), "synchronize() returned true with a stream still stalled");
+  fake().completeAll(stalled);
+  check(comm.synchronize(10.0), "synchronize() did not see the stalled stream finish");
+  check(fake().finished(stalled) == 500,
+        "the stalled stream finished " + std::to_string(fake().finished(stalled)) + " of 500");
+  check(comm.isCompleted(), "isCompleted() is false with nothing outstanding");
+}
+
+// A collective that never finishes aborts the communicator at its deadline: synchronize()
+// raises CollectiveTimeout naming it, and so does every later call.
+void testTimeout() {
+  NcclComm comm(1, someId(), 0, 0, 0.3);
+  const cuda::Stream never = streamNamed(0x30);
+  allreduce(comm, never);
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    comm.synchronize(10.0);
+  } catch (const CollectiveTimeout& e) {
+    message = e.what();
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(message.find("allreduce#0") != std::string::npos &&
+            message.find("did not finish within") != std::string::npos,
+        "the timeout's message does not name the collective: '" + message + "'");
+  check(waited < 3.0, "the 0.3 s deadline took " + std::to_string(waited) + " s to fire");
+  bool refused = false;
+  try {
+    allreduce(comm, never);
+  } catch (const CollectiveTimeout&) {
+    refused = true;
+  }
+  check(refused, "a call after the timeout was accepted");
+  check(!comm.failure().empty(), "failure() is empty after the timeout");
+}
+
+void testNoCommunicator() {
+  std::string message;
+  try {
+    NcclComm comm(1, someId(), 0, 0, 5.0);
+  } catch (const NcclError& e) {
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = std::string("another exception: ") + e.what();
+  }
+  check(message.find("no communicator") != std::string::npos,
+        "init without a communicator did not raise NcclError naming it: '" + message + "'");
+}
+
+}  // namespace
+
+namespace pycollective {
+namespace cuda {
+DeviceOps* deviceOps() {
+  return &fake();
+}
+}  // namespace cuda
+}  // namespace pycollective
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--no-communicator") == 0) {
+    testNoCommunicator();
+  } else {
+    testOrderAndProgress();
+    testTimeout();
+  }
+  if (gFailures == 0) std::printf("test_nccl_watchdog: all checks passed\n");
+  return gFailures == 0 ? 0 : 1;
+}
