@@ -6,7 +6,8 @@
 #   4. the GPU benchmark (bench/gpu_bench.py): kernels vs device copy on 1 GiB float32/bf16,
 #      4 replicas on one GPU over device buffers, NCCL through our binding vs CuPy's.
 # Everything is written to $OUT (default bench/results/gpu-<date>): gpu_check.log (all output),
-# build.log, one junit .xml per test file, gpu_bench.json, summary.txt. The exit code is nonzero if any step failed.
+# build.log, one junit .xml per test file, gpu_bench.json, summary.txt. The exit code is nonzero
+# if any step failed.
 #
 #   bench/gpu_check.sh                        everything
 #   GPU_CHECK_SKIP_BUILD=1 bench/gpu_check.sh use the build already installed
