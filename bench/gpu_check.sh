@@ -25,7 +25,7 @@ out="${OUT:-$root/bench/results/gpu-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu_check.log") 2>&1
 
-python="${PYTHON:-python}"
+python="${PYTHON:-$(command -v python || command -v python3)}"  # images with only python3 too
 # `pytest`, not `python -m pytest`: the latter would put the source folder (no _C) first.
 pytest="${PYTEST:-pytest}"
 status=0
