@@ -66,8 +66,7 @@ def host_array(t: torch.Tensor) -> Any:
     try:
         if t.dtype in _NUMPY_DTYPES:
             return t.numpy()
-        bf16 = bf16_dtype()
-        if t.dtype == torch.bfloat16 and bf16 is not None:
+        if t.dtype == torch.bfloat16 and (bf16 := bf16_dtype()) is not None:
             return t.view(torch.int16).numpy().view(bf16)
     except RuntimeError:  # a view numpy cannot share (a negated or conjugated one)
         pass
