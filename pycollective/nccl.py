@@ -305,47 +305,47 @@ class NcclCommunicator:
         self, send: int, recv: int, count: int, dtype: Any, op: Any = "sum", stream: Any = 0
     ) -> None:
         self._native.allreduce(
-            send=send,
-            recv=recv,
-            count=count,
-            dtype=_dtype_code(dtype),
-            op=int(parse_op(op)),
-            stream=stream_handle(stream),
+            send,
+            recv,
+            count,
+            _dtype_code(dtype),
+            int(parse_op(op)),
+            stream_handle(stream),
         )
 
     def reduce_scatter_ptr(
         self, send: int, recv: int, recv_count: int, dtype: Any, op: Any = "sum", stream: Any = 0
     ) -> None:
         self._native.reduce_scatter(
-            send=send,
-            recv=recv,
-            recv_count=recv_count,
-            dtype=_dtype_code(dtype),
-            op=int(parse_op(op)),
-            stream=stream_handle(stream),
+            send,
+            recv,
+            recv_count,
+            _dtype_code(dtype),
+            int(parse_op(op)),
+            stream_handle(stream),
         )
 
     def allgather_ptr(
         self, send: int, recv: int, send_count: int, dtype: Any, stream: Any = 0
     ) -> None:
         self._native.allgather(
-            send=send,
-            recv=recv,
-            send_count=send_count,
-            dtype=_dtype_code(dtype),
-            stream=stream_handle(stream),
+            send,
+            recv,
+            send_count,
+            _dtype_code(dtype),
+            stream_handle(stream),
         )
 
     def broadcast_ptr(
         self, send: int, recv: int, count: int, dtype: Any, root: int = 0, stream: Any = 0
     ) -> None:
         self._native.broadcast(
-            send=send,
-            recv=recv,
-            count=count,
-            dtype=_dtype_code(dtype),
-            root=root,
-            stream=stream_handle(stream),
+            send,
+            recv,
+            count,
+            _dtype_code(dtype),
+            root,
+            stream_handle(stream),
         )
 
     def reduce_ptr(
@@ -359,13 +359,13 @@ class NcclCommunicator:
         stream: Any = 0,
     ) -> None:
         self._native.reduce(
-            send=send,
-            recv=recv,
-            count=count,
-            dtype=_dtype_code(dtype),
-            op=int(parse_op(op)),
-            root=root,
-            stream=stream_handle(stream),
+            send,
+            recv,
+            count,
+            _dtype_code(dtype),
+            int(parse_op(op)),
+            root,
+            stream_handle(stream),
         )
 
     # -- array level: CuPy arrays and torch CUDA tensors --

@@ -293,14 +293,17 @@ std::string NcclComm::describe(nccl::Result r) {
   return s;
 }
 
+void NcclComm::throwIfFailed(std::unique_lock<std::mutex>& lock) {
+  if (failure_ == Failure::kNone) return;
+  const Failure kind = failure_;
+  const std::string message = failureMessage_;
+  lock.unlock();
+  throwFailure(kind, message);
+}
+
 void NcclComm::checkUsable() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (failure_ != Failure::kNone) {
-    const Failure kind = failure_;
-    const std::string message = failureMessage_;
-    lock.unlock();
-    throwFailure(kind, message);
-  }
+  throwIfFailed(lock);
 }
 
 void NcclComm::throwFailure(Failure kind, const std::string& message) {
@@ -356,8 +359,9 @@ std::string NcclComm::CallLabel::str() const {
          dtypeName(dtype) + ")";
 }
 
-NcclComm::CallLabel NcclComm::nextLabel(const char* collective, size_t count, DType dtype) {
-  std::lock_guard<std::mutex> lock(mu_);
+NcclComm::CallLabel NcclComm::admit(const char* collective, size_t count, DType dtype) {
+  std::unique_lock<std::mutex> lock(mu_);
+  throwIfFailed(lock);
   return {collective, seq_++, count, dtype};
 }
 
@@ -389,7 +393,7 @@ void NcclComm::watch(cuda::Stream stream, const CallLabel& label) {
   bool wasIdle;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    wasIdle = pending_.empty();
+    wasIdle = pending_.empty() && examining_ == 0;
     pending_.push_back({event, stream, Deadline::after(timeoutSeconds_), label});
   }
   // Only an idle watchdog sleeps until told; a busy one polls on its own. Waking it on every
@@ -400,8 +404,7 @@ void NcclComm::watch(cuda::Stream stream, const CallLabel& label) {
 template <typename Call>
 void NcclComm::collective(const char* name, size_t count, DType dtype, cuda::Stream stream,
                           Call&& call) {
-  checkUsable();
-  const CallLabel label = nextLabel(name, count, dtype);
+  const CallLabel label = admit(name, count, dtype);
   const Deadline deadline = Deadline::after(timeoutSeconds_);
   settle(callNccl(std::forward<Call>(call)), label, deadline);
   enqueued(stream, label);
@@ -488,13 +491,8 @@ bool NcclComm::synchronize(double timeoutSeconds) {
   const Deadline deadline = Deadline::after(timeoutSeconds < 0 ? 0 : timeoutSeconds);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    if (failure_ != Failure::kNone) {
-      const Failure kind = failure_;
-      const std::string message = failureMessage_;
-      lock.unlock();
-      throwFailure(kind, message);
-    }
-    if (pending_.empty()) return true;
+    throwIfFailed(lock);
+    if (pending_.empty() && examining_ == 0) return true;
     if (deadline.bounded() && deadline.expired()) return false;
     cv_.wait_for(lock, std::chrono::milliseconds(10));
   }
@@ -554,6 +552,65 @@ void NcclComm::startWatchdog() {
   watchdog_ = std::thread([this] { watchdogLoop(); });
 }
 
+// How many of one stream's collectives (oldest first) have finished: a stream runs its work in
+// order, so the finished ones are a prefix, found with a query of the oldest, one of the newest,
+// and a binary search between them when neither settles it. Retiring a thousand finished
+// collectives costs a few queries, not a thousand, and a stalled stream costs one: its oldest.
+size_t NcclComm::finishedPrefix(const std::deque<Pending>& taken, const std::vector<size_t>& stream,
+                                size_t& queried) {
+  auto done = [&](size_t i) {
+    queried = stream[i];
+    return ops_.eventDone(taken[stream[i]].event);
+  };
+  const size_t n = stream.size();
+  if (!done(0)) return 0;
+  if (n == 1 || done(n - 1)) return n;
+  size_t lo = 1, hi = n - 1;  // entries below lo finished; hi has not
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (done(mid)) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+NcclComm::Examined NcclComm::examine(const std::deque<Pending>& taken) {
+  Examined result;
+  result.finished.assign(taken.size(), false);
+  // Positions in `taken` of each stream's collectives, oldest first.
+  std::vector<std::pair<cuda::Stream, std::vector<size_t>>> streams;
+  for (size_t i = 0; i < taken.size(); ++i) {
+    auto it = std::find_if(streams.begin(), streams.end(),
+                           [&](const auto& s) { return s.first == taken[i].stream; });
+    if (it == streams.end()) it = streams.insert(streams.end(), {taken[i].stream, {}});
+    it->second.push_back(i);
+  }
+  for (const auto& [stream, positions] : streams) {
+    size_t queried = positions.front(), finished = 0;
+    try {
+      finished = finishedPrefix(taken, positions, queried);
+    } catch (const std::exception& e) {
+      result.cudaFailure =
+          who() + " " + taken[queried].label.str() + " failed on the device: " + e.what();
+      return result;
+    }
+    for (size_t k = 0; k < finished; ++k) result.finished[positions[k]] = true;
+  }
+  for (size_t i = 0; i < taken.size() && result.expired.empty(); ++i) {
+    const Pending& p = taken[i];
+    if (!result.finished[i] && p.deadline.expired())
+      result.expired = who() + " " + p.label.str() + " did not finish within " +
+                       std::to_string(p.deadline.totalSeconds()) +
+                       " s; the communicator was aborted. Every rank must call the same "
+                       "collectives in the same order; raise timeout= (PYCOLLECTIVE_TIMEOUT) if "
+                       "ranks are legitimately slow";
+  }
+  return result;
+}
+
 void NcclComm::watchdogLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
@@ -561,45 +618,38 @@ void NcclComm::watchdogLoop() {
       cv_.wait(lock, [&] { return stop_ || (!pending_.empty() && failure_ == Failure::kNone); });
       continue;
     }
-    // Completed collectives leave the list; the first expired one aborts the communicator.
-    // A stream runs its work in order, so past its first unfinished collective none of its
-    // later ones is queried: a pass costs a query per finished collective plus one per stream,
-    // not one per collective in flight (thousands when a loop enqueues ahead of the device).
-    std::string expired, cudaFailure;
+    // The pass takes the pending collectives out of the list and queries their events without
+    // mu_, so an enqueue (which takes mu_) never waits behind a driver call, even one that does
+    // not return. What is left unfinished goes back in front, in order; examining_ keeps the
+    // taken ones counted as outstanding meanwhile.
+    std::deque<Pending> taken;
+    taken.swap(pending_);
+    examining_ = taken.size();
+    lock.unlock();
+    Examined examined = examine(taken);
+    lock.lock();
+    examining_ = 0;
+    if (failure_ != Failure::kNone) {  // fail() ran meanwhile and dropped what it saw
+      for (auto& p : taken) ops_.destroyEvent(p.event, device_);
+      cv_.notify_all();
+      continue;
+    }
     bool progressed = false;
-    std::vector<cuda::Stream> busyStreams;
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      bool done = false;
-      const bool behindBusy =
-          std::find(busyStreams.begin(), busyStreams.end(), it->stream) != busyStreams.end();
-      try {
-        done = !behindBusy && ops_.eventDone(it->event);
-      } catch (const std::exception& e) {
-        cudaFailure = who() + " " + it->label.str() + " failed on the device: " + e.what();
-        break;
-      }
-      if (!done && !behindBusy) busyStreams.push_back(it->stream);
-      if (done) {
-        freeEvents_.push_back(it->event);
-        it = pending_.erase(it);
+    for (size_t i = taken.size(); i-- > 0;) {
+      if (examined.finished[i]) {
+        freeEvents_.push_back(taken[i].event);
         progressed = true;
       } else {
-        if (expired.empty() && it->deadline.expired())
-          expired = who() + " " + it->label.str() + " did not finish within " +
-                    std::to_string(it->deadline.totalSeconds()) +
-                    " s; the communicator was aborted. Every rank must call the same "
-                    "collectives in the same order; raise timeout= (PYCOLLECTIVE_TIMEOUT) if "
-                    "ranks are legitimately slow";
-        ++it;
+        pending_.push_front(std::move(taken[i]));
       }
     }
     if (progressed) cv_.notify_all();
-    if (!cudaFailure.empty() || !expired.empty()) {
+    if (!examined.cudaFailure.empty() || !examined.expired.empty()) {
       lock.unlock();
-      if (!cudaFailure.empty()) {
-        fail(Failure::kCuda, cudaFailure);
+      if (!examined.cudaFailure.empty()) {
+        fail(Failure::kCuda, examined.cudaFailure);
       } else {
-        fail(Failure::kTimeout, expired);
+        fail(Failure::kTimeout, examined.expired);
       }
       lock.lock();
       continue;

@@ -125,12 +125,26 @@ class NcclComm {
   void enqueued(cuda::Stream stream, const CallLabel& label);
   void watch(cuda::Stream stream, const CallLabel& label);
   std::string describe(nccl::Result r);
-  CallLabel nextLabel(const char* collective, size_t count, DType dtype);
+  // Starts a call: throws the communicator's failure, else names the call (one lock).
+  CallLabel admit(const char* collective, size_t count, DType dtype);
   void checkUsable();
+  // Throws the communicator's failure, if any; `lock` holds mu_ (released before throwing).
+  void throwIfFailed(std::unique_lock<std::mutex>& lock);
   [[noreturn]] void throwFailure(Failure kind, const std::string& message);
   void fail(Failure kind, const std::string& message) noexcept;
   void startWatchdog();
   void watchdogLoop();
+  // One watchdog pass over collectives taken out of pending_: which finished (by position in
+  // `taken`), and the first failure or expired deadline, described.
+  struct Examined {
+    std::vector<bool> finished;
+    std::string cudaFailure, expired;
+  };
+  Examined examine(const std::deque<Pending>& taken);
+  // How many of one stream's collectives (positions in `taken`, oldest first) finished;
+  // `queried` is the position of the last event queried (for a failure's message).
+  size_t finishedPrefix(const std::deque<Pending>& taken, const std::vector<size_t>& stream,
+                        size_t& queried);
 
   const nccl::Library& lib_;
   cuda::DeviceOps& ops_;
@@ -145,6 +159,7 @@ class NcclComm {
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::deque<Pending> pending_;
+  size_t examining_ = 0;  // collectives a watchdog pass holds outside pending_ (still pending)
   std::vector<cuda::Event> freeEvents_;
   Failure failure_ = Failure::kNone;
   std::string failureMessage_;

@@ -6,7 +6,9 @@
 //
 //   test_nccl_watchdog                      ordering, progress, timeout
 //   test_nccl_watchdog --no-communicator    (with FAKE_NCCL_NO_COMM=1) init without a communicator
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -73,11 +75,18 @@ class FakeDeviceOps final : public cuda::DeviceOps {
     e->position = ++recorded_[stream];
   }
   bool eventDone(cuda::Event event) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (holdQueries_) {  // a slow driver: the query returns when the test lets it
+      queryHeld_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return !holdQueries_; });
+      queryHeld_ = false;
+    }
     auto* e = static_cast<FakeEvent*>(event);
     const bool done = e->position <= completed_[e->stream];
+    ++queries_[e->stream];
     if (done) {
-      ++finished_[e->stream];
+      seenDone_[e->stream] = std::max(seenDone_[e->stream], e->position);
     } else {
       waitingQueried_[e->stream].insert({e, e->position});
     }
@@ -92,14 +101,34 @@ class FakeDeviceOps final : public cuda::DeviceOps {
     std::lock_guard<std::mutex> lock(mu_);
     completed_[stream] = recorded_[stream];
   }
+  // While held, every event query blocks until released.
+  void holdQueries(bool hold) {
+    std::lock_guard<std::mutex> lock(mu_);
+    holdQueries_ = hold;
+    cv_.notify_all();
+  }
+  bool waitForHeldQuery(int ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return queryHeld_; });
+  }
+  void completeTo(cuda::Stream stream, uint64_t position) {
+    std::lock_guard<std::mutex> lock(mu_);
+    completed_[stream] = position;
+  }
   // How many distinct positions of `stream` were queried while still unfinished.
   size_t unfinishedQueried(cuda::Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
     return waitingQueried_[stream].size();
   }
-  uint64_t finished(cuda::Stream stream) {
+  // The latest position of `stream` a query found finished.
+  uint64_t seenDone(cuda::Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
-    return finished_[stream];
+    return seenDone_[stream];
+  }
+  // Events of `stream` queried so far, finished or not.
+  uint64_t queries(cuda::Stream stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queries_[stream];
   }
 
  private:
@@ -108,7 +137,9 @@ class FakeDeviceOps final : public cuda::DeviceOps {
   }
 
   std::mutex mu_;
-  std::map<cuda::Stream, uint64_t> recorded_, completed_, finished_;
+  std::condition_variable cv_;
+  bool holdQueries_ = false, queryHeld_ = false;
+  std::map<cuda::Stream, uint64_t> recorded_, completed_, seenDone_, queries_;
   std::map<cuda::Stream, std::set<std::pair<const void*, uint64_t>>> waitingQueried_;
 };
 
@@ -140,7 +171,8 @@ void sleepMs(int ms) {
 
 // A stalled stream holds the watchdog at its first unfinished collective: the 499 behind it
 // are never queried, however many passes the watchdog makes; another stream progresses
-// meanwhile; once the stream finishes, everything completes.
+// meanwhile. Once the stalled stream finishes, its 500 collectives retire on a few queries (the
+// oldest and the newest: a stream finishes in order), not one query each.
 void testOrderAndProgress() {
   NcclComm comm(1, someId(), 0, 0, 30.0);
   const cuda::Stream stalled = streamNamed(0x10), moving = streamNamed(0x20);
@@ -151,15 +183,63 @@ void testOrderAndProgress() {
   check(fake().unfinishedQueried(stalled) == 1,
         "the watchdog queried " + std::to_string(fake().unfinishedQueried(stalled)) +
             " unfinished collectives of a stalled stream; only its first should be");
-  check(fake().finished(moving) == 3, "the moving stream's collectives finished " +
-                                          std::to_string(fake().finished(moving)) +
-                                          " times, not 3, while another stream stalled");
+  check(fake().seenDone(moving) == 3,
+        "the moving stream's last collective was not seen finished (latest seen: " +
+            std::to_string(fake().seenDone(moving)) + " of 3) while another stream stalled");
   check(!comm.synchronize(0.05), "synchronize() returned true with a stream still stalled");
+  const uint64_t before = fake().queries(stalled);
   fake().completeAll(stalled);
   check(comm.synchronize(10.0), "synchronize() did not see the stalled stream finish");
-  check(fake().finished(stalled) == 500,
-        "the stalled stream finished " + std::to_string(fake().finished(stalled)) + " of 500");
+  const uint64_t retiring = fake().queries(stalled) - before;
+  check(retiring <= 4, "retiring 500 finished collectives of one stream took " +
+                           std::to_string(retiring) + " event queries; 2 should do");
+  check(fake().seenDone(stalled) == 500,
+        "the stalled stream's last collective was not seen "
+        "finished");
   check(comm.isCompleted(), "isCompleted() is false with nothing outstanding");
+}
+
+// A stream finished part of the way retires exactly its finished collectives (a binary search
+// between the oldest and the newest), and the rest still count as outstanding.
+void testPartlyFinishedStream() {
+  NcclComm comm(1, someId(), 0, 0, 30.0);
+  const cuda::Stream partly = streamNamed(0x40);
+  for (int i = 0; i < 300; ++i) allreduce(comm, partly);
+  fake().completeTo(partly, 137);
+  sleepMs(30);
+  check(fake().seenDone(partly) == 137, "after 137 of 300 finished, the latest seen finished is " +
+                                            std::to_string(fake().seenDone(partly)));
+  check(!comm.isCompleted(), "isCompleted() is true with 163 collectives outstanding");
+  fake().completeAll(partly);
+  check(comm.synchronize(10.0), "synchronize() did not see the rest finish");
+}
+
+// The watchdog queries events without the lock an enqueue takes: with its query stuck in the
+// driver, the caller still enqueues (before, every enqueue waited for the query to return).
+void testEnqueueDuringQuery() {
+  NcclComm comm(1, someId(), 0, 0, 30.0);
+  const cuda::Stream s = streamNamed(0x50);
+  fake().holdQueries(true);
+  allreduce(comm, s);  // wakes the watchdog, whose query of it then blocks
+  check(fake().waitForHeldQuery(5000), "the watchdog never queried the collective's event");
+  std::mutex mu;
+  std::condition_variable cv;
+  bool enqueued = false;
+  std::thread caller([&] {
+    for (int i = 0; i < 100; ++i) allreduce(comm, s);
+    std::lock_guard<std::mutex> lock(mu);
+    enqueued = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(5), [&] { return enqueued; });
+    check(enqueued, "100 enqueues did not return while the watchdog's event query was stuck");
+  }
+  fake().holdQueries(false);
+  caller.join();
+  fake().completeAll(s);
+  check(comm.synchronize(10.0), "synchronize() did not see the 101 collectives finish");
 }
 
 // A collective that never finishes aborts the communicator at its deadline: synchronize()
@@ -219,6 +299,8 @@ int main(int argc, char** argv) {
     testNoCommunicator();
   } else {
     testOrderAndProgress();
+    testPartlyFinishedStream();
+    testEnqueueDuringQuery();
     testTimeout();
   }
   if (gFailures == 0) std::printf("test_nccl_watchdog: all checks passed\n");
