@@ -24,8 +24,8 @@ def to_numpy(x: Any, where: str = "value") -> np.ndarray:
     if is_torch(x):
         if x.device.type != "cpu":
             raise TypeError(
-                f"{where}: torch tensor on {x.device}; the strategies run CPU "
-                "replicas (CUDA support is not built yet): move it with .cpu()"
+                f"{where}: torch tensor on {x.device}; the strategies keep their "
+                "variables in host memory: move it with .cpu()"
             )
         try:
             return x.detach().numpy()

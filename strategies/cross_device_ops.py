@@ -288,8 +288,8 @@ _DEVICE_RE = re.compile(
 
 def parse_device(device: str) -> tuple[str, int]:
     """(kind, index) of a device string: "/cpu:0", "/device:CPU:1",
-    "/job:localhost/replica:0/task:0/device:CPU:2", "cpu:3". GPU devices are refused: CUDA
-    support is not built yet."""
+    "/job:localhost/replica:0/task:0/device:CPU:2", "cpu:3". GPU devices are refused: the
+    strategies keep their variables in host memory (numpy)."""
     if not isinstance(device, str):
         raise TypeError(f"a device must be a string like '/cpu:0', got {type(device).__name__}")
     m = _DEVICE_RE.match(device.strip())
@@ -301,8 +301,10 @@ def parse_device(device: str) -> tuple[str, int]:
     kind, index = m.group(1).lower(), int(m.group(2))
     if kind in ("gpu", "xla_gpu"):
         raise NotImplementedError(
-            f"device {device!r}: GPU replicas need CUDA support in pycollective's strategies, "
-            "which is not built yet; use CPU replicas (devices=['/cpu:0', '/cpu:1', ...])"
+            f"device {device!r}: the strategies keep their variables in host memory (numpy) "
+            "and have no GPU replicas; use CPU replicas (devices=['/cpu:0', '/cpu:1', ...]). "
+            "For GPUs, pycollective.nccl and the torch.distributed backend run NCCL on device "
+            "tensors (docs/torch.md)"
         )
     if kind not in ("cpu", "xla_cpu"):
         raise ValueError(

@@ -60,7 +60,8 @@ class MirroredStrategy(Strategy):
     Args:
         devices: a list of device strings such as ``['/cpu:0', '/cpu:1']`` (one CPU replica
             each). None: ``PYCOLLECTIVE_CPU_REPLICAS`` replicas, else one per CPU core. GPU
-            devices are refused: CUDA support is not built yet.
+            devices are refused (NotImplementedError): the strategies keep their variables in
+            host memory. GPUs are served by ``pycollective.nccl`` and the torch backend.
         cross_device_ops: optional, a descendant of CrossDeviceOps: which algorithm reduces
             across replicas. Default: ``AlgorithmAllReduce("auto")`` (pycollective picks by
             size).

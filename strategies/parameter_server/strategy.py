@@ -211,7 +211,8 @@ class CentralStorageStrategy(Strategy):
     ) -> None:
         if parameter_device is not None and "gpu" in parameter_device.lower():
             raise NotImplementedError(
-                "parameter_device must be a CPU device: CUDA support is not built yet"
+                "parameter_device must be a CPU device: the strategies keep their variables "
+                "in host memory"
             )
         super().__init__(CentralStorageExtended(self, resolve_devices(compute_devices)))
 
