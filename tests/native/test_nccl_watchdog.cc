@@ -1,10 +1,12 @@
 // NcclComm's watchdog, checked without a GPU: the core linked with a fake DeviceOps whose events
-// finish when the test says so, and a stand-in libnccl.so.2 (fake_nccl.c, named by
+// finish when the test says so, and a stand-in libnccl.so.2 (fake_nccl.cc, named by
 // PYCOLLECTIVE_NCCL_LIBRARY) whose calls all succeed at once. On a GPU the same code runs under
 // tests/test_cuda.py, but a collective that never finishes there needs two GPUs; here it is a
 // stream the test never completes.
 //
-//   test_nccl_watchdog                      ordering, progress, timeout
+//   test_nccl_watchdog                      ordering, progress, retiring on few queries, a
+//                                           partly finished stream, enqueues beside a stuck
+//                                           query, timeout
 //   test_nccl_watchdog --no-communicator    (with FAKE_NCCL_NO_COMM=1) init without a communicator
 #include <algorithm>
 #include <chrono>
@@ -169,6 +171,13 @@ void sleepMs(int ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+// Polls `done` until it holds or 5 s passed: a watchdog pass comes every millisecond, but a
+// loaded machine (a sanitizer build, other jobs) may not run the thread for a while.
+template <typename Pred>
+void waitUntil(Pred done) {
+  for (int waited = 0; waited < 5000 && !done(); waited += 5) sleepMs(5);
+}
+
 // A stalled stream holds the watchdog at its first unfinished collective: the 499 behind it
 // are never queried, however many passes the watchdog makes; another stream progresses
 // meanwhile. Once the stalled stream finishes, its 500 collectives retire on a few queries (the
@@ -180,6 +189,7 @@ void testOrderAndProgress() {
   for (int i = 0; i < 3; ++i) allreduce(comm, moving);
   fake().completeAll(moving);
   sleepMs(100);  // about a hundred watchdog passes
+  waitUntil([&] { return fake().seenDone(moving) == 3; });
   check(fake().unfinishedQueried(stalled) == 1,
         "the watchdog queried " + std::to_string(fake().unfinishedQueried(stalled)) +
             " unfinished collectives of a stalled stream; only its first should be");
@@ -193,9 +203,7 @@ void testOrderAndProgress() {
   const uint64_t retiring = fake().queries(stalled) - before;
   check(retiring <= 4, "retiring 500 finished collectives of one stream took " +
                            std::to_string(retiring) + " event queries; 2 should do");
-  check(fake().seenDone(stalled) == 500,
-        "the stalled stream's last collective was not seen "
-        "finished");
+  check(fake().seenDone(stalled) == 500, "the stalled stream's last collective was not seen");
   check(comm.isCompleted(), "isCompleted() is false with nothing outstanding");
 }
 
@@ -206,7 +214,7 @@ void testPartlyFinishedStream() {
   const cuda::Stream partly = streamNamed(0x40);
   for (int i = 0; i < 300; ++i) allreduce(comm, partly);
   fake().completeTo(partly, 137);
-  sleepMs(30);
+  waitUntil([&] { return fake().seenDone(partly) >= 137; });
   check(fake().seenDone(partly) == 137, "after 137 of 300 finished, the latest seen finished is " +
                                             std::to_string(fake().seenDone(partly)));
   check(!comm.isCompleted(), "isCompleted() is true with 163 collectives outstanding");
