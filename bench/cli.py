@@ -55,7 +55,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--algos",
         default=None,
         help="comma-separated algorithms (default: all that the mode can run, and in procs "
-        "mode for allreduce 'prepared': pycollective.prepare_allreduce, auto's choice made once)",
+        "mode for allreduce 'prepared': pycollective.prepare_allreduce, auto's choice made "
+        "once, and 'shared': the same on pycollective.shared_empty arrays)",
     )
     p.add_argument(
         "--transports",
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
     from . import ceilings as measure
     from . import inproc, procs
-    from .worker import PREPARED
+    from .worker import PREPARED, SHARED
 
     procs_mode = args.mode == "procs"
     world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         a for a in pc.algorithms() if a not in (IN_PROCESS_ONLY if procs_mode else PROCESSES_ONLY)
     ]
     if procs_mode and args.collective == "allreduce":
-        everything.append(PREPARED)  # pc.prepare_allreduce: auto, checked once
+        everything += [PREPARED, SHARED]  # pc.prepare_allreduce: auto, checked once
     algos = [a for a in (args.algos or ",".join(everything)).split(",") if a]
     unknown = set(algos) - set(everything)
     if unknown:

@@ -20,6 +20,8 @@ from .timing import summarize, time_interleaved
 
 #: The row of pycollective.prepare_allreduce: auto's choice, every check made once.
 PREPARED = "prepared"
+#: The same on pycollective.shared_empty arrays, which the ranks map from each other.
+SHARED = "shared"
 
 
 class PycollectiveBackend:
@@ -44,9 +46,13 @@ class PycollectiveBackend:
         pc = self.pc
         if self.new_outputs:
             out = None  # every call returns a new result array
-        if algo == PREPARED:
+        if algo in (PREPARED, SHARED):
             if collective != "allreduce":
                 raise ValueError("prepared calls run allreduce only")
+            if algo == SHARED:  # the same contents in shared arrays, prepared alike
+                x, x_private = pc.shared_empty(x.shape, x.dtype), x
+                x[...] = x_private
+                out = None if out is None else pc.shared_empty(out.shape, out.dtype)
             return pc.prepare_allreduce(x, op=op, out=out)
         if collective == "allreduce":
             return lambda: pc.allreduce(x, op=op, algo=algo, out=out)
@@ -229,8 +235,9 @@ BACKENDS = {
 
 
 def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> str | None:
-    """The algorithm auto ran (auto's row: the group's explain; the prepared row: its plan's)."""
-    if algo == PREPARED:
+    """The algorithm auto ran (auto's row: the group's explain; the prepared and shared rows:
+    their plan's)."""
+    if algo in (PREPARED, SHARED):
         return call.algorithm
     if algo == "auto":
         return backend.chosen(job["collective"], nbytes)

@@ -159,6 +159,10 @@ class Communicator:
         """
         Checks the call and settles its algorithm once; the caller keeps inp and out alive while the PreparedCollective is used.
         """
+    def prepare_mapped(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any, peer_in: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], peer_out: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], key: typing.SupportsInt | typing.SupportsIndex) -> PreparedCollective:
+        """
+        An allreduce prepared on buffers every group rank mapped: peer_in/peer_out hold each group rank's input and output at this process's addresses (its own among them), key is the plan's, the same on every rank. The caller keeps every mapping alive while the PreparedCollective is used.
+        """
     def run(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any) -> None:
         """
         Runs a collective now on this thread (after any queued async work); GIL released.

@@ -62,6 +62,7 @@ from pycollective.process_group import (
 )
 from pycollective.reduce_op import ReduceOp
 from pycollective.replica_group import ReplicaGroup
+from pycollective.shared_memory import shared_empty
 
 __version__ = _C.build_info()["version"]
 
@@ -98,6 +99,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "new_group",
+    "shared_empty",
     "prepare_allreduce",
     "rank",
     "reduce",

@@ -25,6 +25,7 @@ SUBSYSTEMS = {
     "pycollective": "INIT",
     "pycollective.rendezvous": "INIT",
     "pycollective.process_group": "COLL",
+    "pycollective.shared_memory": "COLL",
     "pycollective.tuning": "TUNING",
     "pycollective.transports": "TRANSPORT",
     "pycollective.grpc_transport": "TRANSPORT",

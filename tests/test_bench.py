@@ -112,14 +112,34 @@ def test_new_outputs_and_the_prepared_row(mode):
     mode the 'prepared' row (pycollective.prepare_allreduce) runs beside auto."""
     args = ["--mode", mode, "--world", "2", "-b", "4K", "-e", "2M", "-f", "512", "-n", "3"]
     if mode == "procs":
-        args += ["--peers", "", "--algos", "auto,prepared"]
+        args += ["--peers", "", "--algos", "auto,prepared,shared"]
     else:
         args += ["--algos", "auto,direct"]
     res = run(args + ["--new-outputs"])
     assert res.returncode == 0, res.stdout + res.stderr
     assert "all results correct" in res.stdout
     if mode == "procs":
-        assert " prepared " in res.stdout
+        assert " prepared " in res.stdout and " shared " in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_shared_row_runs_on_mapped_arrays(tmp_path):
+    """The 'shared' row: prepare_allreduce on pycollective.shared_empty arrays, which the ranks
+    map from each other (direct) from 16 KiB up; the summary sets auto beside the best row on
+    private buffers, and names the shared arrays' time apart."""
+    j = tmp_path / "r.json"
+    res = run(
+        ["--world", "2", "-b", "4K", "-e", "1M", "-f", "256", "-n", "3", "--peers", ""]
+        + ["--algos", "auto,prepared,shared", "--json", str(j)]
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    chose = {
+        r["nbytes"]: r["extra"]["chose"]
+        for r in json.loads(j.read_text())["rows"]
+        if r["algo"] == "shared"
+    }
+    assert chose[1 << 20] == "direct (shared arrays)" and "shared" not in chose[4096], chose
+    assert "all results correct" in res.stdout
 
 
 @pytest.mark.timeout(120)

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
@@ -33,6 +34,15 @@ struct PeerBuffer {
   size_t recvCount = 0;
 };
 
+// A prepared allreduce over buffers that every rank of a host maps (pycollective.shared_empty):
+// every group rank's input and output at this process's addresses, and a key that the ranks of
+// one plan share. direct reads and writes them in place of swapping addresses.
+struct MappedBuffers {
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  uint64_t key = 0;
+};
+
 struct CollectiveArgs {
   CollectiveKind kind = CollectiveKind::kAllreduce;
   const void* in = nullptr;
@@ -53,6 +63,8 @@ struct CollectiveArgs {
   WireFormat wire = WireFormat::kNative;
   // Pairwise kinds: one entry per group rank (owned by the caller for the whole call).
   const PeerBuffer* peers = nullptr;
+  // Allreduce prepared on mapped buffers (owned by the PreparedCollective), or nullptr.
+  const MappedBuffers* mapped = nullptr;
 };
 
 class Algorithm {

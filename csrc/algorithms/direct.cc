@@ -5,6 +5,10 @@
 // the memory-traffic floor of an allreduce. (NCCL's P2P read and "two-shot" all-reduce follow
 // the same idea.) Chunk r of every buffer is touched by rank r only, so in-place is safe; a
 // second round of messages keeps every rank in the call until all writes into its output ended.
+//
+// Processes of one host run it too when every rank's buffers are mapped into every rank (a call
+// prepared on pycollective.shared_empty arrays, CollectiveArgs::mapped): the addresses are
+// known from the preparation, and the first round carries the plan's key instead.
 #include <cstring>
 #include <vector>
 
@@ -39,6 +43,33 @@ std::vector<Buffers> swapAddresses(Exchange& ex, const CollectiveArgs& a) {
   return all;
 }
 
+// The entry of a call on mapped buffers: every rank's key must be this plan's. Ranks that
+// prepared several calls in different orders paired different plans; their keys differ, and
+// they fail here instead of reading and writing unrelated buffers.
+std::vector<Buffers> enterMapped(Exchange& ex, const MappedBuffers& m) {
+  const int n = ex.size(), r = ex.rank();
+  PC_ASSERT(m.in.size() == size_t(n) && m.out.size() == size_t(n), "mapped buffers for ",
+            m.in.size(), " ranks in a group of ", n);
+  std::vector<uint64_t> keys(n);
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    ex.send(p, &m.key, sizeof m.key);
+    ex.recv(p, &keys[p], sizeof keys[p]);
+  }
+  ex.waitAll();
+  std::vector<Buffers> all(n);
+  for (int p = 0; p < n; ++p) {
+    if (p != r && keys[p] != m.key)
+      throw ProtocolError(makeMessage(
+          "rank ", ex.group().globalRank(r), ": a prepared allreduce on shared arrays met rank ",
+          ex.group().globalRank(p), " running another prepared call (the ranks prepared their ",
+          "calls in different orders, or ran different plans); prepare and run the same calls "
+          "in the same order on every rank"));
+    all[p] = {static_cast<const char*>(m.in[p]), static_cast<char*>(m.out[p])};
+  }
+  return all;
+}
+
 // Exit barrier: a rank returns only after every peer finished writing into its output.
 void finish(Exchange& ex) {
   const int n = ex.size(), r = ex.rank();
@@ -68,7 +99,8 @@ class Direct : public Algorithm {
  public:
   const char* name() const override { return "direct"; }
 
-  std::string unsupported(const Group& g, const CollectiveArgs&) const override {
+  std::string unsupported(const Group& g, const CollectiveArgs& a) const override {
+    if (a.mapped != nullptr) return "";  // every peer's buffers are mapped here
     Group& mg = const_cast<Group&>(g);
     for (int p = 0; p < g.size(); ++p) {
       if (p == g.rank()) continue;
@@ -106,7 +138,7 @@ class Direct : public Algorithm {
   void run(Exchange& ex, const CollectiveArgs& a) const override {
     const int n = ex.size(), r = ex.rank();
     const size_t es = ex.elemSize();
-    std::vector<Buffers> all = swapAddresses(ex, a);
+    std::vector<Buffers> all = a.mapped ? enterMapped(ex, *a.mapped) : swapAddresses(ex, a);
     Chunks chunks(a.count, n);
     const size_t segElems = std::max<size_t>(1, ex.segmentBytes() / es);
     const size_t mine = chunks.offset(r), mineLen = chunks.size(r);

@@ -381,11 +381,26 @@ PreparedCollective::PreparedCollective(Communicator& comm, std::vector<int> memb
   algo_ = &chooseAlgorithm(group_, groupId_, args_, algo);
 }
 
+PreparedCollective::PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
+                                       const CollectiveArgs& args, MappedBuffers mapped)
+    : group_(comm, std::move(members)), groupId_(groupId), args_(args), mapped_(std::move(mapped)) {
+  PC_CHECK(args.kind == CollectiveKind::kAllreduce && args.wire == WireFormat::kNative &&
+               args.device < 0,
+           "a call on mapped buffers is a host allreduce without compression");
+  PC_CHECK(mapped_.in.size() == size_t(group_.size()) && mapped_.out.size() == mapped_.in.size(),
+           "mapped buffers name ", mapped_.in.size(), " inputs and ", mapped_.out.size(),
+           " outputs for a group of ", group_.size());
+  throwIfAborted(comm);
+  args_.mapped = &mapped_;
+  algo_ = &chooseAlgorithm(group_, groupId_, args_, "direct");
+}
+
 void PreparedCollective::run() {
   runWith(group_, groupId_, args_, *algo_);
 }
 
 void PreparedCollective::runOn(const void* in, void* out) {
+  PC_ASSERT(args_.mapped == nullptr, "a call on mapped buffers runs on those buffers only");
   CollectiveArgs a = args_;
   a.in = in;
   a.out = out;

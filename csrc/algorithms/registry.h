@@ -68,9 +68,14 @@ class PreparedCollective {
  public:
   PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
                      const CollectiveArgs& args, const std::string& algo);
+  // An allreduce over buffers every rank mapped (MappedBuffers): runs `direct` on them.
+  PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
+                     const CollectiveArgs& args, MappedBuffers mapped);
+  PreparedCollective(const PreparedCollective&) = delete;  // args_ may point at mapped_
+  PreparedCollective& operator=(const PreparedCollective&) = delete;
   // Runs the call on this thread (the caller orders it with the communicator's executor).
   void run();
-  // The same call on other buffers of the same size and type.
+  // The same call on other buffers of the same size and type (not for mapped buffers).
   void runOn(const void* in, void* out);
   const char* algorithm() const;
   Communicator& comm() { return group_.comm(); }
@@ -79,6 +84,7 @@ class PreparedCollective {
   Group group_;
   int groupId_;
   CollectiveArgs args_;
+  MappedBuffers mapped_;
   const Algorithm* algo_ = nullptr;
 };
 

@@ -245,6 +245,24 @@ void bindGroup(py::module_& m) {
           "Checks the call and settles its algorithm once; the caller keeps inp and out alive "
           "while the PreparedCollective is used.")
       .def(
+          "prepare_mapped",
+          [](Communicator& c, const CallSpec& spec, const GroupMembers& g, py::handle in,
+             py::handle out, const std::vector<uintptr_t>& peerIn,
+             const std::vector<uintptr_t>& peerOut, uint64_t key) {
+            MappedBuffers m;
+            m.key = key;
+            for (uintptr_t p : peerIn) m.in.push_back(reinterpret_cast<const void*>(p));
+            for (uintptr_t p : peerOut) m.out.push_back(reinterpret_cast<void*>(p));
+            return std::make_unique<PreparedCollective>(
+                c, g.ranks, g.groupId, spec.args(dataPointer(in), dataPointer(out)), std::move(m));
+          },
+          py::arg("spec"), py::arg("members"), py::arg("inp"), py::arg("out"), py::arg("peer_in"),
+          py::arg("peer_out"), py::arg("key"), py::keep_alive<0, 1>(),
+          "An allreduce prepared on buffers every group rank mapped: peer_in/peer_out hold each "
+          "group rank's input and output at this process's addresses (its own among them), key "
+          "is the plan's, the same on every rank. The caller keeps every mapping alive while "
+          "the PreparedCollective is used.")
+      .def(
           "exchange",
           [](Communicator& c, const CallSpec& spec, const GroupMembers& g,
              const std::vector<py::object>& sends, const std::vector<py::object>& recvs,
