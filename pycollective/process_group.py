@@ -49,12 +49,6 @@ _FLOAT32 = _C.enum_codes()["dtype"]["float32"]
 # exits; a grace of 0 cancels those calls, and a survivor's error would name only the lost
 # coordinator instead of the rank that failed.
 _NOTICE_GRACE_S = 0.5
-# A plan prepared with algo="auto" runs on the peers' shared arrays from this size up; below
-# it, the host segment's slots (one write and one wait) beat direct's two rounds of messages.
-# 2 ranks, plans back to back: direct on shared arrays 3.3 us at 8 B-2 KiB, 3.75 at 8 KiB, 4.2
-# at 16 KiB; auto on private buffers 1.9-2.3 us (slots), 3.2 (slots), 4.9 (halving-doubling).
-_SHARED_ARRAYS_FROM_BYTES = 16 << 10
-
 _log = logging.getLogger(__name__)
 
 
@@ -205,32 +199,41 @@ class ProcessGroup:
             call = Prepared(call.inp, result, call.buf)
         comm, members = self._world.comm, self._native_members
         try:
-            peers = self._map_shared_arrays(call, algo, compress, timeout)
-            if peers is None:
-                native = comm.prepare(spec, members, call.inp, call.out)
-            else:
+            # direct runs between processes on shared arrays only: its plan is made once they
+            # are mapped, or fails with direct's reason below.
+            native = None if algo == "direct" else comm.prepare(spec, members, call.inp, call.out)
+            # auto keeps the host segment's slots where they serve the call: one write and one
+            # wait beat direct's two rounds of messages (2 ranks, plans back to back: slots
+            # 1.9-3.2 us at 8 B-8 KiB, direct on shared arrays 3.3-3.75 us; 4 ranks at 16 KiB
+            # 4.8 against 6.7). Past the slots, direct wins (4 ranks at 32 KiB: 6.9 us against
+            # halving-doubling's 10.9).
+            wanted = compress is None and (
+                native is None or (algo == "auto" and native.algorithm != "slots")
+            )
+            peers = self._map_shared_arrays(call, wanted, timeout)
+            if peers is not None:
                 native = comm.prepare_mapped(
                     spec, members, call.inp, call.out, peers.inputs, peers.outputs, peers.key
                 )
+            elif native is None:
+                native = comm.prepare(spec, members, call.inp, call.out)
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
         return PreparedCall(native, call, self, peers)
 
     def _map_shared_arrays(
-        self, call: Prepared, algo: str, compress: str | None, timeout: float | None
+        self, call: Prepared, wanted: bool, timeout: float | None
     ) -> shared_memory.PeerMappings | None:
         """For a plan on one host: the ranks swap where their buffers are, and map each
-        other's when all of them are shared arrays (shared_memory.py); None where any rank's
-        are not, or any rank cannot map them. The same answer on every rank."""
+        other's when all of them are shared arrays (shared_memory.py) and every rank `wanted`
+        them; None where not, or where any rank cannot map them. The same answer on every
+        rank."""
         world = self._world
         links = {world.transports[m] for m in self.members if m != world.spec.rank}
         if links != {"shm"}:
             return None  # one host, linked by shared memory on every rank alike, or no exchange
         assert call.out is not None  # an allreduce has a result on every rank
         nbytes = call.inp.nbytes
-        wanted = compress is None and (
-            algo == "direct" or (algo == "auto" and nbytes >= _SHARED_ARRAYS_FROM_BYTES)
-        )
         addresses = (call.inp.ctypes.data, call.out.ctypes.data)
         row = shared_memory.describe(*addresses, nbytes) if wanted else shared_memory.empty_row()
         table = self.allgather(row, timeout=timeout).reshape(self.size, -1)

@@ -103,6 +103,9 @@ def _one_rank_not_shared(rank, n):
     plan = pc.prepare_allreduce(x, out=pc.shared_empty(100_000))
     y = plan()
     assert (y == n * (n + 1) / 2).all()
+    # direct between processes needs shared arrays on every rank: refused with the reason.
+    error = expect_error(lambda: pc.prepare_allreduce(np.ones(4), algo="direct"))
+    assert error[0] == "ValueError" and "pycollective.shared_empty" in error[1], error
     pc.barrier()
     pc.shutdown()
     return plan.algorithm

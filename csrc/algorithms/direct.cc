@@ -95,6 +95,10 @@ void reduceAll(Exchange& ex, const std::vector<Buffers>& all, char* acc, size_t 
   for (size_t p = 2; p < all.size(); ++p) ex.reduceLocal(acc, acc, all[p].in + at, bytes);
 }
 
+constexpr const char* kNeedsSharedMemory =
+    "it needs peers in this process (in-process replicas), or a call prepared on one host with "
+    "every rank's buffers from pycollective.shared_empty";
+
 class Direct : public Algorithm {
  public:
   const char* name() const override { return "direct"; }
@@ -105,11 +109,11 @@ class Direct : public Algorithm {
     for (int p = 0; p < g.size(); ++p) {
       if (p == g.rank()) continue;
       if (!g.comm().hasLink(g.globalRank(p)))
-        return "it needs peers in this process (in-process replicas); rank " +
-               std::to_string(g.globalRank(p)) + " has no link here";
+        return kNeedsSharedMemory + std::string("; rank ") + std::to_string(g.globalRank(p)) +
+               " has no link here";
       if (!mg.link(p).sharesMemory())
-        return "it needs peers in this process (in-process replicas); rank " +
-               std::to_string(g.globalRank(p)) + " is reached over " + mg.link(p).describe();
+        return kNeedsSharedMemory + std::string("; rank ") + std::to_string(g.globalRank(p)) +
+               " is reached over " + mg.link(p).describe();
     }
     return "";
   }
