@@ -63,3 +63,29 @@ def test_small_results_and_a_zero_cap_keep_nothing(monkeypatch):
     finally:
         monkeypatch.delenv("PYCOLLECTIVE_OUTPUT_POOL_BYTES")
         config.reload()
+
+
+@pytest.mark.timeout(60)
+def test_a_full_pool_gives_way_to_the_size_released_last(monkeypatch):
+    """A loop that moves on to larger results must not find the pool full of the sizes it no
+    longer asks for: the blocks released longest ago make room."""
+    from pycollective import config
+
+    comm = pc.LocalCommunicator(2)
+    earlier, later = (13 << 20) // 4, (15 << 20) // 4  # kept as 14 and 16 MiB blocks
+    monkeypatch.setenv("PYCOLLECTIVE_OUTPUT_POOL_BYTES", str(32 << 20))
+    config.reload()
+    try:
+        comm.allreduce([np.ones(earlier, np.float32)] * 2)  # the results are released at once
+        gc.collect()
+        assert _C.output_pool_cached_bytes() == 28 << 20  # older blocks of any size made room
+        ys = comm.allreduce([np.ones(later, np.float32)] * 2)
+        del ys
+        gc.collect()
+        assert _C.output_pool_cached_bytes() == 32 << 20  # the two 16 MiB blocks
+        zs = comm.allreduce([np.ones(later, np.float32)] * 2)
+        assert _C.output_pool_cached_bytes() == 0  # served from them: no page faults
+        assert all(np.all(z == 2.0) for z in zs)
+    finally:
+        monkeypatch.delenv("PYCOLLECTIVE_OUTPUT_POOL_BYTES")
+        config.reload()

@@ -31,7 +31,7 @@ void* OutputPool::take(size_t bytes, size_t* capacity) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.find(want);
     if (it != free_.end()) {
-      void* block = it->second;
+      void* block = it->second.block;
       free_.erase(it);
       cached_ -= want;
       *capacity = want;
@@ -54,14 +54,25 @@ void OutputPool::give(void* block, size_t capacity) noexcept {
       limit = knobs::integer(knobs::kOutputPoolBytes);
     } catch (...) {  // a malformed value was reported when the group was made; keep nothing
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (limit > 0 && cached_ + capacity <= static_cast<size_t>(limit)) {
-      free_.emplace(capacity, block);
+    if (limit > 0 && capacity <= static_cast<size_t>(limit)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (cached_ + capacity > static_cast<size_t>(limit)) evictOldest();
+      free_.emplace(capacity, Kept{block, releases_++});
       cached_ += capacity;
       return;
     }
   }
   munmap(block, capacity);
+}
+
+void OutputPool::evictOldest() {
+  // A linear scan: it runs only when the pool is full, over at most limit / 1 MiB blocks.
+  auto oldest = free_.begin();
+  for (auto it = free_.begin(); it != free_.end(); ++it)
+    if (it->second.released < oldest->second.released) oldest = it;
+  munmap(oldest->second.block, oldest->first);
+  cached_ -= oldest->first;
+  free_.erase(oldest);
 }
 
 size_t OutputPool::cachedBytes() {

@@ -3,10 +3,14 @@
 // page faults on first touch, and for a 64 MiB result they cost as much as the all-reduce
 // itself; a training loop asks for the same sizes every step. So blocks of at least
 // kMinPooledBytes that the user released come back here and serve the next request of the same
-// rounded size, up to PYCOLLECTIVE_OUTPUT_POOL_BYTES in all (the rest is unmapped). New blocks are
-// mapped with transparent huge pages requested (madvise), which this kind of kernel grants only
-// on request.
+// rounded size, up to PYCOLLECTIVE_OUTPUT_POOL_BYTES in all. A block released into a full pool
+// evicts the blocks released longest ago (unmapped), whatever their size: the sizes a loop
+// asks for now are the ones it released last, and blocks of sizes it no longer asks for must
+// not fill the pool (a benchmark's sweep up to 8 x 64 MiB results found it full of smaller
+// blocks, and every 64 MiB call page-faulted). New blocks are mapped with transparent huge pages
+// requested (madvise), which this kind of kernel grants only on request.
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 
@@ -28,9 +32,16 @@ class OutputPool {
 
  private:
   OutputPool() = default;
+  struct Kept {
+    void* block;
+    uint64_t released;  // when, in releases counted so far: the oldest goes first
+  };
+  void evictOldest();  // with mu_ held and something kept
+
   std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // capacity -> block
+  std::multimap<size_t, Kept> free_;  // capacity -> block
   size_t cached_ = 0;
+  uint64_t releases_ = 0;
 };
 
 }  // namespace pycollective
