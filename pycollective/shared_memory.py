@@ -130,7 +130,7 @@ class PeerMappings:
     own at their addresses); holds the mappings while the plan lives."""
 
     def __init__(self, table: np.ndarray, rank: int, own: tuple[int, int]) -> None:
-        self._maps: dict[tuple[int, int], mmap.mmap] = {}
+        self._maps: dict[tuple[int, ...], mmap.mmap] = {}
         self.inputs: list[int] = []
         self.outputs: list[int] = []
         for r, row in enumerate(table):
@@ -148,11 +148,18 @@ class PeerMappings:
 
     def _address(self, pid: int, place: np.ndarray) -> int:
         fd, device, inode, size, offset = (int(v) for v in place)
-        mem = self._maps.get((pid, fd))
+        key = (pid, fd, device, inode, size)
+        mem = self._maps.get(key) or _peer_maps.get(key)
         if mem is None:
-            mem = _map_peer(pid, fd, device, inode, size)
-            self._maps[(pid, fd)] = mem
+            mem = _map_peer(*key)
+            _peer_maps[key] = mem
+        self._maps[key] = mem
         return int(np.frombuffer(mem, np.uint8, count=1).ctypes.data) + offset
+
+
+# Peers' arrays mapped here, shared by every plan that uses them while any of them lives: each
+# mapping holds a file descriptor, and a training loop may prepare a plan per gradient bucket.
+_peer_maps: weakref.WeakValueDictionary[tuple[int, ...], mmap.mmap] = weakref.WeakValueDictionary()
 
 
 def _map_peer(pid: int, fd: int, device: int, inode: int, size: int) -> mmap.mmap:

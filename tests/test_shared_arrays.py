@@ -75,6 +75,13 @@ def _plans_on_shared_arrays(rank, n):
     y = pc.prepare_allreduce(x, algo="direct")()
     gathered = pc.allgather(y, algo="ring")
     assert all(np.array_equal(gathered[i], gathered[0]) for i in range(n))
+    # Plans on the same arrays share one mapping of each peer's (each holds a descriptor).
+    x = pc.shared_empty(1 << 16, np.float32)
+    x[...] = 1
+    fds = len(os.listdir("/proc/self/fd"))
+    plans = [pc.prepare_allreduce(x, inplace=True, algo="direct") for _ in range(20)]
+    assert len(os.listdir("/proc/self/fd")) - fds <= n - 1
+    assert all(p.algorithm == "direct (shared arrays)" for p in plans)
     pc.barrier()
     pc.shutdown()
     return checks
