@@ -25,21 +25,47 @@ def test_shared_empty_is_a_plain_array_that_outlives_nothing():
     x[...] = 7
     assert shared_memory.holds(x) and shared_memory.holds(x[1:])
     assert not shared_memory.holds(np.ones(4))
-    fds = len(os.listdir("/proc/self/fd"))
+    seg, _ = shared_memory._locate(x.ctypes.data, x.nbytes)
+    assert len(_descriptors_of(seg.device, seg.inode)) == 2  # its own and the mmap object's
     view = x[2]
     del x
     gc.collect()
     assert shared_memory.holds(view) and (view == 7).all()  # a view keeps the memory
     del view
     gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == fds - 2  # its file (and mmap's copy) closed
+    assert _descriptors_of(seg.device, seg.inode) == []  # closed with the last view
     assert pc.shared_empty(0, np.int8).size == 0
     with pytest.raises(ValueError, match="plain dtype"):
         pc.shared_empty(3, object)
 
 
+def _descriptors_of(device, inode):
+    """This process's open descriptors of one file."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            st = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own descriptor among them)
+            continue
+        if (st.st_dev, st.st_ino) == (device, inode):
+            found.append(fd)
+    return found
+
+
+def _shared_descriptors():
+    """This process's descriptors of shared arrays, its own and its peers'."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:pycollective-shared")
+        except OSError:
+            continue
+    return count
+
+
 def _plans_on_shared_arrays(rank, n):
     import pycollective as pc
+    from pycollective import shared_memory
 
     pc.init()
     checks = 0
@@ -66,7 +92,7 @@ def _plans_on_shared_arrays(rank, n):
     x[...] = rank + 1
     plan = pc.prepare_allreduce(x)
     y = plan()
-    assert shared_memory_holds(y) and (y == n * (n + 1) / 2).all()
+    assert shared_memory.holds(y) and (y == n * (n + 1) / 2).all()
     assert "shared" not in pc.prepare_allreduce(pc.shared_empty(16, np.float32)).algorithm
     # Every rank's result is the same to the bit (one rank reduces each chunk for everyone).
     xs = make_inputs("float32", "sum", n, 10_000, seed=3)
@@ -78,19 +104,14 @@ def _plans_on_shared_arrays(rank, n):
     # Plans on the same arrays share one mapping of each peer's (each holds a descriptor).
     x = pc.shared_empty(1 << 16, np.float32)
     x[...] = 1
-    fds = len(os.listdir("/proc/self/fd"))
+    gc.collect()  # earlier plans' mappings go first, not while counting
+    fds = _shared_descriptors()
     plans = [pc.prepare_allreduce(x, inplace=True, algo="direct") for _ in range(20)]
-    assert len(os.listdir("/proc/self/fd")) - fds <= n - 1
+    assert _shared_descriptors() - fds == n - 1
     assert all(p.algorithm == "direct (shared arrays)" for p in plans)
     pc.barrier()
     pc.shutdown()
     return checks
-
-
-def shared_memory_holds(a):
-    from pycollective import shared_memory
-
-    return shared_memory.holds(a)
 
 
 @pytest.mark.timeout(240)
