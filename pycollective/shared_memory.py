@@ -95,9 +95,12 @@ def _forget(base: int, fd: int) -> None:
 def _locate(address: int, nbytes: int) -> tuple[_Segment, int] | None:
     """The segment holding [address, address + nbytes) and the offset there, or None."""
     i = bisect.bisect_right(_bases, address) - 1
-    if i < 0:
+    try:  # a finalizer run by garbage collection may forget a segment between these two lines
+        seg = _segments.get(_bases[i]) if i >= 0 else None
+    except IndexError:
+        seg = None
+    if seg is None:
         return None
-    seg = _segments[_bases[i]]
     offset = address - seg.base
     return (seg, offset) if offset + nbytes <= seg.size else None
 
@@ -149,7 +152,9 @@ class PeerMappings:
     def _address(self, pid: int, place: np.ndarray) -> int:
         fd, device, inode, size, offset = (int(v) for v in place)
         key = (pid, fd, device, inode, size)
-        mem = self._maps.get(key) or _peer_maps.get(key)
+        mem = self._maps.get(key)
+        if mem is None:
+            mem = _peer_maps.get(key)
         if mem is None:
             mem = _map_peer(*key)
             _peer_maps[key] = mem
