@@ -189,7 +189,10 @@ class ProcessGroup:
         When the group's ranks share one host and every rank's ``x`` and ``out`` are
         :func:`pycollective.shared_empty` arrays, the ranks map each other's arrays here and
         each call reads and writes them directly (``plan.algorithm`` is then
-        ``"direct (shared arrays)"``); preparing is then a collective of the group."""
+        ``"direct (shared arrays)"``). To find out, a group of one host over shared memory
+        swaps a few bytes when it prepares with ``algo="direct"``, or with ``"auto"`` where
+        ``auto`` would not run the host slots: preparing is then a collective of the group,
+        like the calls."""
         if type(x).__module__ != "numpy" and is_device_tensor(x):
             raise TypeError(f"{self._where}: prepare_allreduce takes host tensors")
         call, spec = self._host_call("allreduce", x, op, algo, 0, inplace, out, timeout, compress)
@@ -207,48 +210,64 @@ class ProcessGroup:
             # 1.9-3.2 us at 8 B-8 KiB, direct on shared arrays 3.3-3.75 us; 4 ranks at 16 KiB
             # 4.8 against 6.7). Past the slots, direct wins (4 ranks at 32 KiB: 6.9 us against
             # halving-doubling's 10.9).
-            wanted = compress is None and (
+            eligible = compress is None and (
                 native is None or (algo == "auto" and native.algorithm != "slots")
             )
-            peers = self._map_shared_arrays(call, wanted, timeout)
+            peers, why_not = self._map_shared_arrays(call, timeout) if eligible else (None, "")
             if peers is not None:
                 native = comm.prepare_mapped(
                     spec, members, call.inp, call.out, peers.inputs, peers.outputs, peers.key
                 )
-            elif native is None:
+            elif native is None and why_not:
+                raise ValueError(
+                    f"{self._where}: algo='direct' between processes runs on shared arrays, "
+                    f"and {why_not}"
+                )
+            elif native is None:  # not one host over shared memory: direct's own reason
                 native = comm.prepare(spec, members, call.inp, call.out)
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
         return PreparedCall(native, call, self, peers)
 
     def _map_shared_arrays(
-        self, call: Prepared, wanted: bool, timeout: float | None
-    ) -> shared_memory.PeerMappings | None:
+        self, call: Prepared, timeout: float | None
+    ) -> tuple[shared_memory.PeerMappings | None, str]:
         """For a plan on one host: the ranks swap where their buffers are, and map each
-        other's when all of them are shared arrays (shared_memory.py) and every rank `wanted`
-        them; None where not, or where any rank cannot map them. The same answer on every
-        rank."""
+        other's when all of them are shared arrays (shared_memory.py). Returns the mappings,
+        or None and why not ("" where the group is not one host over shared memory, and no
+        rank exchanged anything). The same answer on every rank."""
         world = self._world
         links = {world.transports[m] for m in self.members if m != world.spec.rank}
         if links != {"shm"}:
-            return None  # one host, linked by shared memory on every rank alike, or no exchange
+            return None, ""  # every rank of the group sees the same links
         assert call.out is not None  # an allreduce has a result on every rank
-        nbytes = call.inp.nbytes
         addresses = (call.inp.ctypes.data, call.out.ctypes.data)
-        row = shared_memory.describe(*addresses, nbytes) if wanted else shared_memory.empty_row()
+        row = shared_memory.describe(*addresses, call.inp.nbytes)
         table = self.allgather(row, timeout=timeout).reshape(self.size, -1)
+        private = [self.members[r] for r in range(self.size) if table[r, 0] == 0]
+        if private:
+            return None, (
+                f"the input or output of rank(s) {private} is not a pycollective.shared_empty array"
+            )
+        if not (table[:, 1] == table[0, 1]).all():
+            return None, "the ranks prepared calls of different sizes"
         peers = None
-        if shared_memory.plan_rows_agree(table):
-            try:
-                peers = shared_memory.PeerMappings(table, self.rank, addresses)
-            except OSError as exc:
-                _log.info(
-                    "%s: cannot map a peer's shared array (%s); the plan copies", self._where, exc
-                )
-        everyone = self.allreduce(
-            np.array([peers is not None], np.int32), op="min", timeout=timeout
-        )
-        return peers if everyone[0] else None
+        try:
+            peers = shared_memory.PeerMappings(table, self.rank, addresses)
+        except OSError as exc:
+            _log.warning(
+                "%s: cannot map a peer's shared array (%s); every rank's plan copies instead",
+                self._where,
+                exc,
+            )
+        mapped = self.allgather(np.array([peers is not None], np.int32), timeout=timeout)
+        failed = [self.members[r] for r in range(self.size) if not mapped[r, 0]]
+        if failed:
+            return None, (
+                f"rank(s) {failed} could not map a peer's shared array (their log says why: "
+                "the ranks must see each other's processes, on one host, in one PID namespace)"
+            )
+        return peers, ""
 
     def allreduce_async(
         self,

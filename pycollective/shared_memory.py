@@ -41,6 +41,10 @@ class _Segment:
     fd: int
     device: int
     inode: int
+    # None once the mapping is being freed: CPython unmaps an mmap (with the GIL released)
+    # before the finalizer below forgets the segment, and meanwhile another thread may get the
+    # same addresses for other memory. A dying object's weak reference already reads None.
+    alive: weakref.ref[mmap.mmap]
 
 
 # This process's segments by base address (sorted), for finding which one holds a buffer.
@@ -78,14 +82,16 @@ def shared_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.nd
     st = os.fstat(fd)
     base = int(np.frombuffer(mem, np.uint8, count=1).ctypes.data)
     bisect.insort(_bases, base)
-    _segments[base] = _Segment(base, size, fd, st.st_dev, st.st_ino)
+    _segments[base] = _Segment(base, size, fd, st.st_dev, st.st_ino, weakref.ref(mem))
     weakref.finalize(mem, _forget, base, fd)
     return array
 
 
 def _forget(base: int, fd: int) -> None:
     """The array's memory is gone here (peers' mappings keep their own reference)."""
-    _segments.pop(base, None)
+    seg = _segments.get(base)
+    if seg is not None and seg.fd == fd:  # not a newer array mapped at the same address
+        del _segments[base]
     i = bisect.bisect_left(_bases, base)
     if i < len(_bases) and _bases[i] == base:
         del _bases[i]
@@ -99,7 +105,7 @@ def _locate(address: int, nbytes: int) -> tuple[_Segment, int] | None:
         seg = _segments.get(_bases[i]) if i >= 0 else None
     except IndexError:
         seg = None
-    if seg is None:
+    if seg is None or seg.alive() is None:
         return None
     offset = address - seg.base
     return (seg, offset) if offset + nbytes <= seg.size else None
@@ -110,15 +116,10 @@ def holds(array: np.ndarray) -> bool:
     return _locate(array.ctypes.data, array.nbytes) is not None
 
 
-def empty_row() -> np.ndarray:
-    """The row of a rank whose call does not run on shared arrays."""
-    return np.zeros(_FIELDS, np.int64)
-
-
 def describe(in_address: int, out_address: int, nbytes: int) -> np.ndarray:
     """This rank's row of the table exchanged at preparation: where its input and output live,
     or zeros (pid 0) when either is not in a shared array."""
-    row = empty_row()
+    row = np.zeros(_FIELDS, np.int64)
     places = [_locate(in_address, nbytes), _locate(out_address, nbytes)]
     if nbytes == 0 or None in places:
         return row
@@ -178,8 +179,3 @@ def _map_peer(pid: int, fd: int, device: int, inode: int, size: int) -> mmap.mma
         return mmap.mmap(peer_fd, size)
     finally:
         os.close(peer_fd)
-
-
-def plan_rows_agree(table: np.ndarray) -> bool:
-    """Whether every rank described shared buffers for a call of the same size."""
-    return bool((table[:, 0] > 0).all() and (table[:, 1] == table[0, 1]).all())

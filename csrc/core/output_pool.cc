@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <new>
+#include <utility>
 
 #include "core/knobs.h"
 
@@ -55,8 +56,13 @@ void OutputPool::give(void* block, size_t capacity) noexcept {
     } catch (...) {  // a malformed value was reported when the group was made; keep nothing
     }
     if (limit > 0 && capacity <= static_cast<size_t>(limit)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      while (cached_ + capacity > static_cast<size_t>(limit)) evictOldest();
+      std::unique_lock<std::mutex> lock(mu_);
+      while (cached_ + capacity > static_cast<size_t>(limit)) {
+        const std::pair<void*, size_t> evicted = takeOldest();
+        lock.unlock();  // unmapping 64 MiB takes a while: other threads' take() need not wait
+        munmap(evicted.first, evicted.second);
+        lock.lock();
+      }
       free_.emplace(capacity, Kept{block, releases_++});
       cached_ += capacity;
       return;
@@ -65,14 +71,15 @@ void OutputPool::give(void* block, size_t capacity) noexcept {
   munmap(block, capacity);
 }
 
-void OutputPool::evictOldest() {
+std::pair<void*, size_t> OutputPool::takeOldest() {
   // A linear scan: it runs only when the pool is full, over at most limit / 1 MiB blocks.
   auto oldest = free_.begin();
   for (auto it = free_.begin(); it != free_.end(); ++it)
     if (it->second.released < oldest->second.released) oldest = it;
-  munmap(oldest->second.block, oldest->first);
+  const std::pair<void*, size_t> taken{oldest->second.block, oldest->first};
   cached_ -= oldest->first;
   free_.erase(oldest);
+  return taken;
 }
 
 size_t OutputPool::cachedBytes() {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 
 namespace pycollective {
 
@@ -36,7 +37,9 @@ class OutputPool {
     void* block;
     uint64_t released;  // when, in releases counted so far: the oldest goes first
   };
-  void evictOldest();  // with mu_ held and something kept
+  // The block released longest ago, out of the pool (the caller unmaps it); with mu_ held and
+  // something kept.
+  std::pair<void*, size_t> takeOldest();
 
   std::mutex mu_;
   std::multimap<size_t, Kept> free_;  // capacity -> block
