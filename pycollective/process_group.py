@@ -256,7 +256,7 @@ class ProcessGroup:
             peers = shared_memory.PeerMappings(table, self.rank, addresses)
         except OSError as exc:
             _log.warning(
-                "%s: cannot map a peer's shared array (%s); every rank's plan copies instead",
+                "%s: cannot map a peer's shared array (%s); no rank's plan runs on shared arrays",
                 self._where,
                 exc,
             )
