@@ -28,19 +28,26 @@ struct Buffers {
   char* out;
 };
 
-// Every rank's buffers, learned by an all-to-all of addresses (this is also the entry barrier:
-// nobody touches a peer's memory before the peer has entered the call).
-std::vector<Buffers> swapAddresses(Exchange& ex, const CollectiveArgs& a) {
+// One round in which every rank sends `mine` to every peer and gets theirs (index = group
+// rank; this rank's own entry is `mine`). Each of direct's synchronisations is one such round.
+template <typename T>
+std::vector<T> swapWithPeers(Exchange& ex, const T& mine) {
   const int n = ex.size(), r = ex.rank();
-  std::vector<Buffers> all(n);
-  all[r] = {static_cast<const char*>(a.in), static_cast<char*>(a.out)};
+  std::vector<T> all(n);
+  all[r] = mine;
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
-    ex.send(p, &all[r], sizeof(Buffers));
-    ex.recv(p, &all[p], sizeof(Buffers));
+    ex.send(p, &all[r], sizeof(T));
+    ex.recv(p, &all[p], sizeof(T));
   }
   ex.waitAll();
   return all;
+}
+
+// Every rank's buffers, learned by an all-to-all of addresses (this is also the entry barrier:
+// nobody touches a peer's memory before the peer has entered the call).
+std::vector<Buffers> swapAddresses(Exchange& ex, const CollectiveArgs& a) {
+  return swapWithPeers(ex, Buffers{static_cast<const char*>(a.in), static_cast<char*>(a.out)});
 }
 
 // The entry of a call on mapped buffers: every rank's key must be this plan's. Ranks that
@@ -50,16 +57,10 @@ std::vector<Buffers> enterMapped(Exchange& ex, const MappedBuffers& m) {
   const int n = ex.size(), r = ex.rank();
   PC_ASSERT(m.in.size() == size_t(n) && m.out.size() == size_t(n), "mapped buffers for ",
             m.in.size(), " ranks in a group of ", n);
-  std::vector<uint64_t> keys(n);
-  for (int p = 0; p < n; ++p) {
-    if (p == r) continue;
-    ex.send(p, &m.key, sizeof m.key);
-    ex.recv(p, &keys[p], sizeof keys[p]);
-  }
-  ex.waitAll();
+  const std::vector<uint64_t> keys = swapWithPeers(ex, m.key);
   std::vector<Buffers> all(n);
   for (int p = 0; p < n; ++p) {
-    if (p != r && keys[p] != m.key)
+    if (keys[p] != m.key)
       throw ProtocolError(makeMessage(
           "rank ", ex.group().globalRank(r), ": a prepared allreduce on shared arrays met rank ",
           ex.group().globalRank(p), " running another prepared call (the ranks prepared their ",
@@ -72,15 +73,7 @@ std::vector<Buffers> enterMapped(Exchange& ex, const MappedBuffers& m) {
 
 // Exit barrier: a rank returns only after every peer finished writing into its output.
 void finish(Exchange& ex) {
-  const int n = ex.size(), r = ex.rank();
-  char token = 1;
-  std::vector<char> tokens(n);
-  for (int p = 0; p < n; ++p) {
-    if (p == r) continue;
-    ex.send(p, &token, 1);
-    ex.recv(p, &tokens[p], 1);
-  }
-  ex.waitAll();
+  swapWithPeers(ex, char{1});
 }
 
 // acc = in_0 OP in_1 OP ... OP in_{n-1} over [off, off+len) elements, in rank order.
