@@ -6,6 +6,7 @@
 #include "algorithms/registry.h"
 #include "bindings/bindings.h"
 #include "config.h"
+#include "core/cache_probe.h"
 #include "core/error.h"
 #include "core/knobs.h"
 #include "core/logging.h"
@@ -93,6 +94,19 @@ void bindInfo(py::module_& m) {
       },
       py::arg("bytes_per_thread"), py::arg("threads"), py::arg("reps") = 3,
       "Bytes read+written per second when `threads` threads each copy a private buffer.");
+  m.def(
+      "cache_resident_bytes",
+      [] {
+        py::gil_scoped_release release;
+        return cacheResidentBytes();
+      },
+      "Bytes a call may read and write in all and still count as in cache for in-process auto "
+      "(PYCOLLECTIVE_CACHE_BYTES, else measured once per process).");
+  m.def("line_with_reported_cache", &lineWithReportedCache, py::arg("measured_line"),
+        py::arg("reported_bytes"),
+        "The in-cache line from the probe's measured line and the cache size the OS reports.");
+  m.def("parse_cache_size", &parseCacheSize, py::arg("text"),
+        "A cache size as /sys writes it ('32768K') in bytes; 0 for text it cannot read.");
 
   // Reduces b into a in place (numpy-free kernel access for tests and the parameter server).
   m.def(

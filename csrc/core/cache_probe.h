@@ -5,14 +5,24 @@
 // 32 MiB; a 2-vCPU Xeon VM reports 480 MiB and keeps 2 MiB (its L2), copies of larger working
 // sets running at memory speed.
 #include <cstddef>
+#include <string>
 
 namespace pycollective {
 
 // PYCOLLECTIVE_CACHE_BYTES if set, else measured once per process (about 80 ms, a 64 MiB
-// buffer held meanwhile): the largest working set from 1 MiB to 16 MiB, doubling, whose
-// read-and-write pass still runs at 1.5x the speed of the faster of a 32 and a 64 MiB one. Only
-// in-process groups use it (one process decides for every replica); groups across processes keep
-// the fixed line, which every rank then shares.
+// buffer held meanwhile): the last-level cache the OS reports, when it is 8-64 MiB and a
+// read-and-write pass of a quarter or an eighth of it runs 1.3x the speed of the faster of a 32
+// and a 64 MiB one; else the largest working set from 1 MiB to 16 MiB, doubling, whose pass
+// still runs 1.5x as fast, or the reported cache where that reaches 16 MiB
+// (lineWithReportedCache). Only in-process groups use it (one process decides for every
+// replica); groups across processes keep the fixed line, which every rank then shares.
 size_t cacheResidentBytes();
+
+// The line from the probe's `measuredLine` and the cache size the OS reports (0: none).
+size_t lineWithReportedCache(size_t measuredLine, size_t reportedBytes);
+
+// A cache size as /sys/devices/system/cpu/cpu*/cache/index*/size writes it ("32768K"), in
+// bytes; 0 for text it cannot read.
+size_t parseCacheSize(const std::string& text);
 
 }  // namespace pycollective
