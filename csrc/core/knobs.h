@@ -21,7 +21,8 @@ namespace knobs {
     "Threads one large reduction may use (0: automatic).")                                        \
   X(kCacheBytes, "PYCOLLECTIVE_CACHE_BYTES", "int", "0",                                          \
     "Working set (bytes read and written) up to which in-process auto counts a call as in cache " \
-    "(0: measured once per process).")                                                            \
+    "(0: measured once per process: the last-level cache the OS reports, 8-64 MiB, when a pass "  \
+    "over part of it confirms it, else a walk from 1 to 16 MiB).")                                \
   X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
     "Log level: NONE, WARN, INFO (algorithm choices, links) or TRACE.")                           \
   X(kDebugSubsys, "PYCOLLECTIVE_DEBUG_SUBSYS", "str", "ALL",                                      \
