@@ -83,8 +83,8 @@ size_t measure() {
         std::max(passRate(buffer.get(), reported / 4), passRate(buffer.get(), reported / 8));
     if (inCache >= kReportConfirmSpeedup * reference) {
       PC_INFO(kColl, "cache model: working sets up to ", reported >> 20,
-              " MiB count as in cache (the last-level cache the OS reports; a pass of a quarter "
-              "of it ran ",
+              " MiB count as in cache (the last-level cache the OS reports; a pass over an "
+              "eighth or a quarter of it ran ",
               inCache / reference, "x the faster of a 32 and a 64 MiB pass)");
       return reported;
     }
