@@ -1,6 +1,5 @@
 #include "local/inline_collective.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "algorithms/chunking.h"
@@ -53,28 +52,25 @@ const char* reduceAll(const std::vector<CollectiveArgs>& args, void* dst, std::v
 
 }  // namespace
 
-double inlineCost(const std::vector<CollectiveArgs>& args, double groupLine) {
+double inlineCost(const std::vector<CollectiveArgs>& args) {
   // One thread streaming through buffers that mostly sit in cache: ~38 GB/s of reads plus
   // writes measured for 4 x 1 MiB on a 2-vCPU EPYC VM, falling to ~20 GB/s at 4 x 4 MiB (out
   // of cache, where the threaded algorithms win). 25 GB/s puts the switch between the two.
   // Beyond that one thread gets far less (14.5 GB/s for a 64 MiB float32 sum of two arrays
   // into a third, 2026-12-02; 2 replicas x 4 MiB inline ran at 17 GB/s, 1.4x `direct`), while
-  // the threaded algorithms spread the passes over every core: charge 12 GB/s above oneThreadLine
+  // the threaded algorithms spread the passes over every core: charge 12 GB/s above kCacheBytes
   // of traffic.
   constexpr double kInCacheSecondsPerByte = 1.0 / 25e9;
   constexpr double kOutOfCacheSecondsPerByte = 1.0 / 12e9;
   // One thread's working set, hence smaller than the whole call's line in algorithms/
-  // cache_model.h, where every core's share of L3 and its own L2 hold the buffers: half the
-  // group's line, from 12 to 16 MiB. Placed by measurement: 12 MiB of traffic still ran at
-  // in-cache rates (3 replicas x 2 MiB inline: 305 us, 41 GB/s, against `direct`'s 312), while
-  // at 8 MiB the model sent such calls to the threaded algorithms, 1.26x-1.38x slower than
-  // `inline` with new outputs. At least 12 MiB: on a Xeon VM whose line measures 2 MiB,
-  // `inline` stayed ahead up to 8-16 MiB of traffic (8 replicas x 512 KiB: 346 us against
-  // `direct`'s 569; 4 x 2 MiB: 1005 against 921, and 925-954 against 446-470 in another run).
-  // 16 MiB where the line is 32 (the EPYC VM's L3): 16 MiB of traffic ran inline at 29-36
-  // GB/s there, and 7-8 replicas x 1 MiB ran 1.22x-1.42x faster inline than as `auto` chose
-  // with a 12 MiB line. Not beyond: 8 x 2 MiB (32 MiB) ran `inline` 1.3x behind `direct`.
-  const double oneThreadLine = std::clamp(groupLine / 2, 12.0 * (1 << 20), 16.0 * (1 << 20));
+  // cache_model.h, where every core's share of L3 and its own L2 hold the buffers. Placed by
+  // measurement: 12 MiB of traffic still ran at in-cache rates (3 replicas x 2 MiB inline:
+  // 305 us, 41 GB/s, against `direct`'s 312), while at 8 MiB the model sent such calls to the
+  // threaded algorithms, 1.26x-1.38x slower than `inline` with new outputs. Not the group's
+  // line (Communicator::cacheBytes): on a Xeon VM whose line measures 2 MiB, `inline` stayed
+  // ahead up to 8-16 MiB of traffic (8 replicas x 512 KiB: 346 us against `direct`'s 569;
+  // 4 x 2 MiB: 1005 against 921).
+  constexpr double kCacheBytes = 12 << 20;
   const CollectiveArgs& a = args[0];
   const double n = static_cast<double>(args.size());
   const double S = static_cast<double>(a.count * elementSize(a.dtype));
@@ -87,7 +83,7 @@ double inlineCost(const std::vector<CollectiveArgs>& args, double groupLine) {
     case CollectiveKind::kBroadcast: traffic = (n + 1) * S; break;
     default: return 0;
   }
-  return traffic * (traffic > oneThreadLine ? kOutOfCacheSecondsPerByte : kInCacheSecondsPerByte);
+  return traffic * (traffic > kCacheBytes ? kOutOfCacheSecondsPerByte : kInCacheSecondsPerByte);
 }
 
 void runInline(const std::vector<CollectiveArgs>& args) {

@@ -10,9 +10,8 @@
 namespace pycollective {
 
 // Model seconds of the inline run: one thread reads every input (reducing as it goes) and
-// writes every output. `groupLine` is the group's in-cache line (Communicator::cacheBytes).
-// (`pycollective tune` measures it against the threaded algorithms.)
-double inlineCost(const std::vector<CollectiveArgs>& args, double groupLine);
+// writes every output. (`pycollective tune` measures it against the threaded algorithms.)
+double inlineCost(const std::vector<CollectiveArgs>& args);
 
 // Runs the collective described by args (replica r's call in args[r]) on this thread. Host
 // buffers only. Reductions sum in replica order, as `direct` and `reduce_to_one` do (the ring

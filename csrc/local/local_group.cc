@@ -165,7 +165,7 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
   if (const TunedChoice* t = tunedEntry(group, args[0]))
     best = t->algo == kInlineAlgorithm;
   else
-    best = inlineCost(args, first.cacheBytes()) < bestModelCost(group, args[0]);
+    best = inlineCost(args) < bestModelCost(group, args[0]);
   first.autoChoices().remember(shape, best ? 1 : 0, epoch);
   return best;
 }
