@@ -144,8 +144,16 @@ _ECHO_SERVER = textwrap.dedent(
 
 _ECHO_CLIENT = textwrap.dedent(
     """
-    import json, socket, sys, time
-    c = socket.create_connection((sys.argv[1], 5555), timeout=30)
+    import json, socket, sys, threading, time
+    deadline = time.monotonic() + 30
+    while True:  # the server's interpreter may still be starting on a loaded machine
+        try:
+            c = socket.create_connection((sys.argv[1], 5555), timeout=30)
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     payload = bytes(range(256)) * 4096  # 1 MiB, many packets: some are dropped and resent
     rtts, echoed = [], bytearray()
@@ -154,9 +162,18 @@ _ECHO_CLIENT = textwrap.dedent(
         c.sendall(b"x")
         c.recv(1)
         rtts.append(time.monotonic() - t)
+    def read_echo():
+        while len(echoed) < len(payload):
+            data = c.recv(1 << 16)
+            if not data:
+                break  # the server left: the check of the bytes fails below
+            echoed.extend(data)
+    # Read while sending: a 1 MiB echo sent whole before reading can fill both ends' buffers
+    # and stall until the timeout (a CI run met it after 30 s).
+    reader = threading.Thread(target=read_echo)
+    reader.start()
     c.sendall(payload)
-    while len(echoed) < len(payload):
-        echoed += c.recv(1 << 16)
+    reader.join()
     print(json.dumps({"min_rtt": min(rtts), "intact": bytes(echoed) == payload}))
     """
 )
@@ -178,14 +195,14 @@ def test_impaired_links_drop_and_delay_then_restore():
         try:
             time.sleep(0.5)
             with ImpairedLinks(cluster, [0, 1], loss=0.05, delay_s=0.01, seed=1) as links:
-                out = subprocess.run(
+                client = subprocess.run(
                     cluster.in_host(0, [sys.executable, "-c", _ECHO_CLIENT, cluster.address(1)]),
                     capture_output=True,
                     text=True,
                     timeout=90,
-                    check=True,
-                ).stdout
-            got = json.loads(out)
+                )
+            assert client.returncode == 0, client.stderr
+            got = json.loads(client.stdout)
             assert got["intact"], got
             assert got["min_rtt"] >= 0.02, got  # 10 ms on each host's way out
             assert links.counts["dropped"] > 0 and links.counts["delayed"] > 0, links.counts
