@@ -80,6 +80,11 @@ class LocalGroup:
     def set_tuned(self, table: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, str]]) -> None:
         ...
     @property
+    def auto_trial_calls(self) -> int:
+        """
+        The most calls of one shape algo='auto' times before it settles.
+        """
+    @property
     def num_workers(self) -> int:
         ...
     @property

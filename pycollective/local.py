@@ -30,6 +30,14 @@ class LocalCommunicator:
 
     Every method takes one tensor per replica (a list of length ``num_replicas``) and returns
     one result per replica. Every replica's result is bitwise identical to the others'.
+
+    ``algo="auto"`` (the default) starts from the cost model and then measures: the first
+    calls of each shape (collective, size, dtype, op) time the algorithms the model prices near
+    its best, in turn; later calls run the fastest, and now and then another, so that the choice
+    follows the machine (``explain`` shows the times). At most ``auto_trial_calls`` calls per
+    shape go to the first trial. ``PYCOLLECTIVE_AUTO_TRIALS=0`` keeps
+    the model's choice alone, the same on every run (with 3 or more replicas the algorithms sum
+    floats in different orders, so a measured choice can change the last bits between runs).
     """
 
     def __init__(
@@ -49,6 +57,8 @@ class LocalCommunicator:
             self._group.set_tuned(tuned.table("inproc", num_replicas))
         self.num_replicas = num_replicas
         self.group_size = group_size or num_replicas
+        #: the most calls of one shape that ``algo="auto"`` spends timing candidates
+        self.auto_trial_calls: int = self._group.auto_trial_calls
 
     def __repr__(self) -> str:
         return f"LocalCommunicator({self.num_replicas})"
@@ -123,7 +133,8 @@ class LocalCommunicator:
         return self._run("reduce", tensors, op, algo, root, inplace, timeout, out)
 
     def explain(self, collective: str, nbytes: int, dtype: str = "float32") -> str:
-        """The algorithm ``algo="auto"`` picks for a call of this size, with the model's costs."""
+        """The algorithm ``algo="auto"`` runs for a call of this size, and why: its trial's
+        times once calls of this shape have run, else the model's pick and costs."""
         from pycollective.tensors import DTYPE_NAMES
 
         code = {v: k for k, v in DTYPE_NAMES.items()}[dtype]

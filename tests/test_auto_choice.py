@@ -1,6 +1,8 @@
-"""algo="auto" against measurement: for in-process worlds at small sizes, the algorithm the
-model picks is timed against every other one on this machine, interleaved, and must not be far
-behind the fastest.
+"""algo="auto" against measurement: for in-process worlds at small sizes, auto's settled choice
+(after its trial of the model's candidates, pycollective/local.py) and the model's own pick are
+timed against every other algorithm on this machine, interleaved. auto must not be far behind
+the fastest; the model, which only proposes the candidates now, must not be more than its
+candidate window (2x) behind.
 
 The bound is 1.5x, not the 1.15x the benchmark aims for: this runs under pytest on a shared
 machine, where a slow phase landing on one algorithm's samples moves a figure by tens of
@@ -22,6 +24,9 @@ import pytest
 import pycollective as pc
 
 BOUND = 1.5
+#: the model's pick may be this far behind: the trial times what the model prices within 2x of
+#: its best, so a model further off than that is what it could not rescue
+MODEL_BOUND = 2.0
 SIZES = [8, 512, 4096, 65536, 262144, 2 << 20]
 
 
@@ -45,14 +50,21 @@ def test_auto_is_near_the_fastest_algorithm_at_small_sizes(world):
     for nbytes in SIZES:
         xs = [np.full(nbytes // 4, float(r), np.float32) for r in range(world)]
         outs = [np.empty_like(x) for x in xs]
-        chosen = comm.explain("allreduce", nbytes).split()[0]
-        assert chosen in algos, chosen
+        model = comm.explain("allreduce", nbytes).split()[0]  # before any call: the model's
+        assert model in algos, model
         calls = {a: (lambda a=a: comm.allreduce(xs, algo=a, out=outs)) for a in algos}
+        calls["auto"] = lambda: comm.allreduce(xs, out=outs)
+        for _ in range(comm.auto_trial_calls):  # auto's trial: it settles on its choice
+            calls["auto"]()
         for call in calls.values():  # warm up, and every algorithm is right
             call()
             assert all(np.all(o == world * (world - 1) / 2) for o in outs)
+        settled = comm.explain("allreduce", nbytes)
         best = _fastest_seconds(calls)
-        fastest = min(best, key=best.get)
-        ratio = best[chosen] / best[fastest]
-        report.append(f"{nbytes} B: auto runs {chosen}, {ratio:.2f}x the fastest ({fastest})")
-        assert ratio <= BOUND, "\n".join(report)
+        fastest = min(algos, key=best.get)
+        ratio, model_ratio = best["auto"] / best[fastest], best[model] / best[fastest]
+        report.append(
+            f"{nbytes} B: auto {ratio:.2f}x the fastest ({fastest}), the model's {model} "
+            f"{model_ratio:.2f}x; auto: {settled}"
+        )
+        assert ratio <= BOUND and model_ratio <= MODEL_BOUND, "\n".join(report)

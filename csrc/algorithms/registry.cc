@@ -281,6 +281,13 @@ double bestModelCost(const Group& group, const CollectiveArgs& args) {
   return c.algo != nullptr ? c.algo->cost(group, args) : std::numeric_limits<double>::infinity();
 }
 
+std::vector<PricedAlgorithm> modelCosts(const Group& group, const CollectiveArgs& args) {
+  std::vector<PricedAlgorithm> priced;
+  for (const Algorithm* a : registry())
+    if (whyNot(a, group, args).empty()) priced.push_back({a->name(), a->cost(group, args)});
+  return priced;
+}
+
 std::vector<std::string> algorithmNames() {
   std::vector<std::string> names;
   // pairwise is left out: it runs only alltoall, gather, scatter and send/recv, which choose it

@@ -21,6 +21,12 @@ constexpr const char* kInlineAlgorithm = "inline";
 const TunedChoice* tunedEntry(const Group& group, const CollectiveArgs& args);
 // The model's cost of the algorithm algo="auto" would pick by the model.
 double bestModelCost(const Group& group, const CollectiveArgs& args);
+// Every algorithm that can run the call, with the model's cost, in registry order.
+struct PricedAlgorithm {
+  const char* name;
+  double seconds;
+};
+std::vector<PricedAlgorithm> modelCosts(const Group& group, const CollectiveArgs& args);
 // Name of the algorithm with this wire index ("?" if unknown).
 const char* algorithmName(uint8_t index);
 
@@ -49,6 +55,7 @@ void checkCompressible(const std::string& who, const CollectiveArgs& args);
 enum AutoQuestion : int {
   kWhichAlgorithm = 1,  // answer: the algorithm's registry index
   kInlineBeatsAll = 2,  // answer: 1 if a LocalGroup's inline path beats every algorithm, else 0
+  kMeasuredTrial = 3,   // a LocalGroup's trial of the model's candidates (local/measured_choice.h)
 };
 CallShape callShape(AutoQuestion question, const Group& group, int groupId,
                     const CollectiveArgs& args);

@@ -33,6 +33,8 @@ void bindLocal(py::module_& m) {
           "all-reduce only.")
       .def_property_readonly("size", &LocalGroup::size)
       .def_property_readonly("num_workers", &LocalGroup::numWorkers)
+      .def_property_readonly("auto_trial_calls", &LocalGroup::autoTrialCalls,
+                             "The most calls of one shape algo='auto' times before it settles.")
       .def(
           "abort", [](LocalGroup& g, const std::string& reason) { g.abort(reason); },
           py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")

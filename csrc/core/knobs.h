@@ -23,6 +23,10 @@ namespace knobs {
     "Working set (bytes read and written) up to which in-process auto counts a call as in cache " \
     "(0: measured once per process: the last-level cache the OS reports, 8-64 MiB, when a pass "  \
     "over part of it confirms it, else a walk from 1 to 16 MiB).")                                \
+  X(kAutoTrials, "PYCOLLECTIVE_AUTO_TRIALS", "int", "2",                                          \
+    "In-process auto times each algorithm the model prices near its best (within 2x, at most "    \
+    "4) on this many calls of a shape, runs the fastest and keeps timing it against the others "  \
+    "now and then (0: the model's choice alone, the same on every run).")                         \
   X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
     "Log level: NONE, WARN, INFO (algorithm choices, links) or TRACE.")                           \
   X(kDebugSubsys, "PYCOLLECTIVE_DEBUG_SUBSYS", "str", "ALL",                                      \

@@ -1,12 +1,14 @@
 #include "local/local_group.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "algorithms/registry.h"
 #include "core/cache_probe.h"
 #include "core/error.h"
 #include "core/host_copy.h"
+#include "core/knobs.h"
 #include "core/thread_pool.h"
 #include "cuda/device_ops.h"
 #include "local/inline_collective.h"
@@ -46,7 +48,8 @@ LinkCost inprocLinkCost(int replicas) {
 }
 }  // namespace
 
-LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize) {
+LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize)
+    : autoTrials_(static_cast<int>(knobs::integer(knobs::kAutoTrials))) {
   PC_CHECK(size >= 1, "a LocalCommunicator needs at least one replica, got ", size);
   PC_CHECK(groupSize >= 0, "group_size must be positive, got ", groupSize);
   PC_CHECK(groupSize == 0 || size % groupSize == 0, "group_size ", groupSize,
@@ -184,15 +187,20 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
   PC_CHECK(args[0].wire == WireFormat::kNative, "compress=\"", wireFormatName(args[0].wire),
            "\" changes how values cross network links, and replicas in one process have "
            "none: drop compress=");
-  if (algo == kInlineAlgorithm || (algo == "auto" && inlineIsBest(args))) {
-    // The checks runCollective makes before anything moves.
-    Communicator& first = *comms_[0];
-    if (first.aborted())
-      throw Aborted(first.who() + " this group was aborted earlier (" + first.abortReason() +
-                    "); create a new LocalCommunicator to continue");
-    PC_CHECK(args[0].root >= 0 && args[0].root < size(), "root ", args[0].root,
-             " is out of range for ", size(), " replicas");
-    runInline(args);
+  if (algo == "auto" && args[0].device < 0) {
+    CallShape shape;
+    bool trial = false;
+    const std::string pick = autoPick(args, &shape, &trial);
+    const auto start = std::chrono::steady_clock::now();
+    runOnHost(args, pick);
+    if (trial)
+      measured_.record(
+          shape, pick,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return;
+  }
+  if (algo == kInlineAlgorithm) {
+    runOnHost(args, algo);
     return;
   }
   if (args[0].device >= 0) {
@@ -204,6 +212,63 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
     if (devices.size() > 1) cuda::requireDeviceOps("replicas on devices").enablePeerAccess(devices);
   }
   runOnReplicas(args, algo);
+}
+
+void LocalGroup::runOnHost(const std::vector<CollectiveArgs>& args, const std::string& algo) {
+  if (algo != kInlineAlgorithm) {
+    runOnReplicas(args, algo);
+    return;
+  }
+  // The checks runCollective makes before anything moves.
+  Communicator& first = *comms_[0];
+  if (first.aborted())
+    throw Aborted(first.who() + " this group was aborted earlier (" + first.abortReason() +
+                  "); create a new LocalCommunicator to continue");
+  PC_CHECK(args[0].root >= 0 && args[0].root < size(), "root ", args[0].root,
+           " is out of range for ", size(), " replicas");
+  runInline(args);
+}
+
+namespace {
+// The collectives both inline and the threaded algorithms run (the others have one path).
+bool measurable(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllreduce:
+    case CollectiveKind::kReduce:
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllgather:
+    case CollectiveKind::kBroadcast: return true;
+    default: return false;
+  }
+}
+}  // namespace
+
+std::string LocalGroup::autoPick(const std::vector<CollectiveArgs>& args, CallShape* shape,
+                                 bool* trial) {
+  Communicator& first = *comms_[0];
+  const Group group = Group::world(first);
+  if (autoTrials_ <= 0 || !measurable(args[0].kind) || tunedEntry(group, args[0]) != nullptr)
+    return inlineIsBest(args) ? kInlineAlgorithm : "auto";
+  *shape = callShape(kMeasuredTrial, group, 0, args[0]);
+  return measured_.pick(
+      *shape, first.autoChoices().epoch(), autoTrials_, [&] { return autoCandidates(args); },
+      trial);
+}
+
+std::vector<MeasuredChoices::Candidate> LocalGroup::autoCandidates(
+    const std::vector<CollectiveArgs>& args) {
+  std::vector<MeasuredChoices::Candidate> c;
+  for (const PricedAlgorithm& p : modelCosts(Group::world(*comms_[0]), args[0]))
+    c.push_back({p.name, p.seconds});
+  // Last, so that on a tie the threaded algorithm comes first, as inlineIsBest decides.
+  c.push_back({kInlineAlgorithm, inlineCost(args)});
+  std::stable_sort(c.begin(), c.end(),
+                   [](const auto& a, const auto& b) { return a.modelSeconds < b.modelSeconds; });
+  const double limit = kCandidateWindow * c.front().modelSeconds;
+  size_t keep = 1;
+  while (keep < c.size() && keep < kMaxCandidates && c[keep].modelSeconds <= limit) ++keep;
+  c.resize(keep);
+  return c;
 }
 
 void LocalGroup::runOnReplicas(const std::vector<CollectiveArgs>& args, const std::string& algo) {
@@ -249,6 +314,9 @@ void LocalGroup::abort(const std::string& reason) noexcept {
 std::string LocalGroup::explain(const CollectiveArgs& args) {
   if (numWorkers_ > 1) return "hierarchical (the one algorithm of a group across processes)";
   const std::vector<CollectiveArgs> all(comms_.size(), args);
+  const std::string measured =
+      measured_.describe(callShape(kMeasuredTrial, Group::world(*comms_[0]), 0, args));
+  if (!measured.empty()) return measured;
   if (inlineIsBest(all))
     return std::string(kInlineAlgorithm) + " (every replica's buffers on the calling thread; " +
            (tunedEntry(Group::world(*comms_[0]), args) ? "tuned table, PYCOLLECTIVE_TUNING)"

@@ -13,6 +13,7 @@
 
 #include "algorithms/algorithm.h"
 #include "comm/communicator.h"
+#include "local/measured_choice.h"
 
 namespace pycollective {
 
@@ -42,14 +43,33 @@ class LocalGroup {
   // Marks every replica's communicator failed (peers stop waiting for them).
   void abort(const std::string& reason) noexcept;
 
-  // The algorithm algo="auto" would pick for replica 0's call, with the model's table.
+  // The algorithm algo="auto" runs (or would pick) for replica 0's call, and why: the trial's
+  // times once this shape has been called, else the model's table.
   std::string explain(const CollectiveArgs& args);
 
   Communicator& communicator(int replica) { return *comms_[replica]; }
 
+  // The most calls of one shape algo="auto" spends on its trial (warm-up included) before it
+  // runs its settled choice; 0 where it does not measure (PYCOLLECTIVE_AUTO_TRIALS=0).
+  int autoTrialCalls() const {
+    return autoTrials_ > 0 ? 1 + autoTrials_ * static_cast<int>(kMaxCandidates) : 0;
+  }
+
  private:
   // Whether algo="auto" runs this call inline: the tuned table's entry decides, else the model.
   bool inlineIsBest(const std::vector<CollectiveArgs>& args);
+  // What algo="auto" runs for a host call: the tuned table's choice where there is one, else
+  // the fastest of the model's candidates on this shape's first calls (measured_choice.h;
+  // `*trial` is set, with the shape, while a trial times this call). "auto" leaves the choice
+  // to each replica's communicator, which makes the same one.
+  std::string autoPick(const std::vector<CollectiveArgs>& args, CallShape* shape, bool* trial);
+  // The algorithms the model prices within kCandidateWindow of its best (inline included), the
+  // best first, at most kMaxCandidates.
+  std::vector<MeasuredChoices::Candidate> autoCandidates(const std::vector<CollectiveArgs>& args);
+  // The model's misses measured on the EPYC VM were up to 2x (2 replicas x 2 MiB: halving-
+  // doubling modelled below `direct`, run 1.74x slower); a wider window only lengthens trials.
+  static constexpr double kCandidateWindow = 2.0;
+  static constexpr size_t kMaxCandidates = 4;
 
   // A group across processes, a small call: hierarchical's phases with one thread per process
   // (reduce the local replicas inline, one all-reduce across processes by replica 0, local
@@ -59,6 +79,8 @@ class LocalGroup {
   static constexpr size_t kCrossSmallBytes = 64 << 10;
   static constexpr int kCrossSmallGroupId = 0x20000001;  // apart from new_group()'s ids
   void runCrossSmall(const std::vector<CollectiveArgs>& args);
+  // A host call with a named algorithm: "inline" on this thread, any other on the replicas.
+  void runOnHost(const std::vector<CollectiveArgs>& args, const std::string& algo);
   // Every replica runs `algo`: 1..n-1 on their executor threads, 0 on the caller's.
   void runOnReplicas(const std::vector<CollectiveArgs>& args, const std::string& algo);
   // A group spanning processes: only hierarchical all-reduce (see the second constructor).
@@ -66,6 +88,8 @@ class LocalGroup {
 
   std::vector<std::unique_ptr<Communicator>> comms_;
   int numWorkers_ = 1;
+  int autoTrials_ = 0;  // PYCOLLECTIVE_AUTO_TRIALS when the group was made
+  MeasuredChoices measured_;
 };
 
 }  // namespace pycollective

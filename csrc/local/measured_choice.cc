@@ -1,0 +1,142 @@
+#include "local/measured_choice.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+namespace pycollective {
+
+double MeasuredChoices::Timings::estimate() const {
+  if (count == 0) return std::numeric_limits<double>::infinity();
+  // At most kRecent values: an insertion sort (std::sort on so short an array trips GCC 12's
+  // -Warray-bounds, which the -Werror build turns into an error).
+  const int n = std::min(count, kRecent);
+  double sorted[kRecent] = {};
+  for (int i = 0; i < n; ++i) {
+    int j = i;
+    for (; j > 0 && sorted[j - 1] > recent[i]; --j) sorted[j] = sorted[j - 1];
+    sorted[j] = recent[i];
+  }
+  return sorted[(n - 1) / 2];
+}
+
+MeasuredChoices::Trial::Trial(std::vector<Candidate> c, uint64_t e, int each)
+    : candidates(std::move(c)), timings(candidates.size()), epoch(e), trialsEach(each) {
+  if (candidates.size() <= 1 || trialsEach <= 0) current = 0;
+}
+
+std::string MeasuredChoices::Trial::next(bool* timeIt) {
+  *timeIt = candidates.size() > 1 && trialsEach > 0;
+  if (!*timeIt) return candidates[0].algo;  // nothing to measure: the model's pick
+  if (!settled()) return candidates[turn].algo;
+  ++calls;
+  // The most overdue other candidate, if one is due; else the current choice.
+  size_t run = static_cast<size_t>(current);
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (static_cast<int>(i) != current && timings[i].due <= calls &&
+        (run == static_cast<size_t>(current) || timings[i].due < timings[run].due))
+      run = i;
+  return candidates[run].algo;
+}
+
+void MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
+  size_t i = 0;
+  while (i < candidates.size() && candidates[i].algo != algo) ++i;
+  if (i == candidates.size()) return;
+  if (!warm) {
+    warm = true;  // the first call: not a fair sample of its algorithm
+    return;
+  }
+  timings[i].add(seconds);
+  if (settled()) {
+    reconsider(i);
+    return;
+  }
+  // Round-robin, so that a slow phase of the machine falls on every candidate alike.
+  const size_t n = candidates.size();
+  for (size_t step = 1; step <= n; ++step) {
+    const size_t j = (turn + step) % n;
+    if (timings[j].count < trialsEach) {
+      turn = j;
+      return;
+    }
+  }
+  settle();
+}
+
+void MeasuredChoices::Trial::settle() {
+  size_t best = 0;
+  for (size_t i = 1; i < candidates.size(); ++i)
+    if (timings[i].estimate() < timings[best].estimate()) best = i;
+  current =
+      timings[0].estimate() <= kMargin * timings[best].estimate() ? 0 : static_cast<int>(best);
+  reference = timings[static_cast<size_t>(current)].estimate();
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (static_cast<int>(i) != current) reconsider(i);
+}
+
+void MeasuredChoices::Trial::reconsider(size_t measured) {
+  Timings& now = timings[static_cast<size_t>(current)];
+  if (static_cast<int>(measured) == current) {
+    if (now.estimate() > kCloseRatio * reference) {
+      // The choice slowed down: the machine changed, and what was slower may not be now.
+      for (size_t i = 0; i < candidates.size(); ++i)
+        if (static_cast<int>(i) != current) {
+          timings[i].interval = kBaseInterval;
+          timings[i].due = calls + 1;
+        }
+      reference = now.estimate();
+    }
+    reference = std::min(reference, now.estimate());
+  } else {
+    // Watched often while close to the choice, ever more rarely while far behind it.
+    Timings& other = timings[measured];
+    other.interval = other.estimate() <= kCloseRatio * now.estimate()
+                         ? kBaseInterval
+                         : std::min(2 * other.interval, kMaxInterval);
+    other.due = calls + other.interval;
+  }
+  size_t best = static_cast<size_t>(current);
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (timings[i].estimate() < timings[best].estimate()) best = i;
+  if (kMargin * timings[best].estimate() < now.estimate()) {
+    now.interval = kBaseInterval;  // the old choice was close a moment ago: watch it
+    now.due = calls + kBaseInterval;
+    current = static_cast<int>(best);
+    reference = timings[best].estimate();
+  }
+}
+
+void MeasuredChoices::record(const CallShape& shape, const std::string& algo, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = shapes_.find(shape);
+  if (it != shapes_.end()) it->second.record(algo, seconds);
+}
+
+std::string MeasuredChoices::describe(const CallShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = shapes_.find(shape);
+  if (it == shapes_.end()) return "";
+  const Trial& t = it->second;
+  std::ostringstream s;
+  if (t.candidates.size() == 1) {
+    s << t.candidates[0].algo << " (model " << t.candidates[0].modelSeconds * 1e6
+      << "us; no other algorithm priced near it, nothing to measure)";
+    return s.str();
+  }
+  s << t.candidates[t.settled() ? static_cast<size_t>(t.current) : t.turn].algo
+    << (t.settled() ? " (measured, the median of each one's recent calls of this shape:"
+                    : " (trial under way, the median of each one's calls so far:");
+  for (size_t i = 0; i < t.candidates.size(); ++i) {
+    s << " " << t.candidates[i].algo << "=";
+    if (t.timings[i].count > 0)
+      s << t.timings[i].estimate() * 1e6 << "us";
+    else
+      s << "?";
+    s << " (model " << t.candidates[i].modelSeconds * 1e6 << "us)";
+  }
+  s << ")";
+  return s.str();
+}
+
+}  // namespace pycollective

@@ -1,0 +1,108 @@
+#pragma once
+// auto's choice for in-process replicas, settled and kept up by timing. The cost model prices
+// every algorithm from a few constants; near a cache boundary it misses by 1.2x-2x, and on a VM
+// whose cores another tenant shares the fastest algorithm changes from one minute to the next
+// (2 replicas x 1 MiB, two benchmark runs seconds apart: halving-doubling 167 us against
+// `direct`'s 108, then 84 against 106). A LocalGroup's calls are decided in one place -- the
+// calling thread picks, every replica runs the pick -- so auto can afford to measure:
+//
+// - the first call of a shape runs the model's pick, untimed (it pays for outputs touched the
+//   first time, scratch, caches holding the previous shape);
+// - then each candidate (the algorithms the model prices near its best, best first) runs
+//   `trialsEach` timed calls in turn, and the shape settles on the fastest, unless the model's
+//   pick is within kMargin of it (a near tie stays the model's);
+// - from then on every call is timed, and now and then one call runs another candidate: every
+//   kBaseInterval calls for one measured within kCloseRatio of the current choice, at ever
+//   longer intervals (doubling to kMaxInterval) for one measured slower, so that keeping watch
+//   costs at most a few percent; and every other candidate at once when the current choice's
+//   calls have slowed by kCloseRatio (the machine changed). The shape moves to a candidate
+//   whose recent calls ran kMargin faster than the current choice's.
+//
+// Groups across processes could not measure this way without agreeing on the answer (each rank
+// times its own view), so they keep the model's choice. The measured choice depends on timing:
+// results whose reduction order differs between algorithms (3 or more replicas, floats) may
+// then differ in the last bits from run to run. PYCOLLECTIVE_AUTO_TRIALS=0 keeps the model's
+// choice alone.
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/choice_memo.h"
+
+namespace pycollective {
+
+class MeasuredChoices {
+ public:
+  struct Candidate {
+    std::string algo;
+    double modelSeconds = 0;
+  };
+
+  // The algorithm to run for this call. The first call of a shape starts its trial with
+  // `candidates()` (the model's best first). `*timeIt` says whether to record() this call's
+  // time. `epoch` is the model inputs' (ChoiceMemo::epoch()): a trial begun under other costs or
+  // another tuned table starts again.
+  template <typename CandidatesFn>
+  std::string pick(const CallShape& shape, uint64_t epoch, int trialsEach,
+                   CandidatesFn&& candidates, bool* timeIt) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = shapes_.find(shape);
+    if (it == shapes_.end() || it->second.epoch != epoch) {
+      if (shapes_.size() >= kMaxShapes) shapes_.clear();
+      it = shapes_.insert_or_assign(shape, Trial(candidates(), epoch, trialsEach)).first;
+    }
+    return it->second.next(timeIt);
+  }
+
+  // How long one call of `algo` for this shape took.
+  void record(const CallShape& shape, const std::string& algo, double seconds);
+
+  // What auto runs for this shape and why, or "" if the shape has not been called.
+  std::string describe(const CallShape& shape);
+
+ private:
+  // A candidate must run this much faster than the current choice to replace it: timed calls
+  // on a shared VM differ by a few percent at random, and a near tie keeps the choice.
+  static constexpr double kMargin = 1.1;
+  static constexpr double kCloseRatio = 1.3;
+  static constexpr uint64_t kBaseInterval = 32;
+  static constexpr uint64_t kMaxInterval = 2048;
+  static constexpr int kRecent = 4;  // a candidate's estimate: the median of its last calls
+  static constexpr size_t kMaxShapes = 4096;
+
+  struct Timings {
+    double recent[kRecent] = {};
+    int count = 0;
+    uint64_t due = 0;  // the call at which another timed call of it is due
+    uint64_t interval = kBaseInterval;
+    void add(double seconds) { recent[count++ % kRecent] = seconds; }
+    double estimate() const;  // infinity before any call
+  };
+
+  struct Trial {
+    Trial(std::vector<Candidate> c, uint64_t e, int trialsEach);
+    std::string next(bool* timeIt);
+    void record(const std::string& algo, double seconds);
+    void settle();
+    void reconsider(size_t measured);
+    bool settled() const { return current >= 0; }
+
+    std::vector<Candidate> candidates;
+    std::vector<Timings> timings;
+    uint64_t epoch = 0;
+    int trialsEach = 0;
+    uint64_t calls = 0;
+    size_t turn = 0;       // before settling: the candidate the next call runs
+    bool warm = false;     // the shape's first call ran (untimed)
+    int current = -1;      // once settled: the choice
+    double reference = 0;  // the choice's fastest estimate since it was chosen
+  };
+
+  std::mutex mu_;
+  std::unordered_map<CallShape, Trial, CallShapeHash> shapes_;
+};
+
+}  // namespace pycollective

@@ -1,0 +1,115 @@
+// In-process auto's measured choice (local/measured_choice.h), driven by made-up timings: the
+// trial settles on the fastest candidate (a near tie stays the model's), keeps watching the
+// others at a bounded cost, and moves when the machine changes under it. A choice that could
+// not move would keep a 2x slower algorithm for the life of a training job on a VM whose
+// neighbours come and go.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "expect.h"
+#include "local/measured_choice.h"
+
+using namespace pycollective;
+
+namespace {
+
+struct Driver {
+  MeasuredChoices choices;
+  CallShape shape;
+  std::vector<MeasuredChoices::Candidate> candidates;
+  std::map<std::string, double> seconds;  // what a call of each algorithm takes now
+  int trialsEach = 2;
+  uint64_t epoch = 0;
+
+  // One call: auto's pick runs and, when asked, its time is recorded.
+  std::string call() {
+    bool timeIt = false;
+    const std::string algo =
+        choices.pick(shape, epoch, trialsEach, [&] { return candidates; }, &timeIt);
+    if (timeIt) choices.record(shape, algo, seconds.at(algo));
+    return algo;
+  }
+  // Runs `n` calls; returns how many ran each algorithm.
+  std::map<std::string, int> calls(int n) {
+    std::map<std::string, int> ran;
+    for (int i = 0; i < n; ++i) ++ran[call()];
+    return ran;
+  }
+  std::string settledOn() {
+    const std::string s = choices.describe(shape);
+    return s.substr(0, s.find(' '));
+  }
+};
+
+// Two candidates, the model's pick first, whose calls take `a` and `b` seconds.
+void twoCandidates(Driver& d, double a, double b) {
+  d.shape.count = 1024;
+  d.candidates = {{"halving_doubling", 100e-6}, {"inline", 150e-6}};
+  d.seconds = {{"halving_doubling", a}, {"inline", b}};
+}
+
+}  // namespace
+
+int main() {
+  {  // The trial: a warm-up call and two of each, then the faster one.
+    Driver d;
+    twoCandidates(d, 100e-6, 50e-6);
+    auto trial = d.calls(5);
+    EXPECT(trial["halving_doubling"] == 3 && trial["inline"] == 2, "trial ran %d + %d calls",
+           trial["halving_doubling"], trial["inline"]);
+    EXPECT(d.settledOn() == "inline", "settled on %s", d.settledOn().c_str());
+    EXPECT(d.choices.describe(d.shape).find("(measured,") != std::string::npos, "%s",
+           d.choices.describe(d.shape).c_str());
+    // Keeping watch on a candidate 2x slower costs a few calls in a thousand, no more.
+    auto later = d.calls(4000);
+    EXPECT(later["inline"] >= 3980, "the choice ran %d of 4000 calls", later["inline"]);
+    EXPECT(later["halving_doubling"] >= 2, "the other candidate was never timed again");
+  }
+  {  // A near tie (within 1.1x) stays the model's pick.
+    Driver d;
+    twoCandidates(d, 100e-6, 95e-6);
+    d.calls(5 + 200);
+    EXPECT(d.settledOn() == "halving_doubling", "a near tie went to %s", d.settledOn().c_str());
+  }
+  {  // The machine changes: the choice slows 3x and the other candidate takes over soon.
+    Driver d;
+    twoCandidates(d, 100e-6, 50e-6);
+    d.calls(5 + 3000);  // long enough for the watch interval to grow to its longest
+    EXPECT(d.settledOn() == "inline", "settled on %s", d.settledOn().c_str());
+    d.seconds["inline"] = 300e-6;
+    d.calls(10);
+    EXPECT(d.settledOn() == "halving_doubling", "after a slowdown still on %s",
+           d.settledOn().c_str());
+    // And back, when the other candidate's calls are watched again.
+    d.seconds["inline"] = 50e-6;
+    auto back = d.calls(200);
+    EXPECT(d.settledOn() == "inline", "did not come back: %s", d.settledOn().c_str());
+    EXPECT(back["inline"] >= 100, "came back late: inline ran %d of 200", back["inline"]);
+  }
+  {  // One candidate: nothing to time. No trials: the model's pick, untimed.
+    Driver d;
+    twoCandidates(d, 100e-6, 50e-6);
+    d.candidates.resize(1);
+    bool timeIt = true;
+    d.choices.pick(d.shape, 0, 2, [&] { return d.candidates; }, &timeIt);
+    EXPECT(!timeIt, "a single candidate was timed");
+    Driver none;
+    twoCandidates(none, 100e-6, 50e-6);
+    none.trialsEach = 0;
+    auto ran = none.calls(100);
+    EXPECT(ran["halving_doubling"] == 100, "without trials %d calls ran the model's pick",
+           ran["halving_doubling"]);
+  }
+  {  // New model inputs (another epoch) start the trial again.
+    Driver d;
+    twoCandidates(d, 100e-6, 50e-6);
+    d.calls(5);
+    d.epoch = 1;
+    d.seconds["halving_doubling"] = 20e-6;
+    d.calls(5);
+    EXPECT(d.settledOn() == "halving_doubling", "a new epoch kept %s", d.settledOn().c_str());
+  }
+  std::printf("%d checks, %d failures\n", gChecks, gFailures);
+  return gFailures == 0 ? 0 : 1;
+}
