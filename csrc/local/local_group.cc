@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/host_copy.h"
 #include "core/knobs.h"
+#include "core/logging.h"
 #include "core/thread_pool.h"
 #include "cuda/device_ops.h"
 #include "local/inline_collective.h"
@@ -193,10 +194,13 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
     const std::string pick = autoPick(args, &shape, &trial);
     const auto start = std::chrono::steady_clock::now();
     runOnHost(args, pick);
-    if (trial)
-      measured_.record(
-          shape, pick,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (!trial) return;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (measured_.record(shape, pick, seconds))  // settled, or moved: said at INFO
+      PC_INFO(kColl, comms_[0]->who(), " auto for ", collectiveName(args[0].kind), " of ",
+              args[0].count * elementSize(args[0].dtype), " bytes now runs ",
+              measured_.describe(shape));
     return;
   }
   if (algo == kInlineAlgorithm) {

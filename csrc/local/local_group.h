@@ -59,9 +59,9 @@ class LocalGroup {
   // Whether algo="auto" runs this call inline: the tuned table's entry decides, else the model.
   bool inlineIsBest(const std::vector<CollectiveArgs>& args);
   // What algo="auto" runs for a host call: the tuned table's choice where there is one, else
-  // the fastest of the model's candidates on this shape's first calls (measured_choice.h;
-  // `*trial` is set, with the shape, while a trial times this call). "auto" leaves the choice
-  // to each replica's communicator, which makes the same one.
+  // the measured choice among the model's candidates (measured_choice.h; `*trial` is set, with
+  // the shape, when this call's time is to be recorded). "auto" leaves the choice to each
+  // replica's communicator, which makes the same one.
   std::string autoPick(const std::vector<CollectiveArgs>& args, CallShape* shape, bool* trial);
   // The algorithms the model prices within kCandidateWindow of its best (inline included), the
   // best first, at most kMaxCandidates.

@@ -39,29 +39,27 @@ std::string MeasuredChoices::Trial::next(bool* timeIt) {
   return candidates[run].algo;
 }
 
-void MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
+bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
   size_t i = 0;
   while (i < candidates.size() && candidates[i].algo != algo) ++i;
-  if (i == candidates.size()) return;
+  if (i == candidates.size()) return false;
   if (!warm) {
     warm = true;  // the first call: not a fair sample of its algorithm
-    return;
+    return false;
   }
   timings[i].add(seconds);
-  if (settled()) {
-    reconsider(i);
-    return;
-  }
+  if (settled()) return reconsider(i);
   // Round-robin, so that a slow phase of the machine falls on every candidate alike.
   const size_t n = candidates.size();
   for (size_t step = 1; step <= n; ++step) {
     const size_t j = (turn + step) % n;
     if (timings[j].count < trialsEach) {
       turn = j;
-      return;
+      return false;
     }
   }
   settle();
+  return true;
 }
 
 void MeasuredChoices::Trial::settle() {
@@ -75,7 +73,7 @@ void MeasuredChoices::Trial::settle() {
     if (static_cast<int>(i) != current) reconsider(i);
 }
 
-void MeasuredChoices::Trial::reconsider(size_t measured) {
+bool MeasuredChoices::Trial::reconsider(size_t measured) {
   Timings& now = timings[static_cast<size_t>(current)];
   if (static_cast<int>(measured) == current) {
     if (now.estimate() > kCloseRatio * reference) {
@@ -104,13 +102,16 @@ void MeasuredChoices::Trial::reconsider(size_t measured) {
     now.due = calls + kBaseInterval;
     current = static_cast<int>(best);
     reference = timings[best].estimate();
+    return true;
   }
+  return false;
 }
 
-void MeasuredChoices::record(const CallShape& shape, const std::string& algo, double seconds) {
+bool MeasuredChoices::record(const CallShape& shape, const std::string& algo, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = shapes_.find(shape);
-  if (it != shapes_.end()) it->second.record(algo, seconds);
+  if (it == shapes_.end() || !it->second.record(algo, seconds)) return false;
+  return ++it->second.changesSaid <= kChangesSaid;
 }
 
 std::string MeasuredChoices::describe(const CallShape& shape) {

@@ -57,8 +57,9 @@ class MeasuredChoices {
     return it->second.next(timeIt);
   }
 
-  // How long one call of `algo` for this shape took.
-  void record(const CallShape& shape, const std::string& algo, double seconds);
+  // How long one call of `algo` for this shape took. True when the shape settled or moved to
+  // another algorithm, for the first kChangesSaid times (the caller logs describe() then).
+  bool record(const CallShape& shape, const std::string& algo, double seconds);
 
   // What auto runs for this shape and why, or "" if the shape has not been called.
   std::string describe(const CallShape& shape);
@@ -72,6 +73,7 @@ class MeasuredChoices {
   static constexpr uint64_t kMaxInterval = 2048;
   static constexpr int kRecent = 4;  // a candidate's estimate: the median of its last calls
   static constexpr size_t kMaxShapes = 4096;
+  static constexpr int kChangesSaid = 10;  // per shape: a noisy machine moves it back and forth
 
   struct Timings {
     double recent[kRecent] = {};
@@ -85,9 +87,10 @@ class MeasuredChoices {
   struct Trial {
     Trial(std::vector<Candidate> c, uint64_t e, int trialsEach);
     std::string next(bool* timeIt);
-    void record(const std::string& algo, double seconds);
+    // True when the choice changed (settled, or moved).
+    bool record(const std::string& algo, double seconds);
     void settle();
-    void reconsider(size_t measured);
+    bool reconsider(size_t measured);
     bool settled() const { return current >= 0; }
 
     std::vector<Candidate> candidates;
@@ -99,6 +102,7 @@ class MeasuredChoices {
     bool warm = false;     // the shape's first call ran (untimed)
     int current = -1;      // once settled: the choice
     double reference = 0;  // the choice's fastest estimate since it was chosen
+    int changesSaid = 0;
   };
 
   std::mutex mu_;
