@@ -24,12 +24,23 @@ def _listeners_while_forming(rank, n):
     return sorted(seen)
 
 
-@pytest.mark.timeout(120)
+def _sample_job(ranks: int, env: dict, least: int = 1) -> list:
+    """Each rank's listeners while its job formed. A data listener lives only for the few
+    milliseconds of link setup, and a loaded machine can keep the sampling thread off the core
+    for all of them (CI once saw none on rank 1 of 2): a rank that saw fewer than ``least``
+    listeners (rank 0: one more, the coordinator) says nothing about addresses, so the job runs
+    again, up to three times in all."""
+    for _ in range(3):
+        res = run_ranks(_listeners_while_forming, ranks, timeout=90, env=env)
+        if all(len(seen) >= least + (rank == 0) for rank, seen in enumerate(res)):
+            break
+    return res
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("transport", ["tcp", "grpc", "shm"])
 def test_a_single_host_job_listens_on_loopback_only(transport):
-    res = run_ranks(
-        _listeners_while_forming, 3, timeout=90, env={"PYCOLLECTIVE_TRANSPORT": transport}
-    )
+    res = _sample_job(3, {"PYCOLLECTIVE_TRANSPORT": transport})
     for rank, seen in enumerate(res):
         # rank 0: the coordinator and its data listener(s); others: their data listener(s).
         assert len(seen) >= (2 if rank == 0 else 1), (rank, seen)
@@ -37,16 +48,11 @@ def test_a_single_host_job_listens_on_loopback_only(transport):
             assert ipaddress.ip_address(address).is_loopback, (rank, address, port, transport)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_all_interfaces_only_when_asked():
     """The same sampling sees 0.0.0.0 when PYCOLLECTIVE_IFNAME asks for it (so the test above
     would see an all-interfaces listener)."""
-    res = run_ranks(
-        _listeners_while_forming,
-        2,
-        timeout=90,
-        env={"PYCOLLECTIVE_TRANSPORT": "tcp", "PYCOLLECTIVE_IFNAME": "0.0.0.0"},
-    )
+    res = _sample_job(2, {"PYCOLLECTIVE_TRANSPORT": "tcp", "PYCOLLECTIVE_IFNAME": "0.0.0.0"})
     for rank, seen in enumerate(res):
         assert "0.0.0.0" in {address for address, _ in seen}, (rank, seen)
 
