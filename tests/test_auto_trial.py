@@ -27,7 +27,7 @@ def _candidates(explained: str) -> list[str]:
 @pytest.mark.parametrize("inplace", [False, True])
 def test_every_call_of_the_trial_is_right_and_the_trial_settles(world, inplace):
     comm = pc.LocalCommunicator(world)
-    assert comm.auto_trial_calls == 1 + 2 * 4  # the defaults: 2 timed calls of up to 4
+    assert comm.auto_trial_calls == 3 * 4  # the defaults: 3 calls in a row (2 count) of up to 4
     rng = np.random.default_rng(world)
     count = NBYTES // 4
     # Past the trial far enough that calls of other candidates come in between (every 32 calls).
@@ -87,3 +87,18 @@ def test_a_tiny_call_has_nothing_to_measure():
     comm.allreduce(x)
     explained = comm.explain("allreduce", 8)
     assert explained.startswith("inline") and "nothing to measure" in explained, explained
+
+
+@pytest.mark.timeout(60)
+def test_a_tuned_table_set_later_decides_again():
+    from pycollective._calls import KINDS
+
+    comm = pc.LocalCommunicator(2)
+    x = [np.ones(NBYTES // 4, np.float32), np.ones(NBYTES // 4, np.float32)]
+    for _ in range(comm.auto_trial_calls):
+        comm.allreduce(x)
+    # New model inputs: the trial's answer no longer stands, the table's does.
+    comm._group.set_tuned([(KINDS["allreduce"], 1 << 30, "ring")])
+    explained = comm.explain("allreduce", NBYTES)
+    assert explained.startswith("ring") and "tuned table" in explained, explained
+    np.testing.assert_array_equal(comm.allreduce(x)[0], np.full(NBYTES // 4, 2, np.float32))

@@ -200,7 +200,7 @@ void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string&
     if (measured_.record(shape, pick, seconds))  // settled, or moved: said at INFO
       PC_INFO(kColl, comms_[0]->who(), " auto for ", collectiveName(args[0].kind), " of ",
               args[0].count * elementSize(args[0].dtype), " bytes now runs ",
-              measured_.describe(shape));
+              measured_.describe(shape, comms_[0]->autoChoices().epoch()));
     return;
   }
   if (algo == kInlineAlgorithm) {
@@ -318,8 +318,10 @@ void LocalGroup::abort(const std::string& reason) noexcept {
 std::string LocalGroup::explain(const CollectiveArgs& args) {
   if (numWorkers_ > 1) return "hierarchical (the one algorithm of a group across processes)";
   const std::vector<CollectiveArgs> all(comms_.size(), args);
+  // A trial begun before set_costs/set_tuned (another epoch) no longer decides.
   const std::string measured =
-      measured_.describe(callShape(kMeasuredTrial, Group::world(*comms_[0]), 0, args));
+      measured_.describe(callShape(kMeasuredTrial, Group::world(*comms_[0]), 0, args),
+                         comms_[0]->autoChoices().epoch());
   if (!measured.empty()) return measured;
   if (inlineIsBest(all))
     return std::string(kInlineAlgorithm) + " (every replica's buffers on the calling thread; " +

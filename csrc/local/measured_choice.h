@@ -6,12 +6,13 @@
 // `direct`'s 108, then 84 against 106). A LocalGroup's calls are decided in one place -- the
 // calling thread picks, every replica runs the pick -- so auto can afford to measure:
 //
-// - the first call of a shape runs the model's pick, untimed (it pays for outputs touched the
-//   first time, scratch, caches holding the previous shape);
-// - then each candidate (the algorithms the model prices near its best, best first) runs
-//   `trialsEach` timed calls in turn, and the shape settles on the fastest, unless the model's
+// - a call counts only if the one before it ran the same algorithm (the first call of a shape,
+//   or the first after a switch, pays for what came before: outputs touched the first time,
+//   caches and replica threads left by another algorithm);
+// - each candidate (the algorithms the model prices near its best, best first) runs
+//   1 + `trialsEach` calls in a row, and the shape settles on the fastest, unless the model's
 //   pick is within kMargin of it (a near tie stays the model's);
-// - from then on every call is timed, and now and then one call runs another candidate: every
+// - from then on every call is timed, and now and then two calls run another candidate: every
 //   kBaseInterval calls for one measured within kCloseRatio of the current choice, at ever
 //   longer intervals (doubling to kMaxInterval) for one measured slower, so that keeping watch
 //   costs at most a few percent; and every other candidate at once when the current choice's
@@ -61,8 +62,9 @@ class MeasuredChoices {
   // another algorithm, for the first kChangesSaid times (the caller logs describe() then).
   bool record(const CallShape& shape, const std::string& algo, double seconds);
 
-  // What auto runs for this shape and why, or "" if the shape has not been called.
-  std::string describe(const CallShape& shape);
+  // What auto runs for this shape and why, or "" if the shape has not been called since the
+  // model's inputs last changed (`epoch`, as for pick()).
+  std::string describe(const CallShape& shape, uint64_t epoch);
 
  private:
   // A candidate must run this much faster than the current choice to replace it: timed calls
@@ -100,6 +102,8 @@ class MeasuredChoices {
     uint64_t calls = 0;
     size_t turn = 0;       // before settling: the candidate the next call runs
     bool warm = false;     // the shape's first call ran (untimed)
+    int last = -1;         // the candidate the previous call ran
+    int pending = -1;      // once settled: another candidate whose counted call is next
     int current = -1;      // once settled: the choice
     double reference = 0;  // the choice's fastest estimate since it was chosen
     int changesSaid = 0;
