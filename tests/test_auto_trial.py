@@ -27,7 +27,7 @@ def _candidates(explained: str) -> list[str]:
 @pytest.mark.parametrize("inplace", [False, True])
 def test_every_call_of_the_trial_is_right_and_the_trial_settles(world, inplace):
     comm = pc.LocalCommunicator(world)
-    assert comm.auto_trial_calls == 3 * 4  # the defaults: 3 calls in a row (2 count) of up to 4
+    assert comm.auto_trial_calls == 4 * 4  # the defaults: 4 calls in a row (2 count) of up to 4
     rng = np.random.default_rng(world)
     count = NBYTES // 4
     # Past the trial far enough that calls of other candidates come in between (every 32 calls).

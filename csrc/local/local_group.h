@@ -50,10 +50,12 @@ class LocalGroup {
   Communicator& communicator(int replica) { return *comms_[replica]; }
 
   // The most calls of one shape algo="auto" spends on its first trial (each candidate's first
-  // call, which does not count, included) before it runs its settled choice; 0 where it does
+  // calls, which do not count, included) before it runs its settled choice; 0 where it does
   // not measure (PYCOLLECTIVE_AUTO_TRIALS=0).
   int autoTrialCalls() const {
-    return autoTrials_ > 0 ? (1 + autoTrials_) * static_cast<int>(kMaxCandidates) : 0;
+    return autoTrials_ > 0
+               ? (MeasuredChoices::kUnfairCalls + autoTrials_) * static_cast<int>(kMaxCandidates)
+               : 0;
   }
 
  private:

@@ -45,15 +45,16 @@ bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
   while (i < candidates.size() && candidates[i].algo != algo) ++i;
   if (i == candidates.size()) return false;
   // A call right after another algorithm's is not a fair sample: it pays for what the other
-  // left behind (caches, the replica threads' state; `direct` ran 2 x 2 MiB 1.3x-1.5x slower
-  // right after ring than after itself) and a training loop runs one algorithm call after call.
-  // The shape's first call is such a call too (outputs touched the first time, scratch).
-  const bool fair = warm && static_cast<int>(i) == last;
+  // left behind (caches, the replica threads' state; 2 x 2 MiB of `direct` took 392-459 us
+  // right after other algorithms' calls, 190-235 in a row; 8 x 512 KiB of `inline` 607, 545,
+  // 523, then 380-440 after halving-doubling), and a training loop runs one algorithm call
+  // after call. The shape's first call is such a call too (outputs touched the first time).
+  streak = warm && static_cast<int>(i) == last ? streak + 1 : 0;
   warm = true;
   last = static_cast<int>(i);
-  if (!fair) {
+  if (streak < kUnfairCalls) {
     if (settled() && static_cast<int>(i) != current) pending = static_cast<int>(i);
-    return false;  // the next call runs it again, and counts
+    return false;  // the next call runs it again
   }
   if (static_cast<int>(i) == pending) pending = -1;
   timings[i].add(seconds);

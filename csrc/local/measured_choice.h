@@ -6,17 +6,17 @@
 // `direct`'s 108, then 84 against 106). A LocalGroup's calls are decided in one place -- the
 // calling thread picks, every replica runs the pick -- so auto can afford to measure:
 //
-// - a call counts only if the one before it ran the same algorithm (the first call of a shape,
-//   or the first after a switch, pays for what came before: outputs touched the first time,
-//   caches and replica threads left by another algorithm);
+// - a call counts only after kUnfairCalls calls in a row of the same algorithm (the first
+//   calls of a shape, or after a switch, pay for what came before: outputs touched the first
+//   time, caches left by another algorithm);
 // - each candidate (the algorithms the model prices near its best, best first) runs
-//   1 + `trialsEach` calls in a row, and the shape settles on the fastest, unless the model's
-//   pick is within kMargin of it (a near tie stays the model's);
-// - from then on every call is timed, and now and then two calls run another candidate: every
-//   kBaseInterval calls for one measured within kCloseRatio of the current choice, at ever
-//   longer intervals (doubling to kMaxInterval) for one measured slower, so that keeping watch
-//   costs at most a few percent; and every other candidate at once when the current choice's
-//   calls have slowed by kCloseRatio (the machine changed). The shape moves to a candidate
+//   kUnfairCalls + `trialsEach` calls in a row, and the shape settles on the fastest, unless the
+//   model's pick is within kMargin of it (a near tie stays the model's);
+// - from then on every call is timed, and now and then kUnfairCalls + 1 calls run another
+//   candidate: every kBaseInterval calls for one measured within kCloseRatio of the current
+//   choice, at ever longer intervals (doubling to kMaxInterval) for one measured slower, so that
+//   keeping watch costs at most a few percent; and every other candidate at once when the current
+//   choice's calls have slowed by kCloseRatio (the machine changed). The shape moves to a candidate
 //   whose recent calls ran kMargin faster than the current choice's.
 //
 // Groups across processes could not measure this way without agreeing on the answer (each rank
@@ -37,6 +37,9 @@ namespace pycollective {
 
 class MeasuredChoices {
  public:
+  // Calls right after another algorithm's that do not count (see record()).
+  static constexpr int kUnfairCalls = 2;
+
   struct Candidate {
     std::string algo;
     double modelSeconds = 0;
@@ -103,6 +106,7 @@ class MeasuredChoices {
     size_t turn = 0;       // before settling: the candidate the next call runs
     bool warm = false;     // the shape's first call ran (untimed)
     int last = -1;         // the candidate the previous call ran
+    int streak = 0;        // calls in a row of `last` before this one
     int pending = -1;      // once settled: another candidate whose counted call is next
     int current = -1;      // once settled: the choice
     double reference = 0;  // the choice's fastest estimate since it was chosen

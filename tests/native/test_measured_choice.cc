@@ -58,11 +58,11 @@ void twoCandidates(Driver& d, double a, double b) {
 }  // namespace
 
 int main() {
-  {  // The trial: three calls in a row of each (the first does not count), then the faster.
+  {  // The trial: four calls in a row of each (the first two do not count), then the faster.
     Driver d;
     twoCandidates(d, 100e-6, 50e-6);
-    auto trial = d.calls(6);
-    EXPECT(trial["halving_doubling"] == 3 && trial["inline"] == 3, "trial ran %d + %d calls",
+    auto trial = d.calls(8);
+    EXPECT(trial["halving_doubling"] == 4 && trial["inline"] == 4, "trial ran %d + %d calls",
            trial["halving_doubling"], trial["inline"]);
     EXPECT(d.settledOn() == "inline", "settled on %s", d.settledOn().c_str());
     EXPECT(d.choices.describe(d.shape, 0).find("(measured,") != std::string::npos, "%s",
@@ -77,7 +77,7 @@ int main() {
     Driver d;
     twoCandidates(d, 100e-6, 60e-6);
     d.switchSeconds["inline"] = 150e-6;
-    d.calls(6 + 500);
+    d.calls(8 + 500);
     EXPECT(d.settledOn() == "inline", "judged by the calls after a switch: %s",
            d.settledOn().c_str());
   }
@@ -119,11 +119,11 @@ int main() {
   {  // New model inputs (another epoch) start the trial again.
     Driver d;
     twoCandidates(d, 100e-6, 50e-6);
-    d.calls(6);
+    d.calls(8);
     d.epoch = 1;
     EXPECT(d.choices.describe(d.shape, 1).empty(), "a trial of another epoch was described");
     d.seconds["halving_doubling"] = 20e-6;
-    d.calls(6);
+    d.calls(8);
     EXPECT(d.settledOn() == "halving_doubling", "a new epoch kept %s", d.settledOn().c_str());
   }
   std::printf("%d checks, %d failures\n", gChecks, gFailures);
