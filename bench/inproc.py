@@ -13,7 +13,7 @@ import numpy as np
 
 from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .rows import Row
-from .timing import summarize, time_interleaved
+from .timing import second_look, summarize, time_interleaved
 
 
 def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
@@ -78,6 +78,7 @@ def run(
             _reset(inputs, outs, inplace, count, dtype)
             calls["numpy"], wrong["numpy"] = _numpy_baseline(inputs, outs, want, op, world)
         samples = time_interleaved(calls, iters, warmup, budget_s)
+        look = second_look(calls, samples, "auto", {"numpy"}, iters, budget_s)
         for algo, times in samples.items():
             t = summarize(times)
             peer = algo == "numpy"
@@ -88,6 +89,8 @@ def run(
             )
             if algo == "auto":
                 extra["chose"] = comm.explain(collective, count * itemsize, dtype).split()[0]
+                if look is not None:
+                    extra["second_look"] = look.as_dict()
             rows.append(
                 Row(
                     collective,

@@ -95,6 +95,12 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
                 text += f" (it runs {chose}" + (
                     f", {chosen.median_s / best.median_s:.2f}x of best)" if chosen else ")"
                 )
+            look = auto.extra.get("second_look")
+            if look:
+                text += (
+                    f"; again head to head with {look['best']}: auto "
+                    f"{look['median_s'] / look['best_median_s']:.2f}x"
+                )
         floor = best.extra.get("floor_s")
         if floor:
             text += f"; best {best.median_s / floor:.2f}x the memory floor"

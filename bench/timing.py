@@ -90,3 +90,53 @@ def time_interleaved(
             name: [float(t) for t in max_over_ranks(np.array(s))] for name, s in samples.items()
         }
     return samples
+
+
+@dataclass
+class SecondLook:
+    """A contender timed again against the row that was fastest in the first pass."""
+
+    best: str
+    contender_s: float  # medians of the second pass
+    best_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.contender_s / self.best_s
+
+    def as_dict(self) -> dict:
+        return {"best": self.best, "median_s": self.contender_s, "best_median_s": self.best_s}
+
+
+def second_look(
+    calls: dict[str, Callable[[], object]],
+    samples: dict[str, list[float]],
+    contender: str,
+    exclude: set[str],
+    iters: int,
+    budget_s: float,
+    before_each: Callable[[], object] | dict[str, Callable[[], object]] | None = None,
+    max_over_ranks: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> SecondLook | None:
+    """Time ``contender`` (auto) again, head to head, against the fastest other row of the first
+    pass (``samples``; rows in ``exclude`` are not candidates).
+
+    Why: the fastest of several noisy rows is, more often than not, one that caught a quick
+    stretch of the machine, so a ratio to it taken from the same samples that chose it flatters
+    the winner (the winner's curse): on a shared 2-vCPU VM, rows of the very same code differ by
+    1.2-1.4x in one pass. In the second pass both sides were named before they were timed.
+
+    Across ranks the choice is the same everywhere: with ``max_over_ranks`` every rank holds the
+    same samples. None when there is no contender or nothing to set beside it."""
+    others = [name for name in samples if name != contender and name not in exclude]
+    if contender not in samples or not others:
+        return None
+    best = min(others, key=lambda name: statistics.median(samples[name]))
+    pair = {contender: calls[contender], best: calls[best]}
+    barriers = (
+        {name: before_each[name] for name in pair} if isinstance(before_each, dict) else before_each
+    )
+    again = time_interleaved(
+        pair, iters, 0, budget_s, before_each=barriers, max_over_ranks=max_over_ranks
+    )
+    return SecondLook(best, statistics.median(again[contender]), statistics.median(again[best]))

@@ -16,7 +16,7 @@ import numpy as np
 
 from .metrics import human_bytes
 from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
-from .timing import summarize, time_interleaved
+from .timing import second_look, summarize, time_interleaved
 
 #: The row of pycollective.prepare_allreduce: auto's choice, every check made once.
 PREPARED = "prepared"
@@ -294,6 +294,16 @@ def main(job_path: str) -> int:
             before_each=barriers,
             max_over_ranks=backend.max_over_ranks,
         )
+        look = second_look(
+            calls,
+            samples,
+            "auto",
+            {MPI_IN_JOB, SHARED},
+            job["iters"],
+            job["budget"],
+            before_each=barriers,
+            max_over_ranks=backend.max_over_ranks,
+        )
         for algo, times in samples.items():
             if rank == 0:
                 t = summarize(times)
@@ -308,6 +318,7 @@ def main(job_path: str) -> int:
                         "wrong": wrong[algo],
                         "chose": _chosen(backend, calls[algo], algo, job, count * itemsize),
                         "peer": algo == MPI_IN_JOB and mpi is not None,
+                        "second_look": look.as_dict() if algo == "auto" and look else None,
                     }
                 )
                 print(f"done {job['backend']} {algo} {nbytes}", flush=True)

@@ -46,6 +46,8 @@ def test_inproc_outputs(tmp_path):
     algos = {r["algo"] for r in data["rows"]}
     assert {"ring", "halving_doubling", "reduce_to_one", "direct", "auto", "numpy"} <= algos
     assert data["ceilings"]["memory_copy_Bps"] > 0
+    looks = [r["extra"]["second_look"] for r in data["rows"] if r["algo"] == "auto"]
+    assert looks and all(look["best"] in algos - {"auto", "numpy"} for look in looks)
     assert all(r["wrong"] == 0 and r["median_s"] > 0 for r in data["rows"])
     with open(c) as f:
         rows = list(csv.DictReader(f))
@@ -140,6 +142,12 @@ def test_the_shared_row_runs_on_mapped_arrays(tmp_path):
     }
     assert chose[1 << 20] == "direct (shared arrays)" and "shared" not in chose[4096], chose
     assert "all results correct" in res.stdout
+    # auto is timed again against the fastest row on the caller's own buffers, never 'shared'
+    looks = [
+        r["extra"]["second_look"] for r in json.loads(j.read_text())["rows"] if r["algo"] == "auto"
+    ]
+    assert len(looks) == 2 and {look["best"] for look in looks} <= {"prepared"}
+    assert "again head to head with prepared" in res.stdout
 
 
 @pytest.mark.timeout(120)
@@ -265,6 +273,58 @@ def test_interleaved_timing_respects_the_budget():
         {"slow": lambda: time.sleep(0.01)}, iters=1000, warmup=0, budget_s=0.1, rounds=4
     )
     assert 4 <= len(samples["slow"]) <= 8  # one iteration per round, the budget allows ~2
+
+
+def test_second_look_times_auto_again_against_the_first_pass_best():
+    from pycollective.bench.timing import second_look
+
+    ran = []
+    calls = {name: (lambda name=name: ran.append(name)) for name in ("auto", "a", "b", "peer")}
+    first = {"auto": [3.0, 3.0], "a": [2.0, 2.5], "b": [1.0, 9.0, 1.5], "peer": [0.1]}
+    barriers = {name: (lambda name=name: ran.append("before " + name)) for name in calls}
+    look = second_look(
+        calls,
+        first,
+        "auto",
+        {"peer"},  # faster, but not a candidate
+        iters=4,
+        budget_s=10.0,
+        before_each=barriers,
+        max_over_ranks=lambda x: np.asarray(x) + 1.0,  # "slower rank"
+    )
+    assert look.best == "b"  # median 1.5 beats a's 2.25
+    assert set(ran) == {"auto", "b", "before auto", "before b"}  # only the pair, own barriers
+    assert look.contender_s >= 1.0 and look.best_s >= 1.0  # the slowest rank's samples
+    assert look.as_dict()["best"] == "b"
+    assert second_look(calls, {"a": [1.0]}, "auto", set(), 4, 1.0) is None
+    assert second_look(calls, {"auto": [1.0], "peer": [1.0]}, "auto", {"peer"}, 4, 1.0) is None
+
+
+def test_summary_gives_the_second_look():
+    from pycollective.bench import report
+    from pycollective.bench.rows import Row
+
+    look = {"best": "ring", "median_s": 1.2e-5, "best_median_s": 1.0e-5}
+    rows = [
+        Row("allreduce", 4096, 1024, "float32", "ring", "shm", 2, 1e-5, 1e-5, 1e-5),
+        Row(
+            "allreduce",
+            4096,
+            1024,
+            "float32",
+            "auto",
+            "shm",
+            2,
+            2e-5,
+            2e-5,
+            2e-5,
+            extra={"chose": "ring", "second_look": look},
+        ),
+    ]
+    assert any(
+        "auto 2.00x of best" in line and "again head to head with ring: auto 1.20x" in line
+        for line in report.summary(rows)
+    )
 
 
 def test_summary_says_which_algorithm_auto_ran():
