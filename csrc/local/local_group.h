@@ -69,9 +69,12 @@ class LocalGroup {
   // The algorithms the model prices within kCandidateWindow of its best (inline included), the
   // best first, at most kMaxCandidates.
   std::vector<MeasuredChoices::Candidate> autoCandidates(const std::vector<CollectiveArgs>& args);
-  // The model's misses measured on the EPYC VM were up to 2x (2 replicas x 2 MiB: halving-
-  // doubling modelled below `direct`, run 1.74x slower); a wider window only lengthens trials.
-  static constexpr double kCandidateWindow = 2.0;
+  // Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth
+  // session, EPYC VM: 3 x 4 MiB, 8 x 1 MiB, 4 x 2 MiB), the model had priced the two within
+  // 1.1x of each other; a 2x window also measured choices the model was sure of (2 x 64 MiB:
+  // `direct` against halving-doubling at 1.33x), and watching those slower calls cost 1-2%
+  // (docs/benchmarks.md).
+  static constexpr double kCandidateWindow = 1.25;
   static constexpr size_t kMaxCandidates = 4;
 
   // A group across processes, a small call: hierarchical's phases with one thread per process
