@@ -100,10 +100,6 @@ class SecondLook:
     contender_s: float  # medians of the second pass
     best_s: float
 
-    @property
-    def ratio(self) -> float:
-        return self.contender_s / self.best_s
-
     def as_dict(self) -> dict:
         return {"best": self.best, "median_s": self.contender_s, "best_median_s": self.best_s}
 
@@ -123,8 +119,8 @@ def second_look(
 
     Why: the fastest of several noisy rows is, more often than not, one that caught a quick
     stretch of the machine, so a ratio to it taken from the same samples that chose it flatters
-    the winner (the winner's curse): on a shared 2-vCPU VM, rows of the very same code differ by
-    1.2-1.4x in one pass. In the second pass both sides were named before they were timed.
+    the winner (the winner's curse): on a shared 2-vCPU VM, rows of the very same code differed by
+    1.2x-1.7x within one pass. In the second pass both sides were named before they were timed.
 
     Across ranks the choice is the same everywhere: with ``max_over_ranks`` every rank holds the
     same samples. None when there is no contender or nothing to set beside it."""

@@ -70,9 +70,9 @@ class LocalGroup {
   // best first, at most kMaxCandidates.
   std::vector<MeasuredChoices::Candidate> autoCandidates(const std::vector<CollectiveArgs>& args);
   // Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth
-  // session, EPYC VM: 3 x 4 MiB, 8 x 1 MiB, 4 x 2 MiB), the model had priced the two within
-  // 1.1x of each other; a 2x window also measured choices the model was sure of (2 x 64 MiB:
-  // `direct` against halving-doubling at 1.33x), and watching those slower calls cost 1-2%
+  // session, EPYC VM: 8 replicas x 1 MiB, in three runs of four), it had priced the two 1.05x
+  // apart; a 2x window also measured choices the model was sure of (2 x 64 MiB: `direct`
+  // against halving-doubling at 1.33x), and watching those slower calls cost 1-2%
   // (docs/benchmarks.md).
   static constexpr double kCandidateWindow = 1.25;
   static constexpr size_t kMaxCandidates = 4;
