@@ -129,10 +129,7 @@ def second_look(
         return None
     best = min(others, key=lambda name: statistics.median(samples[name]))
     pair = {contender: calls[contender], best: calls[best]}
-    barriers = (
-        {name: before_each[name] for name in pair} if isinstance(before_each, dict) else before_each
-    )
     again = time_interleaved(
-        pair, iters, 0, budget_s, before_each=barriers, max_over_ranks=max_over_ranks
+        pair, iters, 0, budget_s, before_each=before_each, max_over_ranks=max_over_ranks
     )
     return SecondLook(best, statistics.median(again[contender]), statistics.median(again[best]))

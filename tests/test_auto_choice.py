@@ -1,5 +1,5 @@
 """algo="auto" against measurement: for in-process worlds at small sizes, auto's choice (the
-cost model's, by default; after its trial where PYCOLLECTIVE_AUTO_TRIALS is set) is timed
+cost model's, or, where the model prices a near tie, the one its trial settled on) is timed
 against every other algorithm on this machine, interleaved, and must not be far behind the
 fastest.
 

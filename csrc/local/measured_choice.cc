@@ -49,8 +49,7 @@ bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
   // right after other algorithms' calls, 190-235 in a row; 8 x 512 KiB of `inline` 607, 545,
   // 523, then 380-440 after halving-doubling), and a training loop runs one algorithm call
   // after call. The shape's first call is such a call too (outputs touched the first time).
-  streak = warm && static_cast<int>(i) == last ? streak + 1 : 0;
-  warm = true;
+  streak = static_cast<int>(i) == last ? streak + 1 : 0;  // last is -1 before the first call
   last = static_cast<int>(i);
   if (streak < kUnfairCalls) {
     if (settled() && static_cast<int>(i) != current) pending = static_cast<int>(i);

@@ -104,7 +104,6 @@ class MeasuredChoices {
     int trialsEach = 0;
     uint64_t calls = 0;
     size_t turn = 0;       // before settling: the candidate the next call runs
-    bool warm = false;     // the shape's first call ran (untimed)
     int last = -1;         // the candidate the previous call ran
     int streak = 0;        // calls in a row of `last` before this one
     int pending = -1;      // once settled: another candidate whose counted call is next
