@@ -32,12 +32,14 @@ class LocalCommunicator:
     one result per replica. Every replica's result is bitwise identical to the others'.
 
     ``algo="auto"`` (the default) starts from the cost model (or a tuned table, from
-    ``pycollective tune``, which it follows). Where the model prices two or more algorithms
-    within 1.25x of each other, a near tie it cannot call, it measures: the first calls of
-    that shape (collective, size, dtype, op) time each of them in turn; later calls run the
-    fastest, and now and then another, so that the choice follows the machine (``explain``
-    shows the times). At most ``auto_trial_calls`` calls per shape go to the first trial.
-    ``PYCOLLECTIVE_AUTO_TRIALS=0`` keeps the model's choice alone, the same on every run (with
+    ``pycollective tune``). Where the model prices two or more algorithms within 1.25x of each
+    other, a near tie it cannot call, or where a tuned table's entry is not the model's only
+    near choice, it measures: the first calls of that shape (collective, size, dtype, op) time
+    each of them in turn (the table's entry first, and a near tie stays with it); later calls
+    run the fastest, and now and then another, so that the choice follows the machine
+    (``explain`` shows the times). At most ``auto_trial_calls`` calls per shape go to the first
+    trial. ``PYCOLLECTIVE_AUTO_TRIALS=0`` keeps the model's (or the table's) choice alone, the
+    same on every run (with
     3 or more replicas the algorithms sum floats in different orders, so a measured choice can
     change the last bits between runs).
     """

@@ -139,3 +139,44 @@ def test_a_tuned_table_set_later_decides_again():
     assert explained.startswith("ring") and "tuned table" in explained, explained
     want = np.full(nbytes // 4, world, np.float32)
     np.testing.assert_array_equal(comm.allreduce(x)[0], want)
+
+
+@pytest.mark.timeout(60)
+def test_a_tuned_entry_leads_the_trial_and_the_model_races_it():
+    # `pycollective tune` measured its table one size per row, into given outputs: on the calls
+    # a program makes, the model's near ties time themselves against the table's entry.
+    from pycollective._calls import KINDS
+
+    world, nbytes = near_tie()
+    comm = pc.LocalCommunicator(world)
+    model = comm.explain("allreduce", nbytes)
+    model_best = model.split()[0]
+    # An entry the model does not price near its best, so that only the table brings it in.
+    priced = dict(re.findall(r" (\w+)=([\d.e+]+)us", model))
+    far = max((a for a in priced if a != model_best), key=lambda a: float(priced[a]))
+    comm._group.set_tuned([(KINDS["allreduce"], 1 << 30, far)])
+    x = _inputs(world, nbytes)
+    want = np.full(nbytes // 4, world * (world + 1) / 2, np.float32)
+    for _ in range(comm.auto_trial_calls):
+        np.testing.assert_array_equal(comm.allreduce(x)[-1], want)
+    explained = comm.explain("allreduce", nbytes)
+    assert "(measured," in explained, explained
+    candidates = _candidates(explained)
+    assert candidates[0] == far and model_best in candidates, explained
+    assert f"{far}=" in explained and "(tuned table;" in explained, explained
+
+
+@pytest.mark.timeout(60)
+def test_a_tuned_entry_the_model_agrees_with_is_not_measured():
+    from pycollective._calls import KINDS
+
+    world, nbytes = 2, 64 << 20
+    comm = pc.LocalCommunicator(world)
+    table = comm.explain("allreduce", nbytes)
+    prices = sorted(float(p) for p in re.findall(r"=([\d.e+]+)us", table))
+    if prices[1] <= WINDOW * prices[0]:
+        pytest.skip(f"the model prices a near tie at 2 x 64 MiB on this machine: {table}")
+    comm._group.set_tuned([(KINDS["allreduce"], 1 << 30, table.split()[0])])
+    comm.allreduce(_inputs(world, nbytes))
+    explained = comm.explain("allreduce", nbytes)
+    assert "tuned table" in explained and "nothing to measure" in explained, explained

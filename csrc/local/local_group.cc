@@ -251,7 +251,7 @@ std::string LocalGroup::autoPick(const std::vector<CollectiveArgs>& args, CallSh
                                  bool* trial) {
   Communicator& first = *comms_[0];
   const Group group = Group::world(first);
-  if (autoTrials_ <= 0 || !measurable(args[0].kind) || tunedEntry(group, args[0]) != nullptr)
+  if (autoTrials_ <= 0 || !measurable(args[0].kind))
     return inlineIsBest(args) ? kInlineAlgorithm : "auto";
   *shape = callShape(kMeasuredTrial, group, 0, args[0]);
   return measured_.pick(
@@ -261,17 +261,24 @@ std::string LocalGroup::autoPick(const std::vector<CollectiveArgs>& args, CallSh
 
 std::vector<MeasuredChoices::Candidate> LocalGroup::autoCandidates(
     const std::vector<CollectiveArgs>& args) {
-  std::vector<MeasuredChoices::Candidate> c;
-  for (const PricedAlgorithm& p : modelCosts(Group::world(*comms_[0]), args[0]))
-    c.push_back({p.name, p.seconds});
+  const Group group = Group::world(*comms_[0]);
+  std::vector<MeasuredChoices::Candidate> all;
+  for (const PricedAlgorithm& p : modelCosts(group, args[0])) all.push_back({p.name, p.seconds});
   // Last, so that on a tie the threaded algorithm comes first, as inlineIsBest decides.
-  c.push_back({kInlineAlgorithm, inlineCost(args)});
-  std::stable_sort(c.begin(), c.end(),
+  all.push_back({kInlineAlgorithm, inlineCost(args)});
+  std::stable_sort(all.begin(), all.end(),
                    [](const auto& a, const auto& b) { return a.modelSeconds < b.modelSeconds; });
-  const double limit = kCandidateWindow * c.front().modelSeconds;
-  size_t keep = 1;
-  while (keep < c.size() && keep < kMaxCandidates && c[keep].modelSeconds <= limit) ++keep;
-  c.resize(keep);
+  const double limit = kCandidateWindow * all.front().modelSeconds;
+  std::vector<MeasuredChoices::Candidate> c;
+  // The tuned table's entry leads (a near tie stays with it), and the model's near ties race
+  // it: `pycollective tune` measured one size per row, into given outputs, at another time.
+  if (const TunedChoice* t = tunedEntry(group, args[0]))
+    for (const auto& a : all)
+      if (a.algo == t->algo) c.push_back({a.algo, a.modelSeconds, /*tuned=*/true});
+  for (const auto& a : all) {
+    if (c.size() == kMaxCandidates || a.modelSeconds > limit) break;
+    if (c.empty() || a.algo != c.front().algo) c.push_back(a);
+  }
   return c;
 }
 

@@ -61,13 +61,14 @@ class LocalGroup {
  private:
   // Whether algo="auto" runs this call inline: the tuned table's entry decides, else the model.
   bool inlineIsBest(const std::vector<CollectiveArgs>& args);
-  // What algo="auto" runs for a host call: the tuned table's choice where there is one, else
-  // the measured choice among the model's candidates (measured_choice.h; `*trial` is set, with
+  // What algo="auto" runs for a host call: the measured choice among the tuned table's entry,
+  // where there is one, and the model's candidates (measured_choice.h; `*trial` is set, with
   // the shape, when this call's time is to be recorded). "auto" leaves the choice to each
   // replica's communicator, which makes the same one.
   std::string autoPick(const std::vector<CollectiveArgs>& args, CallShape* shape, bool* trial);
   // The algorithms the model prices within kCandidateWindow of its best (inline included), the
-  // best first, at most kMaxCandidates.
+  // best first, at most kMaxCandidates; where the tuned table has an entry for the call, that
+  // algorithm first.
   std::vector<MeasuredChoices::Candidate> autoCandidates(const std::vector<CollectiveArgs>& args);
   // Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth
   // session, EPYC VM: 8 replicas x 1 MiB, in three runs of four), it had priced the two 1.05x

@@ -127,7 +127,9 @@ std::string MeasuredChoices::describe(const CallShape& shape, uint64_t epoch) {
   const Trial& t = it->second;
   std::ostringstream s;
   if (t.candidates.size() == 1) {
-    s << t.candidates[0].algo << " (model " << t.candidates[0].modelSeconds * 1e6
+    s << t.candidates[0].algo
+      << (t.candidates[0].tuned ? " (tuned table, PYCOLLECTIVE_TUNING; model " : " (model ")
+      << t.candidates[0].modelSeconds * 1e6
       << "us; no other algorithm priced near it, nothing to measure)";
     return s.str();
   }
@@ -140,7 +142,8 @@ std::string MeasuredChoices::describe(const CallShape& shape, uint64_t epoch) {
       s << t.timings[i].estimate() * 1e6 << "us";
     else
       s << "?";
-    s << " (model " << t.candidates[i].modelSeconds * 1e6 << "us)";
+    s << (t.candidates[i].tuned ? " (tuned table; model " : " (model ")
+      << t.candidates[i].modelSeconds * 1e6 << "us)";
   }
   s << ")";
   return s.str();

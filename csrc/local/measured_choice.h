@@ -9,9 +9,10 @@
 // - a call counts only after kUnfairCalls calls in a row of the same algorithm (the first
 //   calls of a shape, or after a switch, pay for what came before: outputs touched the first
 //   time, caches left by another algorithm);
-// - each candidate (the algorithms the model prices near its best, best first) runs
+// - each candidate (the algorithms the model prices near its best, best first; led by the
+//   tuned table's entry where there is one) runs
 //   kUnfairCalls + `trialsEach` calls in a row, and the shape settles on the fastest, unless the
-//   model's pick is within kMargin of it (a near tie stays the model's);
+//   first candidate is within kMargin of it (a near tie stays the model's, or the table's);
 // - from then on every call is timed, and now and then kUnfairCalls + 1 calls run another
 //   candidate: every kBaseInterval calls for one measured within kCloseRatio of the current
 //   choice, at ever longer intervals (doubling to kMaxInterval) for one measured slower, so that
@@ -43,6 +44,7 @@ class MeasuredChoices {
   struct Candidate {
     std::string algo;
     double modelSeconds = 0;
+    bool tuned = false;  // the tuned table's entry (PYCOLLECTIVE_TUNING), not the model's pick
   };
 
   // The algorithm to run for this call. The first call of a shape starts its trial with
