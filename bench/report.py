@@ -85,7 +85,12 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
         if auto is not None:
             text += f"; auto {auto.median_s / best.median_s:.2f}x of best"
             chose = auto.extra.get("chose")
-            if chose == best.algo:
+            if chose == best.algo and auto.extra.get("measures"):
+                text += (
+                    f" (it runs {chose}, and now and then one of its near rivals: it keeps "
+                    "timing them)"
+                )
+            elif chose == best.algo:
                 text += (
                     f" (it runs {chose}: the same code plus a table lookup, so the gap "
                     "is timing noise)"

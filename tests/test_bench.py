@@ -338,6 +338,18 @@ def test_summary_says_which_algorithm_auto_ran():
         [row("ring", 1e-5), row("halving_doubling", 2e-5), row("auto", 1.1e-5, chose="ring")]
     )
     assert any("auto 1.10x of best (it runs ring: the same code" in line for line in same)
+    # Where in-process auto measures, its samples include calls of its rivals: no "noise" claim.
+    watching = report.summary(
+        [
+            row("ring", 1e-5),
+            row("halving_doubling", 2e-5),
+            row("auto", 1.1e-5, chose="ring", measures=True),
+        ]
+    )
+    assert any(
+        "(it runs ring, and now and then one of its near rivals" in line for line in watching
+    )
+    assert not any("timing noise" in line for line in watching)
     other = report.summary(
         [
             row("ring", 1e-5),
