@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import numpy
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'POOLED_OUTPUT_BYTES', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'new_result', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
     One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default), timeout in seconds (0: the group's) and wire format (0: native, 1: bf16, 2: fp16 on network links). Checked when built; reusable.
@@ -350,6 +350,10 @@ def nccl_set_wheel_dirs(dirs: collections.abc.Sequence[tuple[str, str]]) -> None
     """
 def nccl_unique_id() -> bytes:
     ...
+def new_result(dtype: numpy.dtype[typing.Any], shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> numpy.ndarray:
+    """
+    A new C-contiguous result array; from POOLED_OUTPUT_BYTES up its memory comes from the output pool and returns there when the array goes.
+    """
 def output_pool_cached_bytes() -> int:
     """
     Bytes of released result memory kept for reuse.
@@ -383,3 +387,4 @@ def tcp_link(*, fd: typing.SupportsInt | typing.SupportsIndex, rank: typing.Supp
     Takes over a connected, authenticated socket (the link closes it). With a 32-byte key, every byte travels in AES-256-GCM records (both ends need the same key).
     """
 PARKED_PEER_SECONDS: float = 6e-06
+POOLED_OUTPUT_BYTES: int = 1048576

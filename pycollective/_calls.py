@@ -67,7 +67,7 @@ def wire_code(compress: str | None, where: str) -> int:
 
 
 #: Results at least this large get memory from the native output pool (core/output_pool.h).
-POOLED_OUTPUT_BYTES = 1 << 20
+POOLED_OUTPUT_BYTES: int = _C.POOLED_OUTPUT_BYTES
 
 
 def new_output(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -75,11 +75,9 @@ def new_output(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     from the output pool: a released result's memory serves the next result of its size, so a
     loop of ``y = allreduce(x)`` stops paying the page faults of fresh memory (a 64 MiB result's
     cost as much as the collective)."""
-    count = math.prod(shape)
-    nbytes = count * dtype.itemsize
-    if nbytes < POOLED_OUTPUT_BYTES:
-        return np.empty(shape, dtype=dtype)
-    return np.frombuffer(_C.OutputBuffer(nbytes), dtype=dtype, count=count).reshape(shape)
+    if math.prod(shape) * dtype.itemsize < POOLED_OUTPUT_BYTES:
+        return np.empty(shape, dtype=dtype)  # the common small case without a native call
+    return _C.new_result(dtype, list(shape))
 
 
 def chunk_bounds(count: int, parts: int, index: int) -> tuple[int, int]:

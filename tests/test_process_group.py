@@ -278,6 +278,39 @@ def test_repeated_plain_calls_see_arrays_changed_in_place():
     assert run_ranks(_repeated_plain_calls, 2, timeout=75) == [[True, True, True]] * 2
 
 
+def _large_plain_calls(rank, n):
+    """Plain calls of 512 KiB are remembered too (the checks cost with ranks sharing cores), and
+    so are calls with new results of 1 MiB and more, whose memory still comes from the output
+    pool, a new array every call."""
+    import pycollective as pc
+    from pycollective.process_group import _group
+
+    pc.init()
+    total = n * (n + 1) / 2
+    count = (512 << 10) // 4
+    x = np.empty(count, np.float32)
+    y = np.empty_like(x)
+    for step in range(3):
+        x[:] = np.arange(count) % 97 * (rank + 1) + step
+        assert pc.allreduce(x, out=y) is y
+        np.testing.assert_allclose(y, np.arange(count) % 97 * total + n * step)
+    memo = _group(None)._memo
+    remembered = memo.plain_out is not None
+    big = np.full((1 << 20) // 4 * 2, rank + 1.0, np.float32)  # 2 MiB, new results
+    results = [pc.allreduce(big) for _ in range(3)]  # the first on the full path
+    for r in results:
+        np.testing.assert_allclose(r, total)
+    pooled = all(isinstance(r.base, pc._C.OutputBuffer) for r in results)
+    distinct = len({r.ctypes.data for r in results}) == 3
+    pc.shutdown()
+    return [remembered, memo.plain_new is not None and pooled and distinct]
+
+
+@pytest.mark.timeout(60)
+def test_large_plain_calls_are_remembered():
+    assert run_ranks(_large_plain_calls, 2, timeout=45) == [[True, True]] * 2
+
+
 def _remembered_calls_refuse_what_the_full_path_refuses(rank, n):
     """Arguments equal to a remembered call's but refused by the full path stay refused: a
     byte-swapped array of the same shape and strides (numpy's '>f4' shares '<f4''s type number),

@@ -106,7 +106,7 @@ class KnownLayouts {
       switch (k->writes) {
         case Writes::kOut: result = py::reinterpret_borrow<py::object>(out); break;
         case Writes::kInplace: result = xa; break;
-        default: result = py::array(k->resultType, k->resultShape); break;
+        default: result = newResultArray(k->resultType, k->resultShape); break;
       }
       const auto* target = py::detail::array_proxy(result.ptr());
       if ((target->flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_) == 0)

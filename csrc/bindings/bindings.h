@@ -1,4 +1,5 @@
 #pragma once
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <string>
@@ -23,6 +24,12 @@ void bindOptim(pybind11::module_& m);
 void bindCallSpec(pybind11::module_& m);
 void bindKnownCalls(pybind11::module_& m);
 void bindPool(pybind11::module_& m);
+
+// A new result array the caller owns: from OutputPool::kMinPooledBytes up its memory comes from
+// the output pool (core/output_pool.h) and returns there when the array goes; smaller ones are
+// ordinary numpy allocations. C-contiguous.
+pybind11::array newResultArray(const pybind11::dtype& dtype,
+                               const std::vector<pybind11::ssize_t>& shape);
 
 // The dtype and reduce-op codes Python passes (pycollective._C.enum_codes()), checked.
 inline DType dtypeOf(int code) {
