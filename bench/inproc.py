@@ -69,9 +69,10 @@ def run(
             wrong[algo] = sum(count_wrong(results[r], want[r], op) for r in range(world))
             calls[algo] = call
             if algo == "auto":
-                # Where auto measures (a near tie in the model), its first calls of a shape
-                # are its trial of the model's candidates (a training loop's first steps):
-                # timed from its settled choice on, as every algorithm after its warm-up.
+                # Where auto measures (a near tie in the model, or a tuned entry to race), its
+                # first calls of a shape are its trial of the candidates (a training loop's
+                # first steps): timed from its settled choice on, as every algorithm after its
+                # warm-up.
                 for _ in range(comm.auto_trial_calls):
                     call()
         if collective == "allreduce":

@@ -206,7 +206,7 @@ def test_torch_tensors_across_processes():
 
 def _repeated_plain_calls(rank, n):
     """Plain calls on the same arrays, and on fresh arrays of the same layout, over and over
-    (the group remembers the checked layouts of small calls, pycollective/_call_memo.py), with
+    (the group remembers the checked layouts of plain calls, pycollective/_call_memo.py), with
     the arrays changed in place between calls."""
     import pycollective as pc
     from pycollective.process_group import _group

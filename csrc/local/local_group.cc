@@ -272,9 +272,11 @@ std::vector<MeasuredChoices::Candidate> LocalGroup::autoCandidates(
   std::vector<MeasuredChoices::Candidate> c;
   // The tuned table's entry leads (a near tie stays with it), and the model's near ties race
   // it: `pycollective tune` measured one size per row, into given outputs, at another time.
-  if (const TunedChoice* t = tunedEntry(group, args[0]))
-    for (const auto& a : all)
-      if (a.algo == t->algo) c.push_back({a.algo, a.modelSeconds, /*tuned=*/true});
+  if (const TunedChoice* t = tunedEntry(group, args[0])) {
+    auto entry =
+        std::find_if(all.begin(), all.end(), [t](const auto& a) { return a.algo == t->algo; });
+    if (entry != all.end()) c.push_back({entry->algo, entry->modelSeconds, /*tuned=*/true});
+  }
   for (const auto& a : all) {
     if (c.size() == kMaxCandidates || a.modelSeconds > limit) break;
     if (c.empty() || a.algo != c.front().algo) c.push_back(a);
