@@ -191,6 +191,11 @@ class Communicator:
     def aborted(self) -> bool:
         ...
     @property
+    def auto_trial_calls(self) -> int:
+        """
+        The most calls of one shape algo="auto" spends on its first trial where it measures (each candidate's first calls, which do not count, included); 0 where it does not (PYCOLLECTIVE_AUTO_TRIALS=0).
+        """
+    @property
     def host_segment(self) -> typing.Any:
         """
         (name, ranks, slot bytes) of the host segment, or None.

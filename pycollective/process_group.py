@@ -491,8 +491,16 @@ class ProcessGroup:
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
 
+    @property
+    def auto_trial_calls(self) -> int:
+        """The most calls of one shape ``algo="auto"`` spends on its first trial, where the model
+        prices a near tie (calls of 20 us and more); 0 with ``PYCOLLECTIVE_AUTO_TRIALS=0``."""
+        return self._world.comm.auto_trial_calls
+
     def explain(self, collective: str, nbytes: int) -> str:
-        """The algorithm algo="auto" picks for a float32 call of this size, with the model."""
+        """The algorithm algo="auto" runs for a float32 call of this size, and why: where the
+        model prices a near tie and calls of this shape have run, the times every rank agreed
+        on; else the model's pick and costs."""
         return self._world.comm.explain(
             _C.CallSpec(kind=KINDS[collective], count=nbytes // 4, dtype=_FLOAT32)
         )

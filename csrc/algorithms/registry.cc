@@ -326,6 +326,8 @@ LinkCost costOf(const Group& group, const CollectiveArgs& args) {
 }
 
 std::string explainChoice(const Group& group, const CollectiveArgs& args) {
+  const std::string measured = describeMeasuredAuto(group, 0, args);
+  if (!measured.empty()) return measured;
   if (const Algorithm* t = tunedChoice(group, args))
     return std::string(t->name()) + " (tuned table, PYCOLLECTIVE_TUNING)";
   Choice c = chooseAuto(group, args, true);
@@ -375,17 +377,21 @@ void runCollective(Communicator& comm, const std::vector<int>& members, int grou
       abortOnFailure(comm, [&] { runBarrier(ex); });
     return;
   }
-  runWith(group, groupId, args, chooseAlgorithm(group, groupId, args, algoName));
+  const Algorithm& chosen = chooseAlgorithm(group, groupId, args, algoName);
+  if (algoName == "auto" && runMeasuredAuto(group, groupId, args)) return;
+  runWith(group, groupId, args, chosen);
 }
 
 PreparedCollective::PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
-                                       const CollectiveArgs& args, const std::string& algo)
+                                       const CollectiveArgs& args, const std::string& algo,
+                                       bool keepMeasuring)
     : group_(comm, std::move(members)), groupId_(groupId), args_(args) {
   PC_CHECK(args.kind != CollectiveKind::kBarrier && !isPairwise(args.kind),
            "a prepared call runs allreduce, reduce_scatter, allgather, broadcast or reduce, not ",
            collectiveName(args.kind));
   throwIfAborted(comm);
   algo_ = &chooseAlgorithm(group_, groupId_, args_, algo);
+  measured_ = keepMeasuring && algo == "auto" && measuresAuto(group_, groupId_, args_);
 }
 
 PreparedCollective::PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
@@ -403,6 +409,7 @@ PreparedCollective::PreparedCollective(Communicator& comm, std::vector<int> memb
 }
 
 void PreparedCollective::run() {
+  if (measured_ && runMeasuredAuto(group_, groupId_, args_)) return;
   runWith(group_, groupId_, args_, *algo_);
 }
 
@@ -411,6 +418,7 @@ void PreparedCollective::runOn(const void* in, void* out) {
   CollectiveArgs a = args_;
   a.in = in;
   a.out = out;
+  if (measured_ && runMeasuredAuto(group_, groupId_, a)) return;
   runWith(group_, groupId_, a, *algo_);
 }
 

@@ -56,6 +56,7 @@ enum AutoQuestion : int {
   kWhichAlgorithm = 1,  // answer: the algorithm's registry index
   kInlineBeatsAll = 2,  // answer: 1 if a LocalGroup's inline path beats every algorithm, else 0
   kMeasuredTrial = 3,   // a LocalGroup's trial of the model's candidates (local/measured_choice.h)
+  kAgreedTrial = 4,     // a process group's (comm/agreed_choice.h)
 };
 CallShape callShape(AutoQuestion question, const Group& group, int groupId,
                     const CollectiveArgs& args);
@@ -68,13 +69,28 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
 // Runs a checked call with `algo` on this rank, avg's final scale included.
 void runWith(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo);
 
+// algo="auto" measured across processes where the model prices a near tie (agreed_auto.cc,
+// comm/agreed_choice.h). runMeasuredAuto runs a checked call (chooseAlgorithm passed it) with
+// the algorithm its shape's schedule names, times it, and after a trial or a check agrees on
+// the times with the other ranks (one small allreduce); false, having run nothing, where the
+// shape is not measured: the caller runs the model's choice.
+bool runMeasuredAuto(Group& group, int groupId, const CollectiveArgs& args);
+// Whether runMeasuredAuto measures calls of this shape (a prepared call asks once).
+bool measuresAuto(const Group& group, int groupId, const CollectiveArgs& args);
+// What the measured schedule runs and why, or "" where calls of this shape are not measured.
+std::string describeMeasuredAuto(const Group& group, int groupId, const CollectiveArgs& args);
+
 // A call prepared once and run many times, like MPI's persistent collectives
 // (MPI_Allreduce_init): the group, the checks and auto's choice are settled when it is made, so
 // each run is the schedule alone. The buffers in `args` must stay valid while it is used.
+// With `keepMeasuring`, an auto call whose shape auto measures (runMeasuredAuto) goes on
+// measuring on every run, as the plain call it stands for would: how a group remembers plain
+// calls (bindings/bind_known_calls.cc).
 class PreparedCollective {
  public:
   PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
-                     const CollectiveArgs& args, const std::string& algo);
+                     const CollectiveArgs& args, const std::string& algo,
+                     bool keepMeasuring = false);
   // An allreduce over buffers every rank mapped (MappedBuffers): runs `direct` on them.
   PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
                      const CollectiveArgs& args, MappedBuffers mapped);
@@ -93,6 +109,7 @@ class PreparedCollective {
   CollectiveArgs args_;
   MappedBuffers mapped_;
   const Algorithm* algo_ = nullptr;
+  bool measured_ = false;
 };
 
 // Runs `schedule` as one collective `args` of the group (groupId: see runCollective), its

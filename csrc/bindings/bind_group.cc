@@ -324,6 +324,12 @@ void bindGroup(py::module_& m) {
           "set_tuned",
           [](Communicator& c, const TunedRows& table) { c.setTuned(tunedTable(table)); },
           py::arg("table"), "[(collective kind, max bytes, algorithm)] sorted by max bytes")
+      .def_property_readonly(
+          "auto_trial_calls",
+          [](const Communicator& c) { return AgreedChoices::trialCalls(c.autoTrials()); },
+          "The most calls of one shape algo=\"auto\" spends on its first trial where it measures "
+          "(each candidate's first calls, which do not count, included); 0 where it does not "
+          "(PYCOLLECTIVE_AUTO_TRIALS=0).")
       .def_property_readonly("aborted", &Communicator::aborted)
       .def_property_readonly("abort_reason", &Communicator::abortReason);
 }

@@ -118,7 +118,8 @@ class KnownLayouts {
     const uint64_t epoch = comm.autoChoices().epoch();
     if (k->plan == nullptr || k->epoch != epoch || &k->plan->comm() != &comm) {
       k->plan = std::make_shared<PreparedCollective>(comm, members_.ranks, members_.groupId,
-                                                     k->spec.args(), k->spec.algo);
+                                                     k->spec.args(), k->spec.algo,
+                                                     /*keepMeasuring=*/true);
       k->epoch = epoch;
     }
     std::shared_ptr<PreparedCollective> plan = k->plan;  // another thread may replace it

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/knobs.h"
 #include "core/params.h"
 #include "core/thread_pool.h"
 #include "core/wait_policy.h"
@@ -34,6 +35,7 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Link>
   reduceThreads_ =
       params::reduceThreads() > 0 ? params::reduceThreads() : std::max(1, cores / onMyHost);
   spinSeconds_ = spinSecondsFor(onMyHost);
+  autoTrials_ = static_cast<int>(knobs::integer(knobs::kAutoTrials));
 }
 
 Communicator::~Communicator() = default;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agreed_choice.h"
 #include "comm/choice_memo.h"
 #include "comm/executor.h"
 #include "core/deadline.h"
@@ -96,6 +97,13 @@ class Communicator {
   void setTuned(std::vector<TunedChoice> table);
   // auto's decisions so far; the setters above empty it, since they change what auto decides.
   ChoiceMemo& autoChoices() const { return autoChoices_; }
+  // auto's measured choices where the model prices a near tie (comm/agreed_choice.h), and the
+  // counted calls each candidate's trial takes (PYCOLLECTIVE_AUTO_TRIALS when the communicator
+  // was made; 0: the model's choice alone). A LocalGroup sets 0 on its replicas' communicators:
+  // it measures for all of them at once (local/measured_choice.h).
+  AgreedChoices& agreedChoices() const { return agreedChoices_; }
+  int autoTrials() const { return autoTrials_; }
+  void setAutoTrials(int calls) { autoTrials_ = calls; }
 
   // Sequence number of the next collective of group `groupId` (0 = all ranks).
   uint64_t nextSeq(int groupId = 0);
@@ -140,6 +148,8 @@ class Communicator {
   double cacheBytes_ = kCacheResidentBytes;
   std::vector<TunedChoice> tuned_;
   mutable ChoiceMemo autoChoices_;
+  mutable AgreedChoices agreedChoices_;
+  int autoTrials_ = 0;
   std::mutex seqMu_;
   std::map<int, uint64_t> seq_;
   std::atomic<bool> aborted_{false};

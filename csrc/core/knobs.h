@@ -24,10 +24,11 @@ namespace knobs {
     "(0: measured once per process: the last-level cache the OS reports, 8-64 MiB, when a pass "  \
     "over part of it confirms it, else a walk from 1 to 16 MiB).")                                \
   X(kAutoTrials, "PYCOLLECTIVE_AUTO_TRIALS", "int", "2",                                          \
-    "In-process auto times the algorithms the model prices within 1.25x of its best and the "     \
-    "tuned table's entry (at most 4) on this many counted calls each per shape, runs the "        \
-    "fastest and keeps timing the others now and then (0: the model's or the table's choice "     \
-    "alone, the same on every run).")                                                             \
+    "Auto times the algorithms the model prices within 1.25x of its best and the tuned "          \
+    "table's entry (at most 4) on this many counted calls each per shape, runs the fastest "      \
+    "and keeps timing the others now and then; process groups measure calls the model prices "    \
+    "at 20 us or more and agree on the times across ranks (0: the model's or the table's "        \
+    "choice alone, the same on every run; set it alike on every rank).")                          \
   X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
     "Log level: NONE, WARN, INFO (algorithm choices, links) or TRACE.")                           \
   X(kDebugSubsys, "PYCOLLECTIVE_DEBUG_SUBSYS", "str", "ALL",                                      \

@@ -64,6 +64,7 @@ LocalGroup::LocalGroup(int size, double timeoutSeconds, int groupSize)
     comm->setModelCores(0);  // inprocLinkCost prices the threads' share of the cores
     comm->setCacheBytes(static_cast<double>(cacheResidentBytes()));
     comm->setHierarchicalGroupSize(groupSize);
+    comm->setAutoTrials(0);  // this group measures for all its replicas (measured_choice.h)
     comms_.push_back(std::move(comm));
   }
 }
@@ -100,6 +101,7 @@ LocalGroup::LocalGroup(int worker, int numWorkers,
     comm->setHierarchicalGroupSize(size);
     comm->setCosts(kInprocLink, comm->remoteCost());
     comm->setModelCores(0);  // kInprocLink is the shared-core cost, as above
+    comm->setAutoTrials(0);  // it runs hierarchical alone
     comms_.push_back(std::move(comm));
   }
 }
@@ -233,25 +235,11 @@ void LocalGroup::runOnHost(const std::vector<CollectiveArgs>& args, const std::s
   runInline(args);
 }
 
-namespace {
-// The collectives both inline and the threaded algorithms run (the others have one path).
-bool measurable(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllreduce:
-    case CollectiveKind::kReduce:
-    case CollectiveKind::kReduceScatter:
-    case CollectiveKind::kAllgather:
-    case CollectiveKind::kBroadcast: return true;
-    default: return false;
-  }
-}
-}  // namespace
-
 std::string LocalGroup::autoPick(const std::vector<CollectiveArgs>& args, CallShape* shape,
                                  bool* trial) {
   Communicator& first = *comms_[0];
   const Group group = Group::world(first);
-  if (autoTrials_ <= 0 || !measurable(args[0].kind))
+  if (autoTrials_ <= 0 || !autoMeasures(args[0].kind))
     return inlineIsBest(args) ? kInlineAlgorithm : "auto";
   *shape = callShape(kMeasuredTrial, group, 0, args[0]);
   return measured_.pick(
@@ -264,24 +252,10 @@ std::vector<MeasuredChoices::Candidate> LocalGroup::autoCandidates(
   const Group group = Group::world(*comms_[0]);
   std::vector<MeasuredChoices::Candidate> all;
   for (const PricedAlgorithm& p : modelCosts(group, args[0])) all.push_back({p.name, p.seconds});
-  // Last, so that on a tie the threaded algorithm comes first, as inlineIsBest decides.
+  // Last, so that on a tie the threaded algorithm comes first (the sort is stable), as
+  // inlineIsBest decides.
   all.push_back({kInlineAlgorithm, inlineCost(args)});
-  std::stable_sort(all.begin(), all.end(),
-                   [](const auto& a, const auto& b) { return a.modelSeconds < b.modelSeconds; });
-  const double limit = kCandidateWindow * all.front().modelSeconds;
-  std::vector<MeasuredChoices::Candidate> c;
-  // The tuned table's entry leads (a near tie stays with it), and the model's near ties race
-  // it: `pycollective tune` measured one size per row, into given outputs, at another time.
-  if (const TunedChoice* t = tunedEntry(group, args[0])) {
-    auto entry =
-        std::find_if(all.begin(), all.end(), [t](const auto& a) { return a.algo == t->algo; });
-    if (entry != all.end()) c.push_back({entry->algo, entry->modelSeconds, /*tuned=*/true});
-  }
-  for (const auto& a : all) {
-    if (c.size() == kMaxCandidates || a.modelSeconds > limit) break;
-    if (c.empty() || a.algo != c.front().algo) c.push_back(a);
-  }
-  return c;
+  return nearCandidates(std::move(all), tunedEntry(group, args[0]));
 }
 
 void LocalGroup::runOnReplicas(const std::vector<CollectiveArgs>& args, const std::string& algo) {

@@ -66,17 +66,8 @@ class LocalGroup {
   // the shape, when this call's time is to be recorded). "auto" leaves the choice to each
   // replica's communicator, which makes the same one.
   std::string autoPick(const std::vector<CollectiveArgs>& args, CallShape* shape, bool* trial);
-  // The algorithms the model prices within kCandidateWindow of its best (inline included), the
-  // best first, at most kMaxCandidates; where the tuned table has an entry for the call, that
-  // algorithm first.
+  // The algorithms the model prices near its best, inline included (comm/auto_candidates.h).
   std::vector<MeasuredChoices::Candidate> autoCandidates(const std::vector<CollectiveArgs>& args);
-  // Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth
-  // session, EPYC VM: 8 replicas x 1 MiB, in three runs of four), it had priced the two 1.05x
-  // apart; a 2x window also measured choices the model was sure of (2 x 64 MiB: `direct`
-  // against halving-doubling at 1.33x), and watching those slower calls cost 1-2%
-  // (docs/benchmarks.md).
-  static constexpr double kCandidateWindow = 1.25;
-  static constexpr size_t kMaxCandidates = 4;
 
   // A group across processes, a small call: hierarchical's phases with one thread per process
   // (reduce the local replicas inline, one all-reduce across processes by replica 0, local

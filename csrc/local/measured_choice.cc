@@ -1,24 +1,8 @@
 #include "local/measured_choice.h"
 
 #include <algorithm>
-#include <limits>
-#include <sstream>
 
 namespace pycollective {
-
-double MeasuredChoices::Timings::estimate() const {
-  if (count == 0) return std::numeric_limits<double>::infinity();
-  // At most kRecent values: an insertion sort (std::sort on so short an array trips GCC 12's
-  // -Warray-bounds, which the -Werror build turns into an error).
-  const int n = std::min(count, kRecent);
-  double sorted[kRecent] = {};
-  for (int i = 0; i < n; ++i) {
-    int j = i;
-    for (; j > 0 && sorted[j - 1] > recent[i]; --j) sorted[j] = sorted[j - 1];
-    sorted[j] = recent[i];
-  }
-  return sorted[(n - 1) / 2];
-}
 
 MeasuredChoices::Trial::Trial(std::vector<Candidate> c, uint64_t e, int each)
     : candidates(std::move(c)), timings(candidates.size()), epoch(e), trialsEach(each) {
@@ -56,11 +40,11 @@ bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
     return false;  // the next call runs it again
   }
   if (static_cast<int>(i) == pending) pending = -1;
-  timings[i].add(seconds);
+  timings[i].times.add(seconds);
   if (settled()) return reconsider(i);
-  if (timings[turn].count < trialsEach) return false;
+  if (timings[turn].times.count() < trialsEach) return false;
   for (size_t j = 0; j < candidates.size(); ++j)
-    if (timings[j].count < trialsEach) {
+    if (timings[j].times.count() < trialsEach) {
       turn = j;
       return false;
     }
@@ -73,7 +57,7 @@ void MeasuredChoices::Trial::settle() {
   for (size_t i = 1; i < candidates.size(); ++i)
     if (timings[i].estimate() < timings[best].estimate()) best = i;
   current =
-      timings[0].estimate() <= kMargin * timings[best].estimate() ? 0 : static_cast<int>(best);
+      timings[0].estimate() <= kMoveMargin * timings[best].estimate() ? 0 : static_cast<int>(best);
   reference = timings[static_cast<size_t>(current)].estimate();
   for (size_t i = 0; i < candidates.size(); ++i)
     if (static_cast<int>(i) != current) reconsider(i);
@@ -103,7 +87,7 @@ bool MeasuredChoices::Trial::reconsider(size_t measured) {
   size_t best = static_cast<size_t>(current);
   for (size_t i = 0; i < candidates.size(); ++i)
     if (timings[i].estimate() < timings[best].estimate()) best = i;
-  if (kMargin * timings[best].estimate() < now.estimate()) {
+  if (kMoveMargin * timings[best].estimate() < now.estimate()) {
     now.interval = kBaseInterval;  // the old choice was close a moment ago: watch it
     now.due = calls + kBaseInterval;
     current = static_cast<int>(best);
@@ -125,28 +109,10 @@ std::string MeasuredChoices::describe(const CallShape& shape, uint64_t epoch) {
   auto it = shapes_.find(shape);
   if (it == shapes_.end() || it->second.epoch != epoch) return "";
   const Trial& t = it->second;
-  std::ostringstream s;
-  if (t.candidates.size() == 1) {
-    s << t.candidates[0].algo
-      << (t.candidates[0].tuned ? " (tuned table, PYCOLLECTIVE_TUNING; model " : " (model ")
-      << t.candidates[0].modelSeconds * 1e6
-      << "us; no other algorithm priced near it, nothing to measure)";
-    return s.str();
-  }
-  s << t.candidates[t.settled() ? static_cast<size_t>(t.current) : t.turn].algo
-    << (t.settled() ? " (measured, the median of each one's recent calls of this shape:"
-                    : " (trial under way, the median of each one's calls so far:");
-  for (size_t i = 0; i < t.candidates.size(); ++i) {
-    s << " " << t.candidates[i].algo << "=";
-    if (t.timings[i].count > 0)
-      s << t.timings[i].estimate() * 1e6 << "us";
-    else
-      s << "?";
-    s << (t.candidates[i].tuned ? " (tuned table; model " : " (model ")
-      << t.candidates[i].modelSeconds * 1e6 << "us)";
-  }
-  s << ")";
-  return s.str();
+  std::vector<double> estimates;
+  for (const Timings& timing : t.timings) estimates.push_back(timing.estimate());
+  return describeMeasured(t.candidates, estimates,
+                          t.settled() ? static_cast<size_t>(t.current) : t.turn, t.settled());
 }
 
 }  // namespace pycollective

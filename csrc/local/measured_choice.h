@@ -12,16 +12,16 @@
 // - each candidate (the algorithms the model prices near its best, best first; led by the
 //   tuned table's entry where there is one) runs
 //   kUnfairCalls + `trialsEach` calls in a row, and the shape settles on the fastest, unless the
-//   first candidate is within kMargin of it (a near tie stays the model's, or the table's);
+//   first candidate is within kMoveMargin of it (a near tie stays the model's, or the table's);
 // - from then on every call is timed, and now and then kUnfairCalls + 1 calls run another
 //   candidate: every kBaseInterval calls for one measured within kCloseRatio of the current
 //   choice, at ever longer intervals (doubling to kMaxInterval) for one measured slower, so that
 //   keeping watch costs at most a few percent; and every other candidate at once when the current
 //   choice's calls have slowed by kCloseRatio (the machine changed). The shape moves to a candidate
-//   whose recent calls ran kMargin faster than the current choice's.
+//   whose recent calls ran kMoveMargin faster than the current choice's.
 //
-// Groups across processes could not measure this way without agreeing on the answer (each rank
-// times its own view), so they keep the model's choice. The measured choice depends on timing:
+// Groups across processes measure too, agreeing on each decision (comm/agreed_choice.h). The
+// measured choice depends on timing:
 // results whose reduction order differs between algorithms (3 or more replicas, floats) may
 // then differ in the last bits from run to run. PYCOLLECTIVE_AUTO_TRIALS=0 keeps the model's
 // choice alone.
@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/auto_candidates.h"
 #include "comm/choice_memo.h"
 
 namespace pycollective {
@@ -41,11 +42,7 @@ class MeasuredChoices {
   // Calls right after another algorithm's that do not count (see record()).
   static constexpr int kUnfairCalls = 2;
 
-  struct Candidate {
-    std::string algo;
-    double modelSeconds = 0;
-    bool tuned = false;  // the tuned table's entry (PYCOLLECTIVE_TUNING), not the model's pick
-  };
+  using Candidate = AutoCandidate;
 
   // The algorithm to run for this call. The first call of a shape starts its trial with
   // `candidates()` (the model's best first). `*timeIt` says whether to record() this call's
@@ -72,23 +69,17 @@ class MeasuredChoices {
   std::string describe(const CallShape& shape, uint64_t epoch);
 
  private:
-  // A candidate must run this much faster than the current choice to replace it: timed calls
-  // on a shared VM differ by a few percent at random, and a near tie keeps the choice.
-  static constexpr double kMargin = 1.1;
   static constexpr double kCloseRatio = 1.3;
   static constexpr uint64_t kBaseInterval = 32;
   static constexpr uint64_t kMaxInterval = 2048;
-  static constexpr int kRecent = 4;  // a candidate's estimate: the median of its last calls
   static constexpr size_t kMaxShapes = 4096;
   static constexpr int kChangesSaid = 10;  // per shape: a noisy machine moves it back and forth
 
   struct Timings {
-    double recent[kRecent] = {};
-    int count = 0;
+    RecentTimes times;
     uint64_t due = 0;  // the call at which another timed call of it is due
     uint64_t interval = kBaseInterval;
-    void add(double seconds) { recent[count++ % kRecent] = seconds; }
-    double estimate() const;  // infinity before any call
+    double estimate() const { return times.estimate(); }
   };
 
   struct Trial {

@@ -94,6 +94,9 @@ std::string headerMismatch(const FrameHeader& expected, const FrameHeader& got) 
         collectiveName(static_cast<CollectiveKind>(got.kind)));
   field("sequence number", std::to_string(expected.seq), std::to_string(got.seq));
   field("algorithm", algorithmName(expected.algo), algorithmName(got.algo));
+  if (expected.algo != got.algo)  // the same algo="auto" call may be set up differently per rank
+    os << " (algo=\"auto\" chooses alike on every rank only where PYCOLLECTIVE_AUTO_TRIALS and "
+          "PYCOLLECTIVE_TUNING are the same on each)";
   field("dtype", dtypeName(static_cast<DType>(expected.dtype)),
         dtypeName(static_cast<DType>(got.dtype)));
   field("element count", std::to_string(expected.count), std::to_string(got.count));

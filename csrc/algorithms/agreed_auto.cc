@@ -1,0 +1,82 @@
+// algo="auto" measured on a group across processes (comm/agreed_choice.h): each call of a shape
+// the model prices near a tie runs the candidate its schedule names, is timed, and after a
+// trial or check every rank agrees on the times with one small allreduce.
+#include <chrono>
+
+#include "algorithms/registry.h"
+#include "core/logging.h"
+
+namespace pycollective {
+
+namespace {
+
+std::vector<AutoCandidate> candidatesFor(const Group& group, const CollectiveArgs& args) {
+  std::vector<AutoCandidate> priced;
+  for (const PricedAlgorithm& p : modelCosts(group, args)) priced.push_back({p.name, p.seconds});
+  return nearCandidates(std::move(priced), tunedEntry(group, args));
+}
+
+bool measurable(const Communicator& comm, const CollectiveArgs& args) {
+  return comm.autoTrials() > 0 && autoMeasures(args.kind) && args.device < 0 &&
+         args.mapped == nullptr;
+}
+
+// Each recent call's time on its slowest rank: what a benchmark that times a call on every rank
+// reports, and what the next call waits for. One rank's median would not do: the rank that
+// arrives last waits least (taking each candidate's highest median over the ranks, a first
+// version found 4 ranks x 128 KiB of halving-doubling at 1.39 ms against ring's 0.19 ms,
+// the ranks slowed unevenly by a test's numpy work between calls), and the rank an algorithm
+// lets finish first, as reduce_to_one's root, is not done with the call for the others
+// (taking the lowest, 4 ranks x 32 KiB settled on reduce_to_one, 1.2x behind halving-doubling
+// in the benchmark's timing).
+std::vector<double> agree(Group& group, int groupId, std::vector<double> samples) {
+  CollectiveArgs a;
+  a.kind = CollectiveKind::kAllreduce;
+  a.dtype = DType::kFloat64;
+  a.op = ReduceOp::kMax;
+  a.count = samples.size();
+  a.in = samples.data();
+  a.out = samples.data();
+  runWith(group, groupId, a, chooseAlgorithm(group, groupId, a, "auto"));
+  return samples;
+}
+
+}  // namespace
+
+bool measuresAuto(const Group& group, int groupId, const CollectiveArgs& args) {
+  const Communicator& comm = group.comm();
+  if (!measurable(comm, args)) return false;
+  return comm.agreedChoices().measures(callShape(kAgreedTrial, group, groupId, args),
+                                       comm.autoChoices().epoch(), comm.autoTrials(),
+                                       [&] { return candidatesFor(group, args); });
+}
+
+bool runMeasuredAuto(Group& group, int groupId, const CollectiveArgs& args) {
+  Communicator& comm = group.comm();
+  if (!measurable(comm, args)) return false;
+  AgreedChoices& choices = comm.agreedChoices();
+  const CallShape shape = callShape(kAgreedTrial, group, groupId, args);
+  const uint64_t epoch = comm.autoChoices().epoch();
+  AgreedChoices::Step step;
+  if (!choices.next(
+          shape, epoch, comm.autoTrials(), [&] { return candidatesFor(group, args); }, &step))
+    return false;
+  const Algorithm& algo = chooseAlgorithm(group, groupId, args, step.algo);
+  const auto start = std::chrono::steady_clock::now();
+  runWith(group, groupId, args, algo);
+  choices.record(shape, step,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (step.closesRound && choices.decide(shape, agree(group, groupId, choices.samples(shape))))
+    PC_INFO(kColl, comm.who(), " auto for ", collectiveName(args.kind), " of ",
+            args.count * elementSize(args.dtype), " bytes now runs ",
+            choices.describe(shape, epoch));
+  return true;
+}
+
+std::string describeMeasuredAuto(const Group& group, int groupId, const CollectiveArgs& args) {
+  const Communicator& comm = group.comm();
+  return comm.agreedChoices().describe(callShape(kAgreedTrial, group, groupId, args),
+                                       comm.autoChoices().epoch());
+}
+
+}  // namespace pycollective

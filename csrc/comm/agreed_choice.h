@@ -1,0 +1,133 @@
+#pragma once
+// auto's choice for a group across processes, settled by timing as in-process replicas settle
+// theirs (local/measured_choice.h), with every decision agreed. Each rank times its own view of
+// a call, and ranks that ran different algorithms would fail the call, so nothing here follows
+// one rank's clock alone: which algorithm a call runs is a function of the shape's call count
+// (the same on every rank, since every rank calls the same collectives in the same order), and
+// the times that decide pass through a small allreduce first: each counted call's time on its
+// slowest rank (a call's slot in its candidate's recent calls is the same on every rank), of
+// which each candidate's median decides (agreed_auto.cc says why not one rank's median):
+//
+// - the trial: each candidate (the model's near ties, best first, led by the tuned table's entry
+//   where there is one: comm/auto_candidates.h) runs kUnfairCalls + trialsEach calls in a row,
+//   the first kUnfairCalls not counted (they pay for what the previous algorithm left behind);
+//   then the ranks agree on the times and settle on the fastest, unless the first candidate is
+//   within kMoveMargin of it;
+// - a check every `interval` calls: each other candidate runs kUnfairCalls + kCheckCalls calls,
+//   judged by its counted ones alone, the choice's own recent calls stand for it, the ranks agree,
+//   and the shape moves to a candidate kMoveMargin faster. The interval doubles from kBaseInterval
+//   to kMaxInterval while the choice stands, and starts over when it moves.
+//
+// The agreement is one allreduce of a few doubles per trial or check. Calls the model prices
+// under kMinModelSeconds are not measured: the bookkeeping (a lock, a lookup, two clock reads)
+// would show on a call of a few microseconds, and such calls were never where auto missed.
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/auto_candidates.h"
+#include "comm/choice_memo.h"
+
+namespace pycollective {
+
+class AgreedChoices {
+ public:
+  static constexpr int kUnfairCalls = 2;
+  static constexpr double kMinModelSeconds = 20e-6;
+  // The most calls of one shape the first trial takes, with `trialsEach` counted calls each.
+  static int trialCalls(int trialsEach) {
+    return trialsEach > 0 ? (kUnfairCalls + trialsEach) * static_cast<int>(kMaxCandidates) : 0;
+  }
+
+  // One call's part in its shape's schedule.
+  struct Step {
+    std::string algo;
+    size_t candidate = 0;
+    bool counted = false;      // its time joins the candidate's recent calls (record())
+    bool closesRound = false;  // after it every rank agrees on the times (samples(), decide())
+  };
+
+  // The next call of this shape: false where there is nothing to measure (the model prices one
+  // candidate near its best, or the call under kMinModelSeconds, or trialsEach <= 0); the caller
+  // runs the model's choice then. A shape first met, or met under other model inputs (`epoch`:
+  // ChoiceMemo::epoch()), starts its trial with `candidates()`.
+  template <typename CandidatesFn>
+  bool next(const CallShape& shape, uint64_t epoch, int trialsEach, CandidatesFn&& candidates,
+            Step* step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Schedule& s = scheduleOf(shape, epoch, trialsEach, candidates);
+    if (!s.measures()) return false;
+    s.advance(step);
+    return true;
+  }
+
+  // Whether calls of this shape are measured (starts its schedule as next() would).
+  template <typename CandidatesFn>
+  bool measures(const CallShape& shape, uint64_t epoch, int trialsEach, CandidatesFn&& candidates) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scheduleOf(shape, epoch, trialsEach, candidates).measures();
+  }
+
+  // This rank's time of a call next() planned.
+  void record(const CallShape& shape, const Step& step, double seconds);
+  // This rank's recent counted calls, RecentTimes::kRecent slots per candidate (0 where a slot
+  // is empty): what the ranks agree on after a round, slot by slot.
+  std::vector<double> samples(const CallShape& shape);
+  // The agreed samples (each slot's slowest rank): each candidate's median decides; the trial
+  // settles, a check keeps or moves the choice. True when the choice settled or moved, the
+  // first kChangesSaid times (logged).
+  bool decide(const CallShape& shape, const std::vector<double>& agreed);
+
+  // What auto runs for this shape and why, or "" where the shape has no schedule under `epoch`
+  // (not called since the model's inputs changed, or not measured).
+  std::string describe(const CallShape& shape, uint64_t epoch);
+
+ private:
+  // Counted calls of each other candidate per check: its estimate is theirs alone.
+  static constexpr int kCheckCalls = 2;
+  // Twice the in-process intervals: every check also costs an agreement (a small allreduce).
+  static constexpr uint64_t kBaseInterval = 64, kMaxInterval = 4096;
+  static constexpr size_t kMaxShapes = 4096;  // a program of ever new sizes stays bounded
+  static constexpr int kChangesSaid = 10;     // logged per shape
+
+  struct Schedule {
+    Schedule(std::vector<AutoCandidate> c, uint64_t e, int each);
+    bool measures() const { return candidates.size() > 1 && trialsEach > 0; }
+    void advance(Step* step);
+    void startRound(std::vector<size_t> order, int callsEach);
+
+    std::vector<AutoCandidate> candidates;
+    std::vector<RecentTimes> times;
+    std::vector<double> agreed;  // each candidate's estimate from the last agreed samples
+    uint64_t epoch = 0;
+    int trialsEach = 0;
+    int current = -1;  // the choice, once the trial is decided
+    // The round under way (the trial, or a check): the candidates to run in turn, calls each.
+    std::vector<size_t> round;
+    size_t roundPos = 0;
+    int roundCallsEach = 0, callsIntoTurn = 0;
+    uint64_t untilCheck = 0;  // the choice's calls before the next check
+    uint64_t interval = kBaseInterval;
+    int choiceStreak = 0;  // the choice's calls in a row since the last round
+    int changesSaid = 0;
+  };
+
+  template <typename CandidatesFn>
+  Schedule& scheduleOf(const CallShape& shape, uint64_t epoch, int trialsEach,
+                       CandidatesFn& candidates) {
+    auto it = shapes_.find(shape);
+    if (it == shapes_.end() || it->second.epoch != epoch) {
+      if (shapes_.size() >= kMaxShapes) shapes_.clear();
+      it = shapes_.insert_or_assign(shape, Schedule(candidates(), epoch, trialsEach)).first;
+    }
+    return it->second;
+  }
+
+  std::mutex mu_;
+  std::unordered_map<CallShape, Schedule, CallShapeHash> shapes_;
+};
+
+}  // namespace pycollective

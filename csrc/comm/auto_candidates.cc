@@ -1,0 +1,82 @@
+#include "comm/auto_candidates.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "comm/communicator.h"
+
+namespace pycollective {
+
+bool autoMeasures(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllreduce:
+    case CollectiveKind::kReduce:
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllgather:
+    case CollectiveKind::kBroadcast: return true;
+    default: return false;
+  }
+}
+
+std::vector<AutoCandidate> nearCandidates(std::vector<AutoCandidate> priced,
+                                          const TunedChoice* tuned) {
+  std::vector<AutoCandidate> c;
+  if (priced.empty()) return c;
+  std::stable_sort(priced.begin(), priced.end(),
+                   [](const auto& a, const auto& b) { return a.modelSeconds < b.modelSeconds; });
+  const double limit = kCandidateWindow * priced.front().modelSeconds;
+  if (tuned != nullptr) {
+    auto entry = std::find_if(priced.begin(), priced.end(),
+                              [tuned](const auto& a) { return a.algo == tuned->algo; });
+    if (entry != priced.end()) c.push_back({entry->algo, entry->modelSeconds, /*tuned=*/true});
+  }
+  for (const auto& a : priced) {
+    if (c.size() == kMaxCandidates || a.modelSeconds > limit) break;
+    if (c.empty() || a.algo != c.front().algo) c.push_back(a);
+  }
+  return c;
+}
+
+double RecentTimes::estimate() const {
+  if (count_ == 0) return std::numeric_limits<double>::infinity();
+  // At most kRecent values: an insertion sort (std::sort on so short an array trips GCC 12's
+  // -Warray-bounds, which the -Werror build turns into an error).
+  const int n = std::min(count_, kRecent);
+  double sorted[kRecent] = {};
+  for (int i = 0; i < n; ++i) {
+    int j = i;
+    for (; j > 0 && sorted[j - 1] > recent_[i]; --j) sorted[j] = sorted[j - 1];
+    sorted[j] = recent_[i];
+  }
+  return sorted[(n - 1) / 2];
+}
+
+std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
+                             const std::vector<double>& estimates, size_t runs, bool settled) {
+  std::ostringstream s;
+  if (candidates.size() == 1) {
+    s << candidates[0].algo
+      << (candidates[0].tuned ? " (tuned table, PYCOLLECTIVE_TUNING; model " : " (model ")
+      << candidates[0].modelSeconds * 1e6
+      << "us; no other algorithm priced near it, nothing to measure)";
+    return s.str();
+  }
+  s << candidates[runs].algo
+    << (settled ? " (measured, the median of each one's recent calls of this shape:"
+                : " (trial under way, the median of each one's calls so far:");
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    s << " " << candidates[i].algo << "=";
+    if (i < estimates.size() && std::isfinite(estimates[i]))
+      s << estimates[i] * 1e6 << "us";
+    else
+      s << "?";
+    s << (candidates[i].tuned ? " (tuned table; model " : " (model ")
+      << candidates[i].modelSeconds * 1e6 << "us)";
+  }
+  s << ")";
+  return s.str();
+}
+
+}  // namespace pycollective

@@ -1,0 +1,66 @@
+#pragma once
+// What algo="auto" times where it measures -- in-process replicas (local/measured_choice.h) and
+// groups across processes (comm/agreed_choice.h): the algorithms the model prices near its best,
+// and each one's recent calls.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "transport/frame.h"
+
+namespace pycollective {
+
+// The collectives with more than one algorithm to choose from (the others have one path each).
+bool autoMeasures(CollectiveKind kind);
+
+struct TunedChoice;
+
+struct AutoCandidate {
+  std::string algo;
+  double modelSeconds = 0;
+  bool tuned = false;  // the tuned table's entry (PYCOLLECTIVE_TUNING), not the model's pick
+};
+
+// Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth session,
+// EPYC VM: 8 replicas x 1 MiB, in three runs of four), it had priced the two 1.05x apart; a 2x
+// window also measured choices the model was sure of (2 x 64 MiB: `direct` against
+// halving-doubling at 1.33x), and watching those slower calls cost 1-2% (docs/benchmarks.md).
+constexpr double kCandidateWindow = 1.25;
+constexpr size_t kMaxCandidates = 4;
+// A candidate must run this much faster than the current choice to replace it (or the first
+// candidate, in a trial): timed calls on a shared VM differ by a few percent at random, and a
+// near tie keeps the choice.
+constexpr double kMoveMargin = 1.1;
+
+// From every algorithm that can run a call, priced by the model: those within kCandidateWindow
+// of the cheapest, the cheapest first, at most kMaxCandidates. Where the tuned table has an
+// entry for the call (`tuned`, or nullptr), that algorithm leads (a near tie stays with it) and
+// the model's near ties race it: `pycollective tune` measured one size per row, into given
+// outputs, at another time.
+std::vector<AutoCandidate> nearCandidates(std::vector<AutoCandidate> priced,
+                                          const TunedChoice* tuned);
+
+// A candidate's last few counted calls; its estimate is their median (one slow call, another
+// tenant's moment on the core, does not move it).
+class RecentTimes {
+ public:
+  static constexpr int kRecent = 4;
+  void add(double seconds) { recent_[count_++ % kRecent] = seconds; }
+  int count() const { return count_; }
+  double estimate() const;  // infinity before any call
+  // The calls kept (the last min(count(), kRecent)), in no particular order.
+  int filled() const { return count_ < kRecent ? count_ : kRecent; }
+  double value(int i) const { return recent_[i]; }
+
+ private:
+  double recent_[kRecent] = {};
+  int count_ = 0;
+};
+
+// What auto runs for a measured shape and why, for `explain`: the candidate it runs (`runs`),
+// whether the trial is over (`settled`), and each candidate's estimate ("?" before its first
+// counted call) beside the model's price; a lone candidate is said to have nothing to measure.
+std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
+                             const std::vector<double>& estimates, size_t runs, bool settled);
+
+}  // namespace pycollective

@@ -1,0 +1,138 @@
+// auto's measured choice across processes (comm/agreed_choice.h), driven by made-up timings on
+// simulated ranks, each with its own AgreedChoices and its own view of the times: every rank
+// must run the same algorithm on every call whatever its clock says (ranks that ran different
+// algorithms would fail the call), the trial settles on the candidate whose calls ran fastest
+// on their slowest rank (a near tie stays the model's), checks cost little, and the choice moves
+// when the machine changes.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/agreed_choice.h"
+#include "expect.h"
+
+using namespace pycollective;
+
+namespace {
+
+struct Ranks {
+  std::vector<AgreedChoices> choices;
+  CallShape shape;
+  std::vector<AutoCandidate> candidates;
+  // What a call of each algorithm takes on each rank now.
+  std::vector<std::map<std::string, double>> seconds;
+  int trialsEach = 2;
+  int rounds = 0;  // agreements so far
+  bool divergent = false;
+
+  explicit Ranks(int n) : choices(n), seconds(n) { shape.count = 1024; }
+
+  // One call on every rank; returns the algorithm they all ran ("" if they differed, or if
+  // nothing was measured).
+  std::string call() {
+    std::vector<AgreedChoices::Step> steps(choices.size());
+    for (size_t r = 0; r < choices.size(); ++r)
+      if (!choices[r].next(shape, 0, trialsEach, [&] { return candidates; }, &steps[r])) return "";
+    for (size_t r = 1; r < steps.size(); ++r)
+      if (steps[r].algo != steps[0].algo || steps[r].closesRound != steps[0].closesRound)
+        divergent = true;
+    for (size_t r = 0; r < choices.size(); ++r)
+      choices[r].record(shape, steps[r], seconds[r].at(steps[r].algo));
+    if (steps[0].closesRound) {  // the allreduce (max) every rank runs after the round
+      std::vector<double> agreed = choices[0].samples(shape);
+      for (auto& c : choices) {
+        const std::vector<double> mine = c.samples(shape);
+        EXPECT(mine.size() == agreed.size(), "ranks hold %zu and %zu samples", mine.size(),
+               agreed.size());
+        for (size_t i = 0; i < agreed.size() && i < mine.size(); ++i)
+          agreed[i] = std::max(agreed[i], mine[i]);
+      }
+      for (auto& c : choices) c.decide(shape, agreed);
+      ++rounds;
+    }
+    return divergent ? "" : steps[0].algo;
+  }
+  std::map<std::string, int> calls(int n) {
+    std::map<std::string, int> ran;
+    for (int i = 0; i < n; ++i) ++ran[call()];
+    return ran;
+  }
+  std::string settledOn(size_t rank = 0) {
+    const std::string s = choices[rank].describe(shape, 0);
+    return s.substr(0, s.find(' '));
+  }
+  void setAll(const std::string& algo, double s) {
+    for (auto& m : seconds) m[algo] = s;
+  }
+};
+
+// Two candidates, the model's pick first, on `n` ranks, whose calls take `a` and `b` seconds.
+Ranks twoCandidates(int n, double a, double b) {
+  Ranks r(n);
+  r.candidates = {{"halving_doubling", 100e-6}, {"ring", 110e-6}};
+  r.setAll("halving_doubling", a);
+  r.setAll("ring", b);
+  return r;
+}
+
+}  // namespace
+
+int main() {
+  {  // The trial: four calls in a row of each (two not counted), one agreement, the faster.
+    Ranks r = twoCandidates(2, 100e-6, 60e-6);
+    auto trial = r.calls(8);
+    EXPECT(trial["halving_doubling"] == 4 && trial["ring"] == 4, "trial ran %d + %d calls",
+           trial["halving_doubling"], trial["ring"]);
+    EXPECT(r.rounds == 1, "%d agreements after the trial", r.rounds);
+    EXPECT(r.settledOn() == "ring", "settled on %s", r.settledOn().c_str());
+    EXPECT(r.choices[1].describe(r.shape, 0).find("agreed by every rank") != std::string::npos,
+           "%s", r.choices[1].describe(r.shape, 0).c_str());
+    // Checks on a candidate 1.7x slower cost a few calls in a thousand.
+    auto later = r.calls(4000);
+    EXPECT(later["ring"] >= 3950, "the choice ran %d of 4000 calls", later["ring"]);
+    EXPECT(later["halving_doubling"] >= 3, "the other candidate was never run again");
+    EXPECT(!r.divergent, "ranks ran different algorithms");
+  }
+  {  // Ranks that see different times still run the same calls, and each call's slowest rank
+     // decides: ring's calls end early on ranks 1 and 2 (as reduce_to_one's root is done
+     // before the others have the result), but rank 0 waits 200 us for each.
+    Ranks r = twoCandidates(3, 100e-6, 60e-6);
+    r.seconds[0]["ring"] = 200e-6;
+    r.seconds[2]["halving_doubling"] = 90e-6;
+    r.calls(8 + 3000);
+    EXPECT(!r.divergent, "ranks ran different algorithms");
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT(r.settledOn(k) == "halving_doubling", "rank %zu settled on %s", k,
+             r.settledOn(k).c_str());
+  }
+  {  // A near tie (within 1.1x) stays with the model's pick.
+    Ranks r = twoCandidates(2, 100e-6, 95e-6);
+    r.calls(8);
+    EXPECT(r.settledOn() == "halving_doubling", "a near tie settled on %s", r.settledOn().c_str());
+  }
+  {  // The machine changes: the choice moves within the longest check interval.
+    Ranks r = twoCandidates(2, 100e-6, 60e-6);
+    r.calls(8 + 3000);
+    r.setAll("halving_doubling", 30e-6);
+    r.calls(4096 + 64);
+    EXPECT(r.settledOn() == "halving_doubling", "still on %s after the change",
+           r.settledOn().c_str());
+    EXPECT(!r.divergent, "ranks ran different algorithms");
+  }
+  {  // A call of a few microseconds is not measured (the bookkeeping would show), nor one with a
+     // single candidate, nor any without trials.
+    Ranks tiny(2);
+    tiny.candidates = {{"slots", 3e-6}, {"ring", 3.5e-6}};
+    EXPECT(tiny.call().empty(), "a 3 us call was measured");
+    Ranks one = twoCandidates(2, 100e-6, 60e-6);
+    one.candidates.resize(1);
+    EXPECT(one.call().empty(), "a single candidate was measured");
+    Ranks none = twoCandidates(2, 100e-6, 60e-6);
+    none.trialsEach = 0;
+    EXPECT(none.call().empty(), "calls were measured without trials");
+    EXPECT(none.choices[0].describe(none.shape, 0).empty(), "an unmeasured shape was described");
+  }
+  std::printf("%d checks, %d failures\n", gChecks, gFailures);
+  return gFailures == 0 ? 0 : 1;
+}

@@ -1,0 +1,122 @@
+"""auto's measured choice across processes (csrc/comm/agreed_choice.h): where the model prices
+two algorithms within 1.25x of each other, a process group's first calls of a shape time them,
+every rank agrees on the times with one small allreduce, and later calls run the fastest,
+checking the others now and then. Every call must give the right result (calls run different
+algorithms on the user's data, through the plain, remembered and asynchronous paths), every
+rank must end with the same choice, and PYCOLLECTIVE_AUTO_TRIALS=0 must leave the model's
+choice alone. The schedule itself, on simulated ranks whose clocks disagree, is
+tests/native/test_agreed_choice.cc."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from multiproc import run_ranks
+
+#: comm/auto_candidates.h kCandidateWindow; AgreedChoices::kMinModelSeconds
+WINDOW = 1.25
+MIN_MODEL_US = 20.0
+#: the trial (at most 4 candidates x 4 calls) and the first check (64 calls later)
+CALLS = 4 * 4 + 64 + 4 * 3 + 6
+
+
+def _near_tie(group) -> int | None:
+    """The smallest all-reduce from 128 KiB whose model prices two algorithms within the window."""
+    for k in range(17, 25):
+        table = group.explain("allreduce", 1 << k)
+        prices = sorted(float(p) for p in re.findall(r"=([\d.e+]+)us", table))
+        if len(prices) >= 2 and prices[1] <= WINDOW * prices[0] and prices[0] >= MIN_MODEL_US:
+            return 1 << k
+    return None
+
+
+def _measured_calls(rank, n):
+    import pycollective as pc
+    from pycollective.process_group import _group
+
+    pc.init()
+    group = _group(None)
+    nbytes = _near_tie(group)
+    if nbytes is None:
+        pc.shutdown()
+        return None
+    before = group.explain("allreduce", nbytes)
+    count = nbytes // 4
+    rng = np.random.default_rng(7)  # the same draws on every rank: each knows every input
+    out = np.empty(count, np.float32)
+    for step in range(CALLS):
+        xs = rng.integers(-8, 8, (n, count)).astype(np.float32)
+        want = xs.sum(axis=0)  # small integers: exact in any order of summing
+        if step % 3 == 0:
+            y = pc.allreduce(xs[rank], out=out)
+        elif step % 3 == 1:
+            y = pc.allreduce(xs[rank])
+        else:
+            y = pc.allreduce_async(xs[rank]).wait(timeout=30)
+        np.testing.assert_array_equal(y, want, err_msg=f"rank {rank}, call {step}")
+    after = group.explain("allreduce", nbytes)
+    pc.shutdown()
+    return [nbytes, before, after]
+
+
+def _candidates(explained: str) -> list[str]:
+    return re.findall(r" (\w+)=[\d.?]", explained.split("(", 1)[1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_runs_the_trial_right_and_agrees(world):
+    res = run_ranks(_measured_calls, world, timeout=100)
+    if res[0] is None:
+        pytest.skip(f"the model prices no near tie from 128 KiB to 16 MiB with {world} ranks here")
+    nbytes, before, after = res[0]
+    assert "measured" not in before, before
+    assert "(measured," in after and "agreed by every rank" in after, after
+    candidates = _candidates(after)
+    assert len(candidates) >= 2 and after.split()[0] in candidates, after
+    # The agreed times and the choice are the same on every rank.
+    assert [r[2] for r in res] == [after] * world, res
+
+
+@pytest.mark.timeout(120)
+def test_no_trials_keeps_the_model_choice_across_processes():
+    res = run_ranks(_measured_calls, 2, timeout=100, env={"PYCOLLECTIVE_AUTO_TRIALS": "0"})
+    if res[0] is None:
+        pytest.skip("the model prices no near tie from 128 KiB to 16 MiB with 2 ranks here")
+    for _, before, after in res:
+        assert after == before and "model" in after, after
+
+
+def _calls_of_a_near_tie(rank, n):
+    from multiproc import expect_error
+
+    import pycollective as pc
+    from pycollective.process_group import _group
+
+    pc.init()
+    nbytes = _near_tie(_group(None))
+    if nbytes is None:
+        pc.shutdown()
+        return None
+    x = np.ones(nbytes // 4, np.float32)
+    return expect_error(lambda: [pc.allreduce(x) for _ in range(CALLS)])
+
+
+@pytest.mark.timeout(120)
+def test_ranks_set_up_differently_fail_at_once_naming_the_setting():
+    # One rank measures, the other keeps the model: their calls part at the trial's first
+    # switch, and the error says which setting to make alike, not just "the same arguments".
+    res = run_ranks(
+        _calls_of_a_near_tie,
+        2,
+        timeout=100,
+        per_rank_env=[{}, {"PYCOLLECTIVE_AUTO_TRIALS": "0"}],
+    )
+    if res[0] is None:
+        pytest.skip("the model prices no near tie from 128 KiB to 16 MiB with 2 ranks here")
+    for r, (name, msg, seconds) in enumerate(res):
+        assert name in ("ProtocolError", "RemoteError", "Aborted"), (r, res[r])
+        assert "PYCOLLECTIVE_AUTO_TRIALS" in msg, (r, msg)
+        assert seconds < 30, (r, seconds)  # at once, not at the collective timeout
