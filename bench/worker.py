@@ -64,9 +64,20 @@ class PycollectiveBackend:
             return lambda: pc.broadcast(x, root=0, algo=algo, out=out)
         return lambda: pc.reduce(x, root=0, op=op, algo=algo, out=out if self.rank == 0 else None)
 
-    def chosen(self, collective: str, nbytes: int) -> str:
-        """The algorithm algo="auto" runs for this call."""
-        return self.group.explain(collective, nbytes).split()[0]
+    def chosen(self, collective: str, nbytes: int) -> tuple[str, bool]:
+        """The algorithm algo="auto" runs for this call, and whether it measures (then its
+        samples include the calls that check its near rivals)."""
+        explained = self.group.explain(collective, nbytes)
+        return explained.split()[0], "(measured," in explained
+
+    def settle(self, call) -> None:
+        """auto's trial, where it measures (a training loop's first steps): its row is timed
+        from its settled choice on, as every algorithm after its warm-up. Each trial call
+        follows a barrier, as each timed call does, so that the trial times the calls the row
+        will."""
+        for _ in range(self.group.auto_trial_calls):
+            self.barrier()
+            call()
 
     def close(self) -> None:
         self.pc.shutdown()
@@ -234,14 +245,14 @@ BACKENDS = {
 }
 
 
-def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> str | None:
+def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> tuple[str | None, bool]:
     """The algorithm auto ran (auto's row: the group's explain; the prepared and shared rows:
-    their plan's)."""
+    their plan's), and whether auto measures there."""
     if algo in (PREPARED, SHARED):
-        return call.algorithm
+        return call.algorithm, False
     if algo == "auto":
         return backend.chosen(job["collective"], nbytes)
-    return None
+    return None, False
 
 
 #: The row name of Open MPI's call when it is timed in our ranks (job key "with_mpi").
@@ -280,6 +291,8 @@ def main(job_path: str) -> int:
                 continue
             wrong[algo] = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
             calls[algo] = call
+            if algo == "auto":
+                backend.settle(call)
         barriers = dict.fromkeys(calls, backend.barrier)
         if mpi is not None:
             poison(out)
@@ -307,6 +320,7 @@ def main(job_path: str) -> int:
         for algo, times in samples.items():
             if rank == 0:
                 t = summarize(times)
+                chose, measures = _chosen(backend, calls[algo], algo, job, count * itemsize)
                 rows.append(
                     {
                         "nbytes": count * itemsize * (n if job["collective"] == "allgather" else 1),
@@ -316,7 +330,8 @@ def main(job_path: str) -> int:
                         "p10_s": t.p10,
                         "p90_s": t.p90,
                         "wrong": wrong[algo],
-                        "chose": _chosen(backend, calls[algo], algo, job, count * itemsize),
+                        "chose": chose,
+                        "measures": measures,
                         "peer": algo == MPI_IN_JOB and mpi is not None,
                         "second_look": look.as_dict() if algo == "auto" and look else None,
                     }
