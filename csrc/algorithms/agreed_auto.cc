@@ -27,8 +27,8 @@ bool measurable(const Communicator& comm, const CollectiveArgs& args) {
 // version found 4 ranks x 128 KiB of halving-doubling at 1.39 ms against ring's 0.19 ms,
 // the ranks slowed unevenly by a test's numpy work between calls), and the rank an algorithm
 // lets finish first, as reduce_to_one's root, is not done with the call for the others
-// (taking the lowest, 4 ranks x 32 KiB settled on reduce_to_one, 1.2x behind halving-doubling
-// in the benchmark's timing).
+// (taking the lowest, 4 ranks x 32 KiB settled on reduce_to_one, up to 1.25x behind
+// halving-doubling in the benchmark's timing).
 std::vector<double> agree(Group& group, int groupId, std::vector<double> samples) {
   CollectiveArgs a;
   a.kind = CollectiveKind::kAllreduce;
