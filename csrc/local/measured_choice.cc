@@ -40,6 +40,12 @@ bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
     return false;  // the next call runs it again
   }
   if (static_cast<int>(i) == pending) pending = -1;
+  // Once settled, another candidate's counted call is judged alone: its older calls may date
+  // from before the machine changed, or from a trial that caught it slow (2 x 2 MiB right after
+  // the benchmark's `inline` row: halving-doubling timed at 258 and 278 us in two trials, 113-139
+  // us in its own rows; `auto` ran `inline`, 1.4x slower, until more of its checks had outvoted
+  // the trial's calls).
+  if (settled() && static_cast<int>(i) != current) timings[i].times = RecentTimes();
   timings[i].times.add(seconds);
   if (settled()) return reconsider(i);
   if (timings[turn].times.count() < trialsEach) return false;

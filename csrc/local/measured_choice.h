@@ -18,7 +18,7 @@
 //   choice, at ever longer intervals (doubling to kMaxInterval) for one measured slower, so that
 //   keeping watch costs at most a few percent; and every other candidate at once when the current
 //   choice's calls have slowed by kCloseRatio (the machine changed). The shape moves to a candidate
-//   whose recent calls ran kMoveMargin faster than the current choice's.
+//   whose latest counted call ran kMoveMargin faster than the current choice's recent calls.
 //
 // Groups across processes measure too, agreeing on each decision (comm/agreed_choice.h). The
 // measured choice depends on timing:
