@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "algorithms/registry.h"
+#include "core/error.h"
 #include "core/logging.h"
 
 namespace pycollective {
@@ -61,9 +62,12 @@ bool runMeasuredAuto(Group& group, int groupId, const CollectiveArgs& args) {
   if (!choices.next(
           shape, epoch, comm.autoTrials(), [&] { return candidatesFor(group, args); }, &step))
     return false;
-  const Algorithm& algo = chooseAlgorithm(group, groupId, args, step.algo);
+  // A candidate is an algorithm the model priced for this call, which it prices only where it
+  // can run; the call itself was checked before it came here (chooseAlgorithm).
+  const Algorithm* algo = algorithmNamed(step.algo);
+  PC_ASSERT(algo != nullptr, "auto's candidate '", step.algo, "' is not an algorithm");
   const auto start = std::chrono::steady_clock::now();
-  runWith(group, groupId, args, algo);
+  runWith(group, groupId, args, *algo);
   choices.record(shape, step,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (step.closesRound && choices.decide(shape, agree(group, groupId, choices.samples(shape))))

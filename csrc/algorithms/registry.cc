@@ -50,6 +50,16 @@ bool firstOfSizeClass(const std::string& who, int groupId, const CollectiveArgs&
   return said.insert(key).second;
 }
 
+}  // namespace
+
+const Algorithm* algorithmNamed(const std::string& name) {
+  for (const Algorithm* a : registry())
+    if (name == a->name()) return a;
+  return nullptr;
+}
+
+namespace {
+
 uint8_t indexOf(const Algorithm* algo) {
   const auto& all = registry();
   for (size_t i = 0; i < all.size(); ++i)
@@ -89,9 +99,8 @@ std::string whyNot(const Algorithm* a, const Group& group, const CollectiveArgs&
 const Algorithm* tunedChoice(const Group& group, const CollectiveArgs& args) {
   const TunedChoice* pick = tunedEntry(group, args);
   if (pick == nullptr) return nullptr;
-  for (const Algorithm* a : registry())
-    if (pick->algo == a->name() && whyNot(a, group, args).empty()) return a;
-  return nullptr;
+  const Algorithm* a = algorithmNamed(pick->algo);
+  return a != nullptr && whyNot(a, group, args).empty() ? a : nullptr;
 }
 
 // The table (for the log) is only written when asked. Runs once per call shape: the
@@ -212,8 +221,7 @@ const Algorithm& chooseAlgorithm(const Group& group, int groupId, const Collecti
              "collective from every replica's buffers on one thread, so it runs only for "
              "in-process replicas (LocalCommunicator); choose one of ",
              joinNames());
-    for (const Algorithm* a : registry())
-      if (algoName == a->name()) algo = a;
+    algo = algorithmNamed(algoName);
     PC_CHECK(algo != nullptr, "unknown algorithm '", algoName, "'; choose one of ", joinNames());
     std::string why = whyNot(algo, group, args);
     PC_CHECK(why.empty(), comm.who(), " algorithm '", algoName, "' cannot run ",

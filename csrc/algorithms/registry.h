@@ -17,6 +17,10 @@ class HostSegment;
 std::vector<std::string> algorithmNames();
 constexpr const char* kInlineAlgorithm = "inline";
 
+// The algorithm of this name, or nullptr (also for "inline" and "auto", which are not
+// Algorithms). No checks: for names already checked against the call (chooseAlgorithm checks a
+// user's).
+const Algorithm* algorithmNamed(const std::string& name);
 // The tuned table's entry covering this call (any algorithm name), or nullptr.
 const TunedChoice* tunedEntry(const Group& group, const CollectiveArgs& args);
 // The model's cost of the algorithm algo="auto" would pick by the model.

@@ -114,9 +114,12 @@ std::string AgreedChoices::describe(const CallShape& shape, uint64_t epoch) {
   if (it == shapes_.end() || it->second.epoch != epoch || !it->second.measures()) return "";
   const Schedule& s = it->second;
   const bool settled = s.current >= 0;
+  // Settled: the times every rank agreed on; during the trial, this rank's so far.
   std::vector<double> shown = s.agreed;
-  if (!settled)
+  if (!settled) {
+    shown.clear();
     for (const RecentTimes& t : s.times) shown.push_back(t.estimate());
+  }
   const size_t runs =
       settled ? static_cast<size_t>(s.current) : s.round[std::min(s.roundPos, s.round.size() - 1)];
   return describeMeasured(s.candidates, shown, runs, settled) +
