@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -156,6 +157,26 @@ def _command_line() -> str:
     return " ".join([os.path.basename(sys.executable), shlex.quote(sys.argv[0]), *words])
 
 
+def tcp_ceiling_lines(tcp_rounds: dict[str, list[float]]) -> list[str]:
+    """The TCP ceilings' lines: the median of the rounds' measurements, and their range."""
+    labels = {
+        "loopback_tcp_Bps": "loopback TCP, one stream",
+        "loopback_tcp_exchange_Bps": "loopback TCP, two endpoints sending and receiving at once",
+    }
+    lines = []
+    for name, samples in tcp_rounds.items():
+        text = f"# ceiling: {labels[name]}: {statistics.median(samples) / 1e9:.2f} GB/s"
+        if name == "loopback_tcp_exchange_Bps":
+            text += " each way"
+        if len(samples) > 1:
+            text += (
+                f" (median of {len(samples)} rounds, "
+                f"{min(samples) / 1e9:.2f}-{max(samples) / 1e9:.2f})"
+            )
+        lines.append(text)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run(args)
@@ -193,9 +214,18 @@ def run(args: argparse.Namespace) -> int:
 
     copy_bw = measure.memory_copy_bandwidth(min(args.maxbytes, 64 << 20), world)
     ceilings = {"memory_copy_Bps": copy_bw}
-    if procs_mode and ("tcp" in transports or "gloo" in peers):
-        ceilings["loopback_tcp_Bps"] = measure.loopback_tcp_bandwidth()
-        ceilings["loopback_tcp_exchange_Bps"] = measure.loopback_tcp_exchange_bandwidth()
+    # The TCP ceilings are measured at the start of every round, beside the rows they bound:
+    # one loopback stream moved 2.6-4.5 GB/s between runs minutes apart on the 2-vCPU VM, so a
+    # ceiling measured once would carry that drift into every ratio against it.
+    tcp_rounds: dict[str, list[float]] = {}
+    wants_tcp = procs_mode and ("tcp" in transports or "gloo" in peers)
+
+    def measure_tcp() -> None:
+        tcp_rounds.setdefault("loopback_tcp_Bps", []).append(measure.loopback_tcp_bandwidth())
+        tcp_rounds.setdefault("loopback_tcp_exchange_Bps", []).append(
+            measure.loopback_tcp_exchange_bandwidth()
+        )
+
     where = (
         f"{world} processes over {','.join(transports)}"
         if procs_mode
@@ -208,12 +238,6 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"# ceiling: memory copy bandwidth, {world} threads: {copy_bw / 1e9:.1f} GB/s (read+write)"
     )
-    if "loopback_tcp_Bps" in ceilings:
-        print(f"# ceiling: loopback TCP, one stream: {ceilings['loopback_tcp_Bps'] / 1e9:.2f} GB/s")
-        print(
-            "# ceiling: loopback TCP, two endpoints sending and receiving at once: "
-            f"{ceilings['loopback_tcp_exchange_Bps'] / 1e9:.2f} GB/s each way"
-        )
     notes: list[str] = []
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
@@ -242,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
             new_outputs=args.new_outputs,
             rounds=rounds,
             mpi_in_job=args.mpi_in_job,
+            before_round=measure_tcp if wants_tcp else None,
         )
     else:
         rows = inproc.run(
@@ -260,6 +285,10 @@ def run(args: argparse.Namespace) -> int:
             new_outputs=args.new_outputs,
         )
     progress.close()
+    for name, samples in tcp_rounds.items():
+        ceilings[name] = statistics.median(samples)
+    for line in tcp_ceiling_lines(tcp_rounds):
+        print(line)
     for note in notes:
         print(f"# {note}")
     table(rows, sys.stdout)

@@ -153,6 +153,7 @@ def run(
     new_outputs: bool = False,
     rounds: int = 1,
     mpi_in_job: bool = False,
+    before_round: Callable[[], None] | None = None,
 ) -> list[Row]:
     """Rows of every algorithm over every transport, then of every peer. With ``rounds`` > 1
     the launches alternate (ours, the peers, ours, ...) and each row gives the median of its
@@ -161,7 +162,10 @@ def run(
 
     ``mpi_in_job``: the shm ranks are started by mpirun and time Open MPI's Allreduce in the
     same processes, interleaved with ours (each call after its own library's barrier), instead
-    of in a launch of their own."""
+    of in a launch of their own.
+
+    ``before_round``: called at the start of every round, so that what it measures (the
+    benchmark's TCP ceilings) drifts with the machine as the rows do."""
     job = {
         "collective": collective,
         "sizes": sizes,
@@ -198,6 +202,8 @@ def run(
     elif in_job:
         notes.append("mpi timed in our shm ranks (started by mpirun), interleaved with ours")
     for _ in range(rounds):
+        if before_round is not None:
+            before_round()
         for transport in transports:
             ours = dict(
                 job,

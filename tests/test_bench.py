@@ -432,6 +432,25 @@ def test_summary_puts_tcp_against_one_loopback_stream_and_gloo():
     assert want in report.summary(rows, ceilings)
 
 
+def test_tcp_ceilings_are_measured_every_round_and_reported_as_their_median(monkeypatch):
+    """The TCP ceilings are measured before each round's launches (so that they drift with the
+    rows they bound), and the header gives the median of the rounds and their range."""
+    from pycollective.bench import cli, procs
+
+    order: list[str] = []
+    monkeypatch.setattr(procs, "_spawn_ranks", lambda job, *a: order.append(job["backend"]) or [])
+    job = ("allreduce", [1024], "float32", "sum", 2, ["ring"], ["tcp"], [], 3, 1, 0.05)
+    procs.run(*job, lambda _: None, [], rounds=3, before_round=lambda: order.append("ceilings"))
+    assert order == ["ceilings", "pycollective"] * 3
+    lines = cli.tcp_ceiling_lines(
+        {"loopback_tcp_Bps": [3e9, 4.5e9, 4e9], "loopback_tcp_exchange_Bps": [2.5e9]}
+    )
+    assert lines == [
+        "# ceiling: loopback TCP, one stream: 4.00 GB/s (median of 3 rounds, 3.00-4.50)",
+        "# ceiling: loopback TCP, two endpoints sending and receiving at once: 2.50 GB/s each way",
+    ]
+
+
 @pytest.mark.timeout(60)
 def test_exchange_ceiling_moves_bytes_both_ways():
     """The two-way exchange ceiling completes (both endpoints sent and received everything) and
