@@ -22,6 +22,8 @@
 #include "core/error.h"
 #include "core/host_copy.h"
 #include "core/logging.h"
+#include "core/stream_copy.h"
+#include "transport/ring_stores.h"
 #include "transport/shm_common.h"
 
 namespace pycollective {
@@ -259,11 +261,31 @@ class ShmLink : public Link {
     return avail;
   }
 
-  void copyIntoRing(uint64_t pos, const void* src, size_t n) {
+  void copyIntoRing(uint64_t pos, const void* src, size_t n, bool streaming = false) {
     size_t off = static_cast<size_t>(pos % ringBytes_);
     size_t first = std::min(n, ringBytes_ - off);
-    hostCopy(sendRing_ + off, src, first);
-    if (first < n) hostCopy(sendRing_, static_cast<const char*>(src) + first, n - first);
+    const auto copy = streaming ? streamCopy : hostCopy;
+    copy(sendRing_ + off, src, first);
+    if (first < n) copy(sendRing_, static_cast<const char*>(src) + first, n - first);
+  }
+
+  // A piece of a message's payload, with the stores stores_ chooses, timed for its choice.
+  void copyPiece(uint64_t pos, const char* src, size_t n) {
+    if (n < RingStoreChoice::kMinTimedBytes) {
+      copyIntoRing(pos, src, n);
+      return;
+    }
+    const bool stream = stores_.streamNext(n);
+    const bool wasStreaming = stores_.streaming();
+    const auto start = std::chrono::steady_clock::now();
+    copyIntoRing(pos, src, n, stream);
+    stores_.record(stream, n,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (stores_.streaming() != wasStreaming)
+      PC_INFO(kTransport, "shm ring to rank ", peer_, ": writes ",
+              stores_.streaming() ? "now stream past the cache" : "go through the cache again",
+              " (copy into the ring: ordinary stores ", stores_.rate(false) / 1e9,
+              " GB/s, streaming ", stores_.rate(true) / 1e9, " GB/s)");
   }
 
   void copyFromRing(void* dst, uint64_t pos, size_t n) {
@@ -318,7 +340,7 @@ class ShmLink : public Link {
         size_t space = sendSpace(head, std::min(pad8(remaining), chunkBytes_)) & ~size_t(7);
         size_t n = std::min({remaining, space, chunkBytes_});
         if (n == 0) break;
-        copyIntoRing(head, s.data + s.written, n);
+        copyPiece(head, s.data + s.written, n);
         s.written += n;
         head += s.written == s.bytes ? pad8(n) : n;
         // Publish every piece so the receiver copies this one while the next is written.
@@ -429,6 +451,7 @@ class ShmLink : public Link {
   int side_;
   size_t ringBytes_ = 0;
   size_t chunkBytes_ = 0;
+  RingStoreChoice stores_;
   char* sendRing_ = nullptr;
   char* recvRing_ = nullptr;
   // Local copies: this side is the only writer of sendHead_ and recvTail_; the caches hold the

@@ -2,7 +2,9 @@
 // SIMD loop where `rep movsb` collapses (destination 1-31 bytes above the source modulo the page;
 // the window takes 1-63).
 // Checks that both routes copy exactly the bytes asked for, at every distance of the window and
-// around it, for sizes on both sides of the loop's 128-byte step and of the window's bounds.
+// around it, for sizes on both sides of the loop's 128-byte step and of the window's bounds; and
+// that streamCopy (core/stream_copy.h: non-temporal stores in whole cache lines, ordinary ones
+// around them) does too, at every alignment of the destination within a line.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "core/host_copy.h"
+#include "core/stream_copy.h"
 #include "expect.h"
 
 #if defined(__x86_64__)
@@ -24,7 +27,9 @@ namespace {
 
 constexpr size_t kGuard = 256;  // bytes either side of the destination that must stay untouched
 
-void checkCopy(size_t bytes, size_t srcOffset, size_t distance) {
+using CopyFn = void (*)(void*, const void*, size_t);
+
+void checkCopy(size_t bytes, size_t srcOffset, size_t distance, CopyFn copy = hostCopy) {
   // The source at `srcOffset` into a page; the destination `distance` bytes above it (mod page).
   std::vector<uint8_t> srcBuf(bytes + 8192), dstBuf(bytes + 8192 + 2 * kGuard);
   uint8_t* src = srcBuf.data() +
@@ -34,15 +39,16 @@ void checkCopy(size_t bytes, size_t srcOffset, size_t distance) {
   uint8_t* dst = reinterpret_cast<uint8_t*>(base + ((want - base % 4096 + 4096) % 4096));
   for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
   for (auto& b : dstBuf) b = 0xA5;
-  hostCopy(dst, src, bytes);
+  copy(dst, src, bytes);
   size_t wrong = 0;
   for (size_t i = 0; i < bytes; ++i) wrong += dst[i] != src[i];
   size_t touched = 0;
   for (size_t i = 1; i <= kGuard; ++i) touched += (dst[-static_cast<ptrdiff_t>(i)] != 0xA5);
   for (size_t i = 0; i < kGuard; ++i) touched += (dst[bytes + i] != 0xA5);
   EXPECT(wrong == 0 && touched == 0,
-         "%zu bytes, source at page offset %zu, distance %zu: %zu wrong, %zu guard bytes written",
-         bytes, srcOffset, distance, wrong, touched);
+         "%s: %zu bytes, source at page offset %zu, distance %zu: %zu wrong, %zu guard bytes "
+         "written",
+         copy == hostCopy ? "hostCopy" : "streamCopy", bytes, srcOffset, distance, wrong, touched);
 }
 
 }  // namespace
@@ -53,6 +59,13 @@ int main() {
     for (size_t distance = 0; distance <= 80; distance += (distance < 70 ? 1 : 10))
       for (size_t srcOffset : {size_t{0}, size_t{16}, size_t{4000}})
         checkCopy(bytes, srcOffset, distance);
+
+  // Streaming: destinations at every offset within a cache line, sizes around whole lines.
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{4096 + 13},
+                       size_t{4096 + 64}, size_t{65536}, size_t{300000}})
+    for (size_t distance = 0; distance < 64; ++distance)
+      for (size_t srcOffset : {size_t{0}, size_t{8}, size_t{4000}})
+        checkCopy(bytes, srcOffset, distance, streamCopy);
 
   // Overlapping ranges inside the window (no copy the library makes) come out as memmove's.
   for (size_t shift : {size_t{8}, size_t{16}, size_t{40}}) {
