@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import threading
@@ -13,6 +14,22 @@ def memory_copy_bandwidth(nbytes: int, threads: int) -> float:
     import pycollective as pc
 
     return pc._C.memory_bandwidth(bytes_per_thread=nbytes, threads=threads, reps=3)
+
+
+def two_cpus() -> tuple[int, int] | None:
+    """The first two CPUs this process may run on (None with one)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return (cpus[0], cpus[1]) if len(cpus) >= 2 else None
+
+
+def cache_line_round_trip_ns(cpu_a: int, cpu_b: int) -> float | None:
+    """Nanoseconds a cache line takes from one CPU to the other and back: how far apart they sit
+    (the pace of every hand-over between cores through shared memory). None if either CPU
+    cannot be used."""
+    import pycollective as pc
+
+    ns = pc._C.cache_line_round_trip_ns(cpu_a, cpu_b)
+    return ns if ns > 0 else None
 
 
 def loopback_tcp_bandwidth(nbytes: int = 256 << 20, chunk: int = 4 << 20) -> float:

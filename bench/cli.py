@@ -157,21 +157,33 @@ def _command_line() -> str:
     return " ".join([os.path.basename(sys.executable), shlex.quote(sys.argv[0]), *words])
 
 
-def tcp_ceiling_lines(tcp_rounds: dict[str, list[float]]) -> list[str]:
-    """The TCP ceilings' lines: the median of the rounds' measurements, and their range."""
-    labels = {
-        "loopback_tcp_Bps": "loopback TCP, one stream",
-        "loopback_tcp_exchange_Bps": "loopback TCP, two endpoints sending and receiving at once",
-    }
+# What is measured at the start of every round: label, unit, scale.
+_PER_ROUND = {
+    "cache_line_round_trip_ns": ("a cache line from CPU {a} to CPU {b} and back", "ns", 1.0),
+    "loopback_tcp_Bps": ("loopback TCP, one stream", "GB/s", 1e-9),
+    "loopback_tcp_exchange_Bps": (
+        "loopback TCP, two endpoints sending and receiving at once",
+        "GB/s each way",
+        1e-9,
+    ),
+}
+
+
+def per_round_lines(samples: dict[str, list[float]], cpus: tuple[int, int] = (0, 1)) -> list[str]:
+    """The header lines of what each round measured: the median of the rounds, and their range."""
     lines = []
-    for name, samples in tcp_rounds.items():
-        text = f"# ceiling: {labels[name]}: {statistics.median(samples) / 1e9:.2f} GB/s"
-        if name == "loopback_tcp_exchange_Bps":
-            text += " each way"
-        if len(samples) > 1:
+    for name, values in samples.items():
+        label, unit, scale = _PER_ROUND[name]
+        kind = "machine" if name == "cache_line_round_trip_ns" else "ceiling"
+        digits = 0 if scale == 1.0 else 2
+        text = (
+            f"# {kind}: {label.format(a=cpus[0], b=cpus[1])}: "
+            f"{statistics.median(values) * scale:.{digits}f} {unit}"
+        )
+        if len(values) > 1:
             text += (
-                f" (median of {len(samples)} rounds, "
-                f"{min(samples) / 1e9:.2f}-{max(samples) / 1e9:.2f})"
+                f" (median of {len(values)} rounds, "
+                f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
             )
         lines.append(text)
     return lines
@@ -214,17 +226,26 @@ def run(args: argparse.Namespace) -> int:
 
     copy_bw = measure.memory_copy_bandwidth(min(args.maxbytes, 64 << 20), world)
     ceilings = {"memory_copy_Bps": copy_bw}
-    # The TCP ceilings are measured at the start of every round, beside the rows they bound:
-    # one loopback stream moved 2.6-4.5 GB/s between runs minutes apart on the 2-vCPU VM, so a
-    # ceiling measured once would carry that drift into every ratio against it.
-    tcp_rounds: dict[str, list[float]] = {}
+    # The TCP ceilings, and how far apart two CPUs are, are measured at the start of every
+    # round, beside the rows they bound: on the 2-vCPU VM one loopback stream moved 1.8-5.0 GB/s
+    # between rounds of one run, and a cache line between the vCPUs took 50 or 340 ns as the
+    # hypervisor placed them (docs/benchmarks.md, "Two vCPUs that drift apart"); measured once,
+    # they would describe another moment than the rows.
+    per_round: dict[str, list[float]] = {}
     wants_tcp = procs_mode and ("tcp" in transports or "gloo" in peers)
+    cpu_pair = measure.two_cpus()
 
-    def measure_tcp() -> None:
-        tcp_rounds.setdefault("loopback_tcp_Bps", []).append(measure.loopback_tcp_bandwidth())
-        tcp_rounds.setdefault("loopback_tcp_exchange_Bps", []).append(
-            measure.loopback_tcp_exchange_bandwidth()
-        )
+    def measure_round() -> None:
+        if cpu_pair is not None:
+            ns = measure.cache_line_round_trip_ns(*cpu_pair)
+            if ns is not None:
+                per_round.setdefault("cache_line_round_trip_ns", []).append(ns)
+        if wants_tcp:
+            for name, probe in (
+                ("loopback_tcp_Bps", measure.loopback_tcp_bandwidth),
+                ("loopback_tcp_exchange_Bps", measure.loopback_tcp_exchange_bandwidth),
+            ):
+                per_round.setdefault(name, []).append(probe())
 
     where = (
         f"{world} processes over {','.join(transports)}"
@@ -266,9 +287,10 @@ def run(args: argparse.Namespace) -> int:
             new_outputs=args.new_outputs,
             rounds=rounds,
             mpi_in_job=args.mpi_in_job,
-            before_round=measure_tcp if wants_tcp else None,
+            before_round=measure_round,
         )
     else:
+        measure_round()  # one round in process
         rows = inproc.run(
             args.collective,
             sweep,
@@ -285,9 +307,9 @@ def run(args: argparse.Namespace) -> int:
             new_outputs=args.new_outputs,
         )
     progress.close()
-    for name, samples in tcp_rounds.items():
+    for name, samples in per_round.items():
         ceilings[name] = statistics.median(samples)
-    for line in tcp_ceiling_lines(tcp_rounds):
+    for line in per_round_lines(per_round, cpu_pair or (0, 1)):
         print(line)
     for note in notes:
         print(f"# {note}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import numpy
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'POOLED_OUTPUT_BYTES', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'new_result', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'POOLED_OUTPUT_BYTES', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_line_round_trip_ns', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'new_result', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
     One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default), timeout in seconds (0: the group's) and wire format (0: native, 1: bf16, 2: fp16 on network links). Checked when built; reusable.
@@ -285,6 +285,10 @@ def bridge_link(rank: typing.SupportsInt | typing.SupportsIndex, peer: typing.Su
     """
 def build_info() -> dict:
     ...
+def cache_line_round_trip_ns(cpu_a: typing.SupportsInt | typing.SupportsIndex, cpu_b: typing.SupportsInt | typing.SupportsIndex, rounds: typing.SupportsInt | typing.SupportsIndex = 2000, batches: typing.SupportsInt | typing.SupportsIndex = 9) -> float:
+    """
+    Nanoseconds a cache line takes from CPU cpu_a to cpu_b and back (median of `batches` batches of `rounds`); -1 if a thread cannot run on either CPU.
+    """
 def cache_resident_bytes() -> int:
     """
     Bytes a call may read and write in all and still count as in cache for in-process auto (PYCOLLECTIVE_CACHE_BYTES, else measured once per process).

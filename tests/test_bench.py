@@ -432,9 +432,10 @@ def test_summary_puts_tcp_against_one_loopback_stream_and_gloo():
     assert want in report.summary(rows, ceilings)
 
 
-def test_tcp_ceilings_are_measured_every_round_and_reported_as_their_median(monkeypatch):
-    """The TCP ceilings are measured before each round's launches (so that they drift with the
-    rows they bound), and the header gives the median of the rounds and their range."""
+def test_per_round_measures_are_taken_every_round_and_reported_as_their_median(monkeypatch):
+    """The TCP ceilings (and the CPUs' distance) are measured before each round's launches, so
+    that they drift with the rows they bound, and the header gives the median of the rounds and
+    their range."""
     from pycollective.bench import cli, procs
 
     order: list[str] = []
@@ -442,13 +443,33 @@ def test_tcp_ceilings_are_measured_every_round_and_reported_as_their_median(monk
     job = ("allreduce", [1024], "float32", "sum", 2, ["ring"], ["tcp"], [], 3, 1, 0.05)
     procs.run(*job, lambda _: None, [], rounds=3, before_round=lambda: order.append("ceilings"))
     assert order == ["ceilings", "pycollective"] * 3
-    lines = cli.tcp_ceiling_lines(
-        {"loopback_tcp_Bps": [3e9, 4.5e9, 4e9], "loopback_tcp_exchange_Bps": [2.5e9]}
+    lines = cli.per_round_lines(
+        {
+            "cache_line_round_trip_ns": [52.4, 340.0, 55.0],
+            "loopback_tcp_Bps": [3e9, 4.5e9, 4e9],
+            "loopback_tcp_exchange_Bps": [2.5e9],
+        },
+        (0, 1),
     )
     assert lines == [
+        "# machine: a cache line from CPU 0 to CPU 1 and back: 55 ns (median of 3 rounds, 52-340)",
         "# ceiling: loopback TCP, one stream: 4.00 GB/s (median of 3 rounds, 3.00-4.50)",
         "# ceiling: loopback TCP, two endpoints sending and receiving at once: 2.50 GB/s each way",
     ]
+
+
+def test_cache_line_round_trip_between_two_cpus():
+    """The probe of how far apart two CPUs are answers in nanoseconds, and -1 for a CPU this
+    process cannot use."""
+    import pycollective as pc
+    from pycollective.bench import ceilings
+
+    pair = ceilings.two_cpus()
+    if pair is None:
+        pytest.skip("one CPU: no pair to measure")
+    ns = ceilings.cache_line_round_trip_ns(*pair)
+    assert ns is not None and 1 < ns < 1e6, ns
+    assert pc._C.cache_line_round_trip_ns(pair[0], 4095) == -1
 
 
 @pytest.mark.timeout(60)

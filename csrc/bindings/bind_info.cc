@@ -7,6 +7,7 @@
 #include "bindings/bindings.h"
 #include "config.h"
 #include "core/cache_probe.h"
+#include "core/core_distance.h"
 #include "core/error.h"
 #include "core/knobs.h"
 #include "core/logging.h"
@@ -94,6 +95,15 @@ void bindInfo(py::module_& m) {
       },
       py::arg("bytes_per_thread"), py::arg("threads"), py::arg("reps") = 3,
       "Bytes read+written per second when `threads` threads each copy a private buffer.");
+  m.def(
+      "cache_line_round_trip_ns",
+      [](int cpuA, int cpuB, int rounds, int batches) {
+        py::gil_scoped_release release;
+        return cacheLineRoundTripNs(cpuA, cpuB, rounds, batches);
+      },
+      py::arg("cpu_a"), py::arg("cpu_b"), py::arg("rounds") = 2000, py::arg("batches") = 9,
+      "Nanoseconds a cache line takes from CPU cpu_a to cpu_b and back (median of `batches` "
+      "batches of `rounds`); -1 if a thread cannot run on either CPU.");
   m.def(
       "cache_resident_bytes",
       [] {

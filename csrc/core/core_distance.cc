@@ -1,0 +1,79 @@
+#include "core/core_distance.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace pycollective {
+
+namespace {
+
+bool pinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+}  // namespace
+
+double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
+  if (rounds < 1 || batches < 1 || cpuA < 0 || cpuB < 0 || cpuA >= CPU_SETSIZE ||
+      cpuB >= CPU_SETSIZE)
+    return -1;
+  // The line both threads write, alone on its line and the next (adjacent-line prefetch).
+  struct alignas(128) Line {
+    std::atomic<long> value{0};
+  };
+  const auto line = std::make_unique<Line>();
+  std::atomic<long>& ball = line->value;
+  std::atomic<int> pinned{0};  // 1 once the partner is pinned; -1 if it could not be
+  std::vector<double> perBatch;
+  std::thread partner([&] {
+    if (!pinTo(cpuB)) {
+      pinned.store(-1);
+      return;
+    }
+    pinned.fetch_add(1);
+    // Odd values are the partner's to answer, even ones the caller's; -2 ends.
+    for (long v;;) {
+      while ((v = ball.load(std::memory_order_acquire)) % 2 == 0 && v != -2) {
+      }
+      if (v == -2) return;
+      ball.store(v + 1, std::memory_order_release);
+    }
+  });
+  cpu_set_t before;
+  const bool saved = sched_getaffinity(0, sizeof(before), &before) == 0;
+  if (pinTo(cpuA)) {
+    while (pinned.load() == 0) std::this_thread::yield();
+    long v = 0;
+    for (int b = 0; b < batches && pinned.load() > 0; ++b) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < rounds; ++i) {
+        ball.store(v + 1, std::memory_order_release);
+        while (ball.load(std::memory_order_acquire) != v + 2) {
+        }
+        v += 2;
+      }
+      perBatch.push_back(
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
+              .count() /
+          rounds);
+    }
+  }
+  ball.store(-2, std::memory_order_release);
+  partner.join();
+  if (saved) sched_setaffinity(0, sizeof(before), &before);
+  if (perBatch.empty()) return -1;
+  std::nth_element(perBatch.begin(), perBatch.begin() + perBatch.size() / 2, perBatch.end());
+  return perBatch[perBatch.size() / 2];
+}
+
+}  // namespace pycollective

@@ -1,0 +1,14 @@
+#pragma once
+// How far apart two CPUs are, as the time a cache line takes to pass from one to the other and
+// back. Everything that hands data between cores through shared memory runs at a pace this
+// sets: on the 2-vCPU EPYC VM it moves between about 50 ns and 330-350 ns as the hypervisor
+// places the vCPUs, and a shared-memory all-reduce of 1 MiB with it between 0.064 and 0.47 ms
+// (docs/benchmarks.md, "Two vCPUs that drift apart"). The benchmark prints it beside its rows.
+
+namespace pycollective {
+
+// Nanoseconds per round trip of a cache line between threads pinned to `cpuA` and `cpuB`,
+// median of `batches` batches of `rounds` round trips each; -1 when either CPU cannot be used.
+double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches);
+
+}  // namespace pycollective
