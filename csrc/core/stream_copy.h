@@ -3,7 +3,7 @@
 // memory instead of first being read into the cache (write-allocate), which saves a third of the
 // memory traffic of a large copy whose destination nobody reads soon, and leaves no dirty line
 // for another core to fetch from this one's cache (a shared-memory ring between cores that pass
-// lines slowly: transport/ring_stores.h).
+// lines slowly: transport/peer_distance.h).
 #include <cstddef>
 
 namespace pycollective {

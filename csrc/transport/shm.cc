@@ -23,7 +23,7 @@
 #include "core/host_copy.h"
 #include "core/logging.h"
 #include "core/stream_copy.h"
-#include "transport/ring_stores.h"
+#include "transport/peer_distance.h"
 #include "transport/shm_common.h"
 
 namespace pycollective {
@@ -241,12 +241,20 @@ class ShmLink : public Link {
   std::atomic<uint64_t>& recvHead() { return ctl_->head[1 - side_].value; }
   std::atomic<uint64_t>& recvTail() { return ctl_->tail[1 - side_].value; }
 
+  // A counter the peer writes, re-read. While long messages pass, the reads that find it moved
+  // are timed: how far the peer's core is decides how their pieces are written (copyPiece). A
+  // short message's reads are not: the fences of the timing would be a share of its latency.
+  uint64_t reloadPeerCounter(const std::atomic<uint64_t>& counter, uint64_t seen, size_t want) {
+    if (want < PeerDistance::kMinTimedBytes) return counter.load(std::memory_order_acquire);
+    return distance_.load(counter, seen);
+  }
+
   // Free bytes at `head`, re-reading the consumer's counter only when the cached one does not
   // leave `want` bytes: the shared line is touched only when it might help.
   size_t sendSpace(uint64_t head, size_t want) {
     size_t space = ringBytes_ - static_cast<size_t>(head - sendTailCache_);
     if (space < want) {
-      sendTailCache_ = sendTail().load(std::memory_order_acquire);
+      sendTailCache_ = reloadPeerCounter(sendTail(), sendTailCache_, want);
       space = ringBytes_ - static_cast<size_t>(head - sendTailCache_);
     }
     return space;
@@ -255,7 +263,7 @@ class ShmLink : public Link {
   size_t recvAvailable(uint64_t tail, size_t want) {
     size_t avail = static_cast<size_t>(recvHeadCache_ - tail);
     if (avail < want) {
-      recvHeadCache_ = recvHead().load(std::memory_order_acquire);
+      recvHeadCache_ = reloadPeerCounter(recvHead(), recvHeadCache_, want);
       avail = static_cast<size_t>(recvHeadCache_ - tail);
     }
     return avail;
@@ -269,23 +277,20 @@ class ShmLink : public Link {
     if (first < n) copy(sendRing_, static_cast<const char*>(src) + first, n - first);
   }
 
-  // A piece of a message's payload, with the stores stores_ chooses, timed for its choice.
+  // A piece of a message's payload: with streaming stores when it is long and the peer far.
   void copyPiece(uint64_t pos, const char* src, size_t n) {
-    if (n < RingStoreChoice::kMinTimedBytes) {
+    if (n < PeerDistance::kMinStreamedBytes) {
       copyIntoRing(pos, src, n);
       return;
     }
-    const bool stream = stores_.streamNext(n);
-    const bool wasStreaming = stores_.streaming();
-    const auto start = std::chrono::steady_clock::now();
+    const bool stream = distance_.stream(n);
+    if (stream != streaming_) {
+      streaming_ = stream;
+      PC_INFO(kTransport, "shm ring to rank ", peer_, ": a cache line from its core takes ",
+              distance_.nanoseconds(), " ns; long messages now go ",
+              stream ? "past the cache (streaming stores)" : "through the cache");
+    }
     copyIntoRing(pos, src, n, stream);
-    stores_.record(stream, n,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (stores_.streaming() != wasStreaming)
-      PC_INFO(kTransport, "shm ring to rank ", peer_, ": writes ",
-              stores_.streaming() ? "now stream past the cache" : "go through the cache again",
-              " (copy into the ring: ordinary stores ", stores_.rate(false) / 1e9,
-              " GB/s, streaming ", stores_.rate(true) / 1e9, " GB/s)");
   }
 
   void copyFromRing(void* dst, uint64_t pos, size_t n) {
@@ -451,7 +456,8 @@ class ShmLink : public Link {
   int side_;
   size_t ringBytes_ = 0;
   size_t chunkBytes_ = 0;
-  RingStoreChoice stores_;
+  PeerDistance distance_;
+  bool streaming_ = false;  // how the last long piece was written
   char* sendRing_ = nullptr;
   char* recvRing_ = nullptr;
   // Local copies: this side is the only writer of sendHead_ and recvTail_; the caches hold the
