@@ -33,12 +33,13 @@ class PeerDistance {
   // stream. Measured on the 2-vCPU VM: 20-40 ns near, 130-200 far.
   static constexpr double kFarNanoseconds = 80;
   // Pieces shorter than this are written with ordinary stores wherever the peer is: a short
-  // message is read while still in cache.
-  static constexpr size_t kMinStreamedBytes = size_t(64) << 10;
+  // message is read while still in cache. (Far, 2 ranks: 64 KiB all-reduces, pieces of 32 KiB,
+  // ran 10-16 us streamed against 14-23 us not.)
+  static constexpr size_t kMinStreamedBytes = size_t(16) << 10;
   // Loads are timed only while messages of at least this size pass: the fences of the timing
   // cost tens of nanoseconds a load (timed from 16 KiB up, a 2-rank all-reduce of 64 KiB ran
-  // 1.10x-1.17x slower).
-  static constexpr size_t kMinTimedBytes = kMinStreamedBytes;
+  // 1.10x-1.17x slower). Shorter messages are streamed or not by what the longer ones measured.
+  static constexpr size_t kMinTimedBytes = size_t(64) << 10;
   // The distance is the median of the last this many timed loads: few enough to decide within
   // the first calls (2 ranks far apart, 1 MiB: 0.094-0.104 ms a call over 40 calls of a fresh
   // job, against 0.48 with ordinary stores), and robust to a few odd loads.
