@@ -2,8 +2,9 @@
 // How far apart two CPUs are, as the time a cache line takes to pass from one to the other and
 // back. Everything that hands data between cores through shared memory runs at a pace this
 // sets: on the 2-vCPU EPYC VM it moves between about 50 ns and 330-350 ns as the hypervisor
-// places the vCPUs, and a shared-memory all-reduce of 1 MiB with it between 0.064 and 0.47 ms
-// (docs/benchmarks.md, "Two vCPUs that drift apart"). The benchmark prints it beside its rows.
+// places the vCPUs, and a shared-memory all-reduce of 1 MiB with ordinary stores into its ring
+// between 0.064 and 0.47 ms (docs/benchmarks.md, "Two vCPUs that drift apart"). The benchmark
+// prints it beside its rows.
 
 namespace pycollective {
 

@@ -30,7 +30,7 @@ namespace pycollective {
 class PeerDistance {
  public:
   // Farther than this, a line from the peer's cache costs about as much as one from memory:
-  // stream. Measured on the 2-vCPU VM: 20-40 ns near, 130-200 far.
+  // stream. Medians measured on the 2-vCPU VM: 20-50 ns near, 130-150 far.
   static constexpr double kFarNanoseconds = 80;
   // Pieces shorter than this are written with ordinary stores wherever the peer is: a short
   // message is read while still in cache. (Far, 2 ranks: 64 KiB all-reduces, pieces of 32 KiB,
