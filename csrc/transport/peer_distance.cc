@@ -31,6 +31,8 @@ double ticksPerNanosecond() {
 
 }  // namespace
 
+std::atomic<double> PeerDistance::lastOfProcess_{0};
+
 uint64_t PeerDistance::load(const std::atomic<uint64_t>& counter, uint64_t seen) {
 #if defined(__x86_64__)
   // The fences keep the load between the two readings of the counter.
@@ -56,6 +58,7 @@ void PeerDistance::addSample(double ns) {
   if (filled_ < kWindow) return;
   std::nth_element(window_, window_ + kWindow / 2, window_ + kWindow);
   median_ = window_[kWindow / 2];
+  lastOfProcess_.store(median_, std::memory_order_relaxed);
   filled_ = 0;
 }
 

@@ -25,7 +25,7 @@ int main() {
   const int w = PeerDistance::kWindow;
   {
     PeerDistance d;
-    EXPECT(!d.stream(kLong) && d.nanoseconds() == 0, "no loads timed yet, yet streaming");
+    EXPECT(!d.stream(kLong) && d.nanoseconds() == 0, "no loads timed yet, yet streaming");  // first
     feed(d, w - 1, 180);
     EXPECT(!d.stream(kLong), "streaming before a window was full");
     feed(d, 1, 180);
@@ -43,11 +43,23 @@ int main() {
     EXPECT(!d.stream(kLong), "a quarter of long loads made a near peer far");
   }
   {
+    // A link with no window of its own follows the last window of any link of the process.
+    PeerDistance a, b;
+    feed(a, w, 180);
+    EXPECT(b.stream(kLong), "a fresh link did not follow a far link (%.1f ns)", b.nanoseconds());
+    feed(a, w, 40);
+    EXPECT(!b.stream(kLong), "a fresh link did not follow a near link");
+    feed(b, w, 180);
+    feed(a, w, 40);
+    EXPECT(b.stream(kLong), "a link with its own window followed another's");
+  }
+  {
     // Only a load that brings a new value is timed.
     PeerDistance d;
     std::atomic<uint64_t> counter{5};
     for (int i = 0; i < w; ++i) EXPECT(d.load(counter, 5) == 5, "load returned the wrong value");
-    EXPECT(d.nanoseconds() == 0, "loads of an unchanged counter were timed");
+    PeerDistance fresh;
+    EXPECT(d.nanoseconds() == fresh.nanoseconds(), "loads of an unchanged counter were timed");
 #if defined(__x86_64__)
     for (int i = 0; i < w; ++i) {
       counter.store(6 + i);
