@@ -33,6 +33,12 @@ double ticksPerNanosecond() {
 
 std::atomic<double> PeerDistance::lastOfProcess_{0};
 
+PeerDistance::PeerDistance() {
+#if defined(__x86_64__)
+  ticksPerNanosecond();
+#endif
+}
+
 uint64_t PeerDistance::load(const std::atomic<uint64_t>& counter, uint64_t seen) {
 #if defined(__x86_64__)
   // The fences keep the load between the two readings of the counter.

@@ -34,7 +34,7 @@ class PeerDistance {
   static constexpr double kFarNanoseconds = 80;
   // Pieces shorter than this are written with ordinary stores wherever the peer is: a short
   // message is read while still in cache. (Far, 2 ranks: 64 KiB all-reduces, pieces of 32 KiB,
-  // ran 10-16 us streamed against 14-23 us not.)
+  // ran 10-16 us streamed against 32-34 us not.)
   static constexpr size_t kMinStreamedBytes = size_t(16) << 10;
   // Loads are timed only while messages of at least this size pass: the fences of the timing
   // cost tens of nanoseconds a load (timed from 16 KiB up, a 2-rank all-reduce of 64 KiB ran
@@ -44,6 +44,10 @@ class PeerDistance {
   // the first calls (2 ranks far apart, 1 MiB: 0.094-0.104 ms a call over 40 calls of a fresh
   // job, against 0.48 with ordinary stores), and robust to a few odd loads.
   static constexpr int kWindow = 8;
+
+  // Calibrates the time-stamp counter (2 ms, once per process) when the first link is made,
+  // not in the middle of its first long message.
+  PeerDistance();
 
   // counter.load(acquire); when it differs from `seen` (the peer wrote it since this process
   // last read it), the load is timed and counts towards the distance.
