@@ -287,7 +287,7 @@ def build_info() -> dict:
     ...
 def cache_line_round_trip_ns(cpu_a: typing.SupportsInt | typing.SupportsIndex, cpu_b: typing.SupportsInt | typing.SupportsIndex, rounds: typing.SupportsInt | typing.SupportsIndex = 2000, batches: typing.SupportsInt | typing.SupportsIndex = 9) -> float:
     """
-    Nanoseconds a cache line takes from CPU cpu_a to cpu_b and back (median of `batches` batches of `rounds`); -1 if a thread cannot run on either CPU.
+    Nanoseconds a cache line takes from CPU cpu_a to cpu_b and back (median of `batches` batches of `rounds`); -1 if a thread cannot run on either CPU, or both are one.
     """
 def cache_resident_bytes() -> int:
     """

@@ -460,7 +460,7 @@ def test_per_round_measures_are_taken_every_round_and_reported_as_their_median(m
 
 def test_cache_line_round_trip_between_two_cpus():
     """The probe of how far apart two CPUs are answers in nanoseconds, and -1 for a CPU this
-    process cannot use."""
+    process cannot use or for one CPU twice."""
     import pycollective as pc
     from pycollective.bench import ceilings
 
@@ -470,6 +470,7 @@ def test_cache_line_round_trip_between_two_cpus():
     ns = ceilings.cache_line_round_trip_ns(*pair)
     assert ns is not None and 1 < ns < 1e6, ns
     assert pc._C.cache_line_round_trip_ns(pair[0], 4095) == -1
+    assert pc._C.cache_line_round_trip_ns(pair[0], pair[0]) == -1
 
 
 @pytest.mark.timeout(60)

@@ -103,7 +103,7 @@ void bindInfo(py::module_& m) {
       },
       py::arg("cpu_a"), py::arg("cpu_b"), py::arg("rounds") = 2000, py::arg("batches") = 9,
       "Nanoseconds a cache line takes from CPU cpu_a to cpu_b and back (median of `batches` "
-      "batches of `rounds`); -1 if a thread cannot run on either CPU.");
+      "batches of `rounds`); -1 if a thread cannot run on either CPU, or both are one.");
   m.def(
       "cache_resident_bytes",
       [] {

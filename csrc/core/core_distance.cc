@@ -24,8 +24,10 @@ bool pinTo(int cpu) {
 }  // namespace
 
 double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
+  // On one CPU the two spinning threads would take turns by the scheduler's slices: milliseconds
+  // a round trip, seconds a measurement, and nothing learned about the caches.
   if (rounds < 1 || batches < 1 || cpuA < 0 || cpuB < 0 || cpuA >= CPU_SETSIZE ||
-      cpuB >= CPU_SETSIZE)
+      cpuB >= CPU_SETSIZE || cpuA == cpuB)
     return -1;
   // The line both threads write, alone on its line and the next (adjacent-line prefetch).
   struct alignas(128) Line {

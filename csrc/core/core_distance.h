@@ -9,7 +9,8 @@
 namespace pycollective {
 
 // Nanoseconds per round trip of a cache line between threads pinned to `cpuA` and `cpuB`,
-// median of `batches` batches of `rounds` round trips each; -1 when either CPU cannot be used.
+// median of `batches` batches of `rounds` round trips each; -1 when either CPU cannot be used
+// or both are the same.
 double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches);
 
 }  // namespace pycollective
