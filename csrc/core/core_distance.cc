@@ -21,6 +21,9 @@ bool pinTo(int cpu) {
   return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
 }
 
+// The whole measurement takes milliseconds; past this it is abandoned (-1).
+constexpr auto kGiveUpAfter = std::chrono::seconds(2);
+
 }  // namespace
 
 double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
@@ -48,22 +51,31 @@ double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
       while ((v = ball.load(std::memory_order_acquire)) % 2 == 0 && v != -2) {
       }
       if (v == -2) return;
-      ball.store(v + 1, std::memory_order_release);
+      // Answer only the value read: a caller that gave up has stored -2 over it meanwhile.
+      ball.compare_exchange_strong(v, v + 1, std::memory_order_acq_rel);
     }
   });
+  bool gaveUp = false;
   cpu_set_t before;
   const bool saved = sched_getaffinity(0, sizeof(before), &before) == 0;
   if (pinTo(cpuA)) {
     while (pinned.load() == 0) std::this_thread::yield();
+    // A partner that never gets its CPU (a busy real-time task there) must not hang the caller:
+    // the clock is read only after many idle spins, so a normal round trip is not slowed.
+    const auto deadline = std::chrono::steady_clock::now() + kGiveUpAfter;
     long v = 0;
     for (int b = 0; b < batches && pinned.load() > 0; ++b) {
       const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < rounds; ++i) {
+      for (int i = 0; i < rounds && !gaveUp; ++i) {
         ball.store(v + 1, std::memory_order_release);
-        while (ball.load(std::memory_order_acquire) != v + 2) {
-        }
+        for (unsigned spins = 1; ball.load(std::memory_order_acquire) != v + 2; ++spins)
+          if (spins % 4096 == 0 && std::chrono::steady_clock::now() > deadline) {
+            gaveUp = true;
+            break;
+          }
         v += 2;
       }
+      if (gaveUp) break;
       perBatch.push_back(
           std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
               .count() /
@@ -73,7 +85,7 @@ double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
   ball.store(-2, std::memory_order_release);
   partner.join();
   if (saved) sched_setaffinity(0, sizeof(before), &before);
-  if (perBatch.empty()) return -1;
+  if (perBatch.empty() || gaveUp) return -1;
   std::nth_element(perBatch.begin(), perBatch.begin() + perBatch.size() / 2, perBatch.end());
   return perBatch[perBatch.size() / 2];
 }
