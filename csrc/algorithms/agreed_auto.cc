@@ -66,10 +66,14 @@ bool runMeasuredAuto(Group& group, int groupId, const CollectiveArgs& args) {
   // can run; the call itself was checked before it came here (chooseAlgorithm).
   const Algorithm* algo = algorithmNamed(step.algo);
   PC_ASSERT(algo != nullptr, "auto's candidate '", step.algo, "' is not an algorithm");
-  const auto start = std::chrono::steady_clock::now();
-  runWith(group, groupId, args, *algo);
-  choices.record(shape, step,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (!step.counted) {
+    runWith(group, groupId, args, *algo);
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    runWith(group, groupId, args, *algo);
+    choices.record(shape, step,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   if (step.closesRound && choices.decide(shape, agree(group, groupId, choices.samples(shape))))
     PC_INFO(kColl, comm.who(), " auto for ", collectiveName(args.kind), " of ",
             args.count * elementSize(args.dtype), " bytes now runs ",

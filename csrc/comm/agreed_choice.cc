@@ -47,7 +47,9 @@ void AgreedChoices::Schedule::advance(Step* step) {
     choiceStreak = 0;
   } else {
     step->candidate = static_cast<size_t>(current);
-    step->counted = choiceStreak >= kUnfairCalls;
+    // Only the calls the next check reads are counted (its last RecentTimes::kRecent): the
+    // others need not pay for two clock reads and a record (a lock and a lookup).
+    step->counted = choiceStreak >= kUnfairCalls && untilCheck <= RecentTimes::kRecent;
     step->closesRound = false;
     ++choiceStreak;
     --untilCheck;
