@@ -51,7 +51,7 @@ std::vector<const char*> meet(Exchange& ex, HostSegment& seg, const CollectiveAr
   HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
   const int r = ex.rank();
   const size_t mine = publishedBytes(a, r);
-  if (mine > 0) ex.copy(call.payload(), a.in, mine);
+  if (mine > 0) call.write(a.in, mine);
   call.publish(mine);
   std::vector<const char*> slot(ex.size());
   for (int m = 0; m < ex.size(); ++m)

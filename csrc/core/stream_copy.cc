@@ -13,7 +13,9 @@ namespace pycollective {
 
 void streamCopy(void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
-  constexpr size_t kMinBytes = 4096;  // below this, memcpy into the cache is as good
+  // Below this, memcpy into the cache is as good (the host segment streams slots from 2 KiB:
+  // transport/host_segment.h).
+  constexpr size_t kMinBytes = 1024;
   if (bytes < kMinBytes) {
     hostCopy(dst, src, bytes);
     return;

@@ -14,14 +14,17 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/host_copy.h"
 #include "core/logging.h"
+#include "core/stream_copy.h"
 #include "core/wait_policy.h"
 #include "transport/shm_common.h"
 
 namespace pycollective {
 
-// Segment layout (version 1), for M members and slots of S payload bytes:
-//   [0, kControlBytes)                        Layout: magic, geometry, digest, abort count
+// Segment layout (version 2), for M members and slots of S payload bytes:
+//   [0, kControlBytes)                        Layout: magic, geometry, digest, abort count,
+//                                              members that find the others far
 //   [kControlBytes, +M * sizeof(MemberBlock))  one MemberBlock per member
 //   [slotsAt, +2M * slotStride(S))             slot (m, s) at slotsAt + (2m + s) * slotStride:
 //                                              SlotHead (call number and header), then payload
@@ -33,13 +36,18 @@ struct HostSegment::Layout {
   unsigned char digest[shm::kDigestBytes];
   // Bumped by every member that aborts: a waiter reads this one word instead of every block.
   alignas(128) std::atomic<uint32_t> aborts;
+  // Members whose waits find the others' cores far (voteDistance): while any does, every
+  // member writes its slot past the cache, since every member reads every slot. On the
+  // aborts' line: it changes only when the machine does.
+  std::atomic<uint32_t> farMembers;
 };
 
 namespace {
 
 constexpr uint64_t kSegmentMagic = 0x3154534843434f50ull;  // "POCCHST1"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr size_t kControlBytes = 256;
+static_assert(sizeof(HostSegment::Layout) <= kControlBytes, "the layout fits its bytes");
 constexpr size_t kMaxSlotBytes = size_t(1) << 20;
 constexpr auto kLivenessInterval = std::chrono::milliseconds(50);
 constexpr auto kHandshakePoll = std::chrono::microseconds(500);
@@ -297,7 +305,8 @@ HostSegment::HostSegment(const HostSegmentOptions& o, void* base, size_t mapByte
       slotBytes_(o.slotBytes),
       base_(base),
       mapBytes_(mapBytes),
-      layout_(static_cast<Layout*>(base)) {
+      layout_(static_cast<Layout*>(base)),
+      timeWaits_(o.timeWaits) {
   spinSeconds_ = spinSecondsFor(members());
   const MemberBlock* all = blocks(base_);
   for (int m = 0; m < members(); ++m)
@@ -305,10 +314,30 @@ HostSegment::HostSegment(const HostSegmentOptions& o, void* base, size_t mapByte
 }
 
 HostSegment::~HostSegment() {
+  if (farVoted_) layout_->farMembers.fetch_sub(1, std::memory_order_relaxed);
   MemberBlock& me = blocks(base_)[member_];
   if (me.state.load(std::memory_order_acquire) != kAborted)
     me.state.store(kClosed, std::memory_order_release);
   ::munmap(base_, mapBytes_);
+}
+
+bool HostSegment::streamsPayloads() const {
+  return layout_->farMembers.load(std::memory_order_relaxed) > 0;
+}
+
+void HostSegment::addDistanceSample(double ns) {
+  distance_.addSample(ns);
+  voteDistance();
+}
+
+void HostSegment::voteDistance() {
+  const bool far = distance_.far();
+  if (far == farVoted_) return;
+  farVoted_ = far;
+  if (far)
+    layout_->farMembers.fetch_add(1, std::memory_order_relaxed);
+  else
+    layout_->farMembers.fetch_sub(1, std::memory_order_relaxed);
 }
 
 std::string HostSegment::who() const {
@@ -388,6 +417,25 @@ void* HostSegment::Call::payload() {
          sizeof(SlotHead);
 }
 
+void HostSegment::Call::write(const void* src, size_t bytes) {
+  PC_ASSERT(bytes <= seg_.slotBytes_, "host segment payload of ", bytes, " bytes");
+  if (bytes < kMinStreamedBytes) {
+    hostCopy(payload(), src, bytes);
+    return;
+  }
+  const bool stream = seg_.streamsPayloads();
+  if (stream != seg_.streaming_) {
+    seg_.streaming_ = stream;
+    PC_INFO(kTransport, seg_.who(), " host segment ", seg_.name_, ": ",
+            seg_.layout_->farMembers.load(std::memory_order_relaxed), " of ", seg_.members(),
+            " members find the others' cores far (this one: a cache line takes ",
+            seg_.distance_.nanoseconds(), " ns); payloads of ", kMinStreamedBytes,
+            " bytes and more now go ",
+            stream ? "past the cache (streaming stores)" : "through the cache");
+  }
+  (stream ? streamCopy : hostCopy)(payload(), src, bytes);
+}
+
 void HostSegment::Call::publish(size_t bytes) {
   PC_ASSERT(bytes <= seg_.slotBytes_, "host segment payload of ", bytes, " bytes");
   SlotHead* head = slotHead(seg_.base_, seg_.members(), seg_.slotBytes_, seg_.member_, slot_);
@@ -399,12 +447,17 @@ void HostSegment::Call::publish(size_t bytes) {
 const void* HostSegment::Call::await(int member, size_t bytes) {
   HostSegment& s = seg_;
   SlotHead* head = slotHead(s.base_, s.members(), s.slotBytes_, member, slot_);
-  if (head->call.load(std::memory_order_acquire) != call_) {
+  const uint64_t before = head->call.load(std::memory_order_acquire);
+  if (before != call_) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point since = Clock::now();
     Clock::time_point nextLiveness = since + kLivenessInterval;
+    // The load that sees the member's publish fetched the line from its core: its time is how
+    // far that core is (write() decides by it).
+    const bool timed = s.timeWaits_ && call_ % kTimedCallEvery == 0;
     for (uint32_t round = 1;; ++round) {
-      const uint64_t c = head->call.load(std::memory_order_acquire);
+      const uint64_t c =
+          timed ? s.distance_.load(head->call, before) : head->call.load(std::memory_order_acquire);
       if (c == call_) break;
       // What a member published before it aborted (in its next call) is still read: the call
       // number is loaded again after the abort was seen.
@@ -449,6 +502,7 @@ const void* HostSegment::Call::await(int member, size_t bytes) {
         std::this_thread::sleep_for(sleepPause(idle));
       }
     }
+    if (timed) s.voteDistance();
   }
   FrameHeader expected = header_;
   expected.bytes = bytes;

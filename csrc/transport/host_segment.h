@@ -22,6 +22,7 @@
 
 #include "core/deadline.h"
 #include "transport/frame.h"
+#include "transport/peer_distance.h"
 
 namespace pycollective {
 
@@ -36,6 +37,9 @@ struct HostSegmentOptions {
   std::string authDigest;  // 32 bytes from the cluster token (see ShmLinkOptions::authDigest)
   size_t slotBytes = size_t(16) << 10;  // payload capacity of a slot: a multiple of 64
   double connectTimeoutSeconds = 30.0;
+  // Whether waits time the load that sees a slot published (kTimedCallEvery), for the distance
+  // that decides how payloads are written; a test that feeds the distance itself turns it off.
+  bool timeWaits = true;
 };
 
 class HostSegment {
@@ -60,6 +64,12 @@ class HostSegment {
   // ProtocolError naming both calls, rather than both waiting until their timeouts.
   void announceLinkCall(const FrameHeader& header);
 
+  // Whether payloads of kMinStreamedBytes and more are written past the cache now: while any
+  // member's waits find the others' cores far (Call::write).
+  bool streamsPayloads() const;
+  // Counts a timed load as a wait does, and this member's vote with it (for the test).
+  void addDistanceSample(double ns);
+
   // One collective on the segment. Every member makes the same calls in the same order.
   class Call {
    public:
@@ -69,6 +79,9 @@ class HostSegment {
 
     // This member's payload area for the call: slotBytes() bytes, 64-byte aligned.
     void* payload();
+    // Copies this member's payload into payload(): with streaming stores, past this core's
+    // cache, while any member finds the others' cores far and it is kMinStreamedBytes or more.
+    void write(const void* src, size_t bytes);
     // Makes the first `bytes` of payload() and the call's header visible to the others.
     void publish(size_t bytes);
     // Waits until `member` published this call, checks its header (it must have published
@@ -89,12 +102,32 @@ class HostSegment {
   // The segment's first bytes (defined in host_segment.cc, where the layout is described).
   struct Layout;
 
+  // Every member reads every other member's slot. Where their cores pass cache lines slowly
+  // (transport/peer_distance.h: the 2-vCPU VM's far phase, other chiplets or sockets), a slot
+  // written through the cache is fetched line by line from the writer's core, and one written
+  // past it is read from memory, faster from this size up. Far apart, streaming: 3 ranks x 2 KiB
+  // 10.1-10.5 us against 11.3-11.4, 8 KiB 12.1-12.5 against 18.5-18.8, 16 KiB 14.8-15.0 against
+  // 27.6-27.7; 2 ranks x 8 KiB 4.0 against 7.1. Near, streaming is slower (2 ranks x 4 KiB 2.5
+  // us against 2.1, 3 ranks 4-7% at 1-8 KiB): the distance decides (docs/benchmarks.md, "The
+  // host segment far apart").
+  static constexpr size_t kMinStreamedBytes = size_t(2) << 10;
+  // Every this many calls the waits for the others' slots time the load that sees a slot
+  // published (PeerDistance::load): the fences would otherwise slow every wait a little.
+  static constexpr uint64_t kTimedCallEvery = 4;
+  // Which of PeerDistance's 8 samples, from the fastest, decides: the 6th. With more members
+  // than cores a member often waits for one that then runs on its own core, and that load takes
+  // 20-30 ns however far the cores are (3 ranks far apart: windows of 20-30 ns alongside others
+  // of 100-150); the 6th still ignores two slow outliers (an interrupt in the timed load).
+  static constexpr int kDecidingSample = 5;
+
  private:
   HostSegment(const HostSegmentOptions& options, void* base, size_t mapBytes);
   [[noreturn]] void fail(int member, const std::string& what, const FrameHeader& call);
   void checkPeers(int waitingFor, const FrameHeader& call);
   void checkLinkCall(int member, uint64_t position, const FrameHeader& call);
   std::string who() const;
+  // Counts this member in Layout::farMembers while its waits find the others far.
+  void voteDistance();
 
   std::string name_;
   std::vector<int> ranks_;
@@ -107,6 +140,10 @@ class HostSegment {
   uint64_t calls_ = 0;     // calls this member made on the segment
   uint64_t position_ = 0;  // collectives of the members this member made, on links too
   double spinSeconds_;     // how long a wait spins before it yields the core
+  PeerDistance distance_{kDecidingSample};  // how far the others' cores are, from the waits
+  bool timeWaits_;                          // HostSegmentOptions::timeWaits
+  bool farVoted_ = false;                   // counted in Layout::farMembers
+  bool streaming_ = false;                  // how the last long payload was written
   std::vector<bool> watchPid_;
   std::atomic<bool> abortClaimed_{false};
 };

@@ -33,7 +33,7 @@ double ticksPerNanosecond() {
 
 std::atomic<double> PeerDistance::lastOfProcess_{0};
 
-PeerDistance::PeerDistance() {
+PeerDistance::PeerDistance(int deciding) : deciding_(std::clamp(deciding, 0, kWindow - 1)) {
 #if defined(__x86_64__)
   ticksPerNanosecond();
 #endif
@@ -62,9 +62,9 @@ uint64_t PeerDistance::load(const std::atomic<uint64_t>& counter, uint64_t seen)
 void PeerDistance::addSample(double ns) {
   window_[filled_++] = ns;
   if (filled_ < kWindow) return;
-  std::nth_element(window_, window_ + kWindow / 2, window_ + kWindow);
-  median_ = window_[kWindow / 2];
-  lastOfProcess_.store(median_, std::memory_order_relaxed);
+  std::nth_element(window_, window_ + deciding_, window_ + kWindow);
+  decided_ = window_[deciding_];
+  lastOfProcess_.store(decided_, std::memory_order_relaxed);
   filled_ = 0;
 }
 

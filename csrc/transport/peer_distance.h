@@ -46,34 +46,39 @@ class PeerDistance {
   static constexpr int kWindow = 8;
 
   // Calibrates the time-stamp counter (2 ms, once per process) when the first link is made,
-  // not in the middle of its first long message.
-  PeerDistance();
+  // not in the middle of its first long message. `deciding` is which of a full window's
+  // samples, counted from the fastest, is the distance: the median for a link; a later one
+  // where the peers may run on this very core now and then (more ranks than cores), whose
+  // loads then find the line at hand and say nothing of the distance between cores.
+  explicit PeerDistance(int deciding = kWindow / 2);
 
   // counter.load(acquire); when it differs from `seen` (the peer wrote it since this process
   // last read it), the load is timed and counts towards the distance.
   uint64_t load(const std::atomic<uint64_t>& counter, uint64_t seen);
 
-  // The median of the last window of this link's timed loads in nanoseconds. Until its first
-  // window is full, the last window any link of this process completed: a link whose messages
+  // The deciding sample of the last window of timed loads (the median for a link), in
+  // nanoseconds. Until its first window is full, the last window any link (or host segment:
+  // transport/host_segment.h) of this process completed: a link whose messages
   // are all under kMinTimedBytes never times a load, and on a host whose cores are alike its
   // peer is as far as the others' (3 ranks far apart, 128 KiB: `reduce_to_one`, whose 128 KiB
   // messages had measured the distance, ran 45 us, the ring, whose 43 KiB messages had not,
   // 89 us with ordinary stores). 0 before any window.
   double nanoseconds() const {
-    return median_ > 0 ? median_ : lastOfProcess_.load(std::memory_order_relaxed);
+    return decided_ > 0 ? decided_ : lastOfProcess_.load(std::memory_order_relaxed);
   }
-  // Whether a piece of `bytes` should be written with streaming stores.
-  bool stream(size_t bytes) const {
-    return bytes >= kMinStreamedBytes && nanoseconds() > kFarNanoseconds;
-  }
+  // Whether the peer is far enough that what it reads should bypass the cache.
+  bool far() const { return nanoseconds() > kFarNanoseconds; }
+  // Whether a ring piece of `bytes` should be written with streaming stores.
+  bool stream(size_t bytes) const { return bytes >= kMinStreamedBytes && far(); }
 
   // Counts a timed load directly (for the test).
   void addSample(double ns);
 
  private:
   double window_[kWindow] = {};
+  int deciding_;
   int filled_ = 0;
-  double median_ = 0;
+  double decided_ = 0;
   static std::atomic<double> lastOfProcess_;  // links may progress on different threads
 };
 

@@ -119,6 +119,56 @@ void testCalls(int members) {
   });
 }
 
+// While a member's waits find the others far, every member writes its payloads past the cache
+// (Call::write, streaming stores): the others must read the same bytes, at every length and
+// alignment of the tail, and a near window on that member takes it back.
+void testStreamedPayloads() {
+  constexpr int kMembers = 3;
+  runMembers("streamed payloads", kMembers, [](const std::string& name, int me) {
+    HostSegmentOptions o = options(name, kMembers, me, 16 << 10);
+    o.timeWaits = false;  // the distance is what this test says, not what the machine does now
+    auto seg = HostSegment::connect(o);
+    const Deadline deadline = Deadline::after(30);
+    std::vector<uint32_t> src(4096);
+    auto round = [&](uint64_t first, uint64_t calls) {
+      for (uint64_t k = first; k < first + calls; ++k) {
+        const size_t words = 1 + (k * 37) % 4096;  // 4 bytes to 16 KiB, both sides of 2 KiB
+        for (size_t i = 0; i < words; ++i) src[i] = static_cast<uint32_t>(k * 131 + me * 7 + i);
+        HostSegment::Call call(*seg, header(k, words), deadline);
+        call.write(src.data(), words * 4);
+        call.publish(words * 4);
+        for (int m = 0; m < kMembers; ++m) {
+          const auto* theirs =
+              static_cast<const uint32_t*>(m == me ? call.payload() : call.await(m, words * 4));
+          for (size_t i = 0; i < words; ++i)
+            if (theirs[i] != static_cast<uint32_t>(k * 131 + m * 7 + i)) {
+              EXPECT(false, "call %llu (%s): member %d word %zu of %zu is %u",
+                     (unsigned long long)k, seg->streamsPayloads() ? "streamed" : "cached", m, i,
+                     words, theirs[i]);
+              return false;
+            }
+        }
+      }
+      return true;
+    };
+    // No member votes before it finished call 7, which waits for this one's.
+    EXPECT(!seg->streamsPayloads(), "member %d: streaming before any distance", me);
+    if (!round(0, 8)) return 1;
+    if (me == 0)
+      for (int i = 0; i < PeerDistance::kWindow; ++i) seg->addDistanceSample(200);
+    // Member 0 voted before it published call 8, which every member waits for.
+    if (!round(8, 1)) return 1;
+    EXPECT(seg->streamsPayloads(), "member %d: member 0 finds the others far, yet no streaming",
+           me);
+    if (!round(9, 300)) return 1;
+    if (me == 0)
+      for (int i = 0; i < PeerDistance::kWindow; ++i) seg->addDistanceSample(30);
+    if (!round(309, 1)) return 1;
+    EXPECT(!seg->streamsPayloads(), "member %d: every member near, still streaming", me);
+    return round(310, 100) && gFailures == 0 ? 0 : 1;
+  });
+}
+
 // Member 1 calls with another count: every member fails with ProtocolError naming the counts.
 void testMismatch() {
   runMembers("mismatched calls", 3, [](const std::string& name, int me) {
@@ -217,6 +267,7 @@ int main() {
   std::printf("host segment, %u CPUs\n", std::thread::hardware_concurrency());
   testCalls(2);
   testCalls(4);
+  testStreamedPayloads();
   testMismatch();
   testLinkCall();
   testFailures();

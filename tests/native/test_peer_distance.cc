@@ -43,6 +43,18 @@ int main() {
     EXPECT(!d.stream(kLong), "a quarter of long loads made a near peer far");
   }
   {
+    // Deciding by the 6th sample of 8 (the host segment, whose members may share a core): five
+    // loads that found the line on this core leave a far window far; two interrupted loads
+    // leave a near one near.
+    PeerDistance d(5);
+    for (int i = 0; i < w; ++i) d.addSample(i < 5 ? 25 : 140);
+    EXPECT(d.far(), "five same-core loads of eight made far cores near (%.1f ns)", d.nanoseconds());
+    for (int i = 0; i < w; ++i) d.addSample(i < 6 ? 25 : 140);
+    EXPECT(!d.far(), "six near loads of eight still far (%.1f ns)", d.nanoseconds());
+    for (int i = 0; i < w; ++i) d.addSample(i < 2 ? 5000 : 50);
+    EXPECT(!d.far(), "two interrupted loads made a near window far (%.1f ns)", d.nanoseconds());
+  }
+  {
     // A link with no window of its own follows the last window of any link of the process.
     PeerDistance a, b;
     feed(a, w, 180);
