@@ -32,15 +32,19 @@ double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
   if (rounds < 1 || batches < 1 || cpuA < 0 || cpuB < 0 || cpuA >= CPU_SETSIZE ||
       cpuB >= CPU_SETSIZE || cpuA == cpuB)
     return -1;
-  // The line both threads write, alone on its line and the next (adjacent-line prefetch).
-  struct alignas(128) Line {
-    std::atomic<long> value{0};
+  // The line both threads write, alone on its line and the next (adjacent-line prefetch). Shared
+  // with the partner, which outlives this call when it never got its CPU (detached below).
+  struct alignas(128) Shared {
+    std::atomic<long> ball{0};
+    std::atomic<int> pinned{0};  // 1 once the partner is pinned; -1 if it could not be
   };
-  const auto line = std::make_unique<Line>();
-  std::atomic<long>& ball = line->value;
-  std::atomic<int> pinned{0};  // 1 once the partner is pinned; -1 if it could not be
+  const auto shared = std::make_shared<Shared>();
+  std::atomic<long>& ball = shared->ball;
+  std::atomic<int>& pinned = shared->pinned;
   std::vector<double> perBatch;
-  std::thread partner([&] {
+  std::thread partner([shared, cpuB] {
+    std::atomic<long>& ball = shared->ball;
+    std::atomic<int>& pinned = shared->pinned;
     if (!pinTo(cpuB)) {
       pinned.store(-1);
       return;
@@ -59,12 +63,16 @@ double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
   cpu_set_t before;
   const bool saved = sched_getaffinity(0, sizeof(before), &before) == 0;
   if (pinTo(cpuA)) {
-    while (pinned.load() == 0) std::this_thread::yield();
-    // A partner that never gets its CPU (a busy real-time task there) must not hang the caller:
-    // the clock is read only after many idle spins, so a normal round trip is not slowed.
+    // A partner that never gets its CPU (a busy real-time task there) must not hang the caller,
+    // neither before it says it is pinned nor in a round trip; in a round trip the clock is
+    // read only after many idle spins, so a normal one is not slowed.
     const auto deadline = std::chrono::steady_clock::now() + kGiveUpAfter;
+    while (pinned.load() == 0 && !gaveUp) {
+      std::this_thread::yield();
+      gaveUp = std::chrono::steady_clock::now() > deadline;
+    }
     long v = 0;
-    for (int b = 0; b < batches && pinned.load() > 0; ++b) {
+    for (int b = 0; b < batches && !gaveUp && pinned.load() > 0; ++b) {
       const auto start = std::chrono::steady_clock::now();
       for (int i = 0; i < rounds && !gaveUp; ++i) {
         ball.store(v + 1, std::memory_order_release);
@@ -83,7 +91,12 @@ double cacheLineRoundTripNs(int cpuA, int cpuB, int rounds, int batches) {
     }
   }
   ball.store(-2, std::memory_order_release);
-  partner.join();
+  // A partner that never ran cannot be joined without waiting for its CPU: it ends by itself
+  // when it runs, on the -2 just stored.
+  if (gaveUp)
+    partner.detach();
+  else
+    partner.join();
   if (saved) sched_setaffinity(0, sizeof(before), &before);
   if (perBatch.empty() || gaveUp) return -1;
   std::nth_element(perBatch.begin(), perBatch.begin() + perBatch.size() / 2, perBatch.end());
