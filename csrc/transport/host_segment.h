@@ -69,6 +69,8 @@ class HostSegment {
   bool streamsPayloads() const;
   // Counts a timed load as a wait does, and this member's vote with it (for the test).
   void addDistanceSample(double ns);
+  // How far this member's timed loads find the others' cores, in nanoseconds (PeerDistance).
+  double distanceNanoseconds() const { return distance_.nanoseconds(); }
 
   // One collective on the segment. Every member makes the same calls in the same order.
   class Call {
