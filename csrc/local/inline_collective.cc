@@ -52,25 +52,32 @@ const char* reduceAll(const std::vector<CollectiveArgs>& args, void* dst, std::v
 
 }  // namespace
 
-double inlineCost(const std::vector<CollectiveArgs>& args) {
+double inlineCost(const std::vector<CollectiveArgs>& args, double lineBytes) {
   // One thread streaming through buffers that mostly sit in cache: ~38 GB/s of reads plus
   // writes measured for 4 x 1 MiB on a 2-vCPU EPYC VM, falling to ~20 GB/s at 4 x 4 MiB (out
   // of cache, where the threaded algorithms win). 25 GB/s puts the switch between the two.
   // Beyond that one thread gets far less (14.5 GB/s for a 64 MiB float32 sum of two arrays
   // into a third, 2026-12-02; 2 replicas x 4 MiB inline ran at 17 GB/s, 1.4x `direct`), while
-  // the threaded algorithms spread the passes over every core: charge 12 GB/s above kCacheBytes
-  // of traffic.
+  // the threaded algorithms spread the passes over every core: charge 12 GB/s above the
+  // cache.
   constexpr double kInCacheSecondsPerByte = 1.0 / 25e9;
   constexpr double kOutOfCacheSecondsPerByte = 1.0 / 12e9;
   // One thread's working set, hence smaller than the whole call's line in algorithms/
   // cache_model.h, where every core's share of L3 and its own L2 hold the buffers. Placed by
   // measurement: 12 MiB of traffic still ran at in-cache rates (3 replicas x 2 MiB inline:
   // 305 us, 41 GB/s, against `direct`'s 312), while at 8 MiB the model sent such calls to the
-  // threaded algorithms, 1.26x-1.38x slower than `inline` with new outputs. Not the group's
-  // line (Communicator::cacheBytes): on a Xeon VM whose line measures 2 MiB, `inline` stayed
-  // ahead up to 8-16 MiB of traffic (8 replicas x 512 KiB: 346 us against `direct`'s 569;
-  // 4 x 2 MiB: 1005 against 921).
-  constexpr double kCacheBytes = 12 << 20;
+  // threaded algorithms, 1.26x-1.38x slower than `inline` with new outputs. On a Xeon VM whose
+  // line measures 2 MiB, `inline` stayed ahead up to 8-16 MiB of traffic (8 replicas x 512
+  // KiB: 346 us against `direct`'s 569; 4 x 2 MiB: 1005 against 921).
+  constexpr double kSmallBytes = 12 << 20;
+  // Between that and a larger line (the EPYC VM's, 32 MiB) inline still runs from cache, at
+  // 0.6x-0.8x its rate below 12 MiB (23-45 GB/s from 14 to 32 MiB of traffic, 2-8 replicas):
+  // priced at 12 GB/s there, it was never raced, and ran 1.2x-1.43x faster than what `auto`
+  // chose at 3 x 4 MiB, 4 x 2 MiB and 7 x 1 MiB (docs/benchmarks.md, twenty-second session).
+  // 18 GB/s: replayed on that sweep's cells of 1-64 MiB, the near ties the model would race
+  // held a row within 1.15x of the fastest in every cell for any rate from 16 to 20 GB/s; 14
+  // and 22 missed one each, 25 three.
+  constexpr double kInLineSecondsPerByte = 1.0 / 18e9;
   const CollectiveArgs& a = args[0];
   const double n = static_cast<double>(args.size());
   const double S = static_cast<double>(a.count * elementSize(a.dtype));
@@ -83,7 +90,9 @@ double inlineCost(const std::vector<CollectiveArgs>& args) {
     case CollectiveKind::kBroadcast: traffic = (n + 1) * S; break;
     default: return 0;
   }
-  return traffic * (traffic > kCacheBytes ? kOutOfCacheSecondsPerByte : kInCacheSecondsPerByte);
+  if (traffic <= kSmallBytes) return traffic * kInCacheSecondsPerByte;
+  if (traffic <= lineBytes) return traffic * kInLineSecondsPerByte;
+  return traffic * kOutOfCacheSecondsPerByte;
 }
 
 void runInline(const std::vector<CollectiveArgs>& args) {

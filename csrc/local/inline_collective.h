@@ -10,8 +10,10 @@
 namespace pycollective {
 
 // Model seconds of the inline run: one thread reads every input (reducing as it goes) and
-// writes every output. (`pycollective tune` measures it against the threaded algorithms.)
-double inlineCost(const std::vector<CollectiveArgs>& args);
+// writes every output. `lineBytes` is the group's cache line (Communicator::cacheBytes, the
+// traffic a call may have and still find its buffers in cache). (`pycollective tune`
+// measures it against the threaded algorithms.)
+double inlineCost(const std::vector<CollectiveArgs>& args, double lineBytes);
 
 // Runs the collective described by args (replica r's call in args[r]) on this thread. Host
 // buffers only. Reductions sum in replica order, as `direct` and `reduce_to_one` do (the ring

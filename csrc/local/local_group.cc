@@ -171,7 +171,7 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
   if (const TunedChoice* t = tunedEntry(group, args[0]))
     best = t->algo == kInlineAlgorithm;
   else
-    best = inlineCost(args) < bestModelCost(group, args[0]);
+    best = inlineCost(args, first.cacheBytes()) < bestModelCost(group, args[0]);
   first.autoChoices().remember(shape, best ? 1 : 0, epoch);
   return best;
 }
@@ -254,7 +254,7 @@ std::vector<MeasuredChoices::Candidate> LocalGroup::autoCandidates(
   for (const PricedAlgorithm& p : modelCosts(group, args[0])) all.push_back({p.name, p.seconds});
   // Last, so that on a tie the threaded algorithm comes first (the sort is stable), as
   // inlineIsBest decides.
-  all.push_back({kInlineAlgorithm, inlineCost(args)});
+  all.push_back({kInlineAlgorithm, inlineCost(args, comms_[0]->cacheBytes())});
   return nearCandidates(std::move(all), tunedEntry(group, args[0]));
 }
 
