@@ -291,6 +291,10 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         measure_round()  # one round in process
+        # The line in-process auto's model prices by (measured once per process, from the
+        # caches; core/cache_probe.h): where it lands moves choices from 1 MiB up, so a run
+        # says where it landed.
+        ceilings["cache_resident_bytes"] = pc._C.cache_resident_bytes()
         rows = inproc.run(
             args.collective,
             sweep,
@@ -311,6 +315,12 @@ def run(args: argparse.Namespace) -> int:
         ceilings[name] = statistics.median(samples)
     for line in per_round_lines(per_round, cpu_pair or (0, 1)):
         print(line)
+    if "cache_resident_bytes" in ceilings:
+        print(
+            f"# machine: in-process calls of up to "
+            f"{human_bytes(int(ceilings['cache_resident_bytes']))} of traffic count as in cache "
+            "(this process's cache probe; PYCOLLECTIVE_CACHE_BYTES sets it)"
+        )
     for note in notes:
         print(f"# {note}")
     table(rows, sys.stdout)

@@ -46,6 +46,9 @@ def test_inproc_outputs(tmp_path):
     algos = {r["algo"] for r in data["rows"]}
     assert {"ring", "halving_doubling", "reduce_to_one", "direct", "auto", "numpy"} <= algos
     assert data["ceilings"]["memory_copy_Bps"] > 0
+    # The in-process model's cache line, said in the header and kept in the JSON.
+    line = data["ceilings"]["cache_resident_bytes"]
+    assert line >= 1 << 20 and "count as in cache" in res.stdout
     looks = [r["extra"]["second_look"] for r in data["rows"] if r["algo"] == "auto"]
     assert looks and all(look["best"] in algos - {"auto", "numpy"} for look in looks)
     assert all(r["wrong"] == 0 and r["median_s"] > 0 for r in data["rows"])
