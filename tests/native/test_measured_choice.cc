@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "expect.h"
+#include "local/inline_collective.h"
 #include "local/measured_choice.h"
 
 using namespace pycollective;
@@ -125,6 +126,35 @@ int main() {
     d.seconds["halving_doubling"] = 20e-6;
     d.calls(8);
     EXPECT(d.settledOn() == "halving_doubling", "a new epoch kept %s", d.settledOn().c_str());
+  }
+  {  // inline's price, which decides whether the trial races it: it never falls as a call's
+     // traffic grows, a longer cache line never makes a call dearer, and a call whose traffic
+     // fits the line is priced below one that does not (7 replicas x 1 MiB, 14 MiB of traffic,
+     // ran from the 32 MiB L3 at 36-39 GB/s and was never raced while priced as out of cache).
+    auto price = [](int replicas, size_t bytes, double lineBytes) {
+      CollectiveArgs a;
+      a.count = bytes / sizeof(float);
+      return inlineCost(std::vector<CollectiveArgs>(replicas, a), lineBytes);
+    };
+    const double lines[] = {2 << 20, 12 << 20, 32 << 20, 64 << 20};
+    for (int replicas : {2, 4, 7}) {
+      for (double line : lines) {
+        double previous = 0;
+        for (size_t bytes = 64 << 10; bytes <= (size_t(64) << 20); bytes += bytes / 4) {
+          const double p = price(replicas, bytes, line);
+          EXPECT(p >= previous, "%d x %zu bytes, line %.0f: %g s after %g s for less", replicas,
+                 bytes, line, p, previous);
+          previous = p;
+        }
+      }
+      for (size_t bytes : {size_t(1) << 20, size_t(2) << 20, size_t(8) << 20})
+        for (int k = 1; k < 4; ++k)
+          EXPECT(price(replicas, bytes, lines[k]) <= price(replicas, bytes, lines[k - 1]),
+                 "%d x %zu bytes: dearer on the %.0f-byte line than on the %.0f-byte one", replicas,
+                 bytes, lines[k], lines[k - 1]);
+    }
+    EXPECT(price(7, 1 << 20, 32 << 20) < price(7, 1 << 20, 2 << 20),
+           "7 x 1 MiB costs as much in cache as out of it");
   }
   std::printf("%d checks, %d failures\n", gChecks, gFailures);
   return gFailures == 0 ? 0 : 1;
