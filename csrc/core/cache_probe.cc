@@ -81,11 +81,11 @@ size_t measure() {
   // ran 1.3x-2.3x the reference from run to run, and 2-16 MiB near the 1.5x below, so the walk
   // alone found 2, 4, 8 or 16 MiB in turn; a machine that keeps less than it reports (the Xeon
   // VM kept its 2 MiB of L2) fails this check by far (its 4-64 MiB passes ran alike). Each try
-  // times the reference afresh: on the EPYC VM one try in four or five fell short (the 32 MiB
-  // pass, which its L3 can hold, ran at up to 47 GB/s), and the walk below then found the line
-  // at 1 MiB, which sent every in-process call from 1 MiB up to the model's out-of-cache
-  // prices (2 replicas x 4-8 MiB with new outputs ran `direct`, 1.31x-1.58x behind
-  // halving-doubling).
+  // times the reference afresh: on the EPYC VM a single try fell short in 3 of 12 and 11 of 16
+  // fresh processes of two series minutes apart (in one such process the walk's reference read
+  // 47 GB/s, as fast as a pass in cache), and the walk below then found the line at 1 MiB,
+  // which prices every in-process call from 1 MiB up as out of cache. Whether a second try
+  // rescues such a process was not seen: 180 later processes all confirmed on their first.
   const size_t reported = reportedLastLevelCache();
   if (reported >= 8 * kSmallestLine && reported <= kLargestTrustedReport) {
     for (int attempt = 0; attempt < kReportConfirmAttempts; ++attempt) {

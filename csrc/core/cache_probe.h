@@ -12,7 +12,7 @@ namespace pycollective {
 // PYCOLLECTIVE_CACHE_BYTES if set, else measured once per process (about 80 ms, a 64 MiB
 // buffer held meanwhile): the last-level cache the OS reports, when it is 8-64 MiB and a
 // read-and-write pass of a quarter or an eighth of it runs 1.3x the speed of the faster of a 32
-// and a 64 MiB one (in one of three tries, about 50 ms each after the first); else the largest
+// and a 64 MiB one (in one of three tries, about 60 ms each after the first); else the largest
 // working set from 1 MiB to 16 MiB, doubling, whose pass still runs 1.5x as fast, or the reported
 // cache where that reaches 16 MiB (lineWithReportedCache). Only in-process groups use it (one
 // process decides for every replica); groups across processes keep the fixed line, which every rank
