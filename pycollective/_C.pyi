@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import numpy
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'POOLED_OUTPUT_BYTES', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_line_round_trip_ns', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'new_result', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'POOLED_OUTPUT_BYTES', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_line_round_trip_ns', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_from_passes', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'new_result', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
     One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default), timeout in seconds (0: the group's) and wire format (0: native, 1: bf16, 2: fp16 on network links). Checked when built; reusable.
@@ -323,6 +323,10 @@ def enum_codes() -> dict:
     ...
 def knob_table() -> list:
     ...
+def line_from_passes(reference_rate: typing.SupportsFloat | typing.SupportsIndex, pass_rates: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], reported_bytes: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    The in-cache line from the probe's pass rates (working sets of 1 MiB << i), the faster of a 32 and a 64 MiB pass, and the cache size the OS reports.
+    """
 def line_with_reported_cache(measured_line: typing.SupportsInt | typing.SupportsIndex, reported_bytes: typing.SupportsInt | typing.SupportsIndex) -> int:
     """
     The in-cache line from the probe's measured line and the cache size the OS reports.

@@ -45,6 +45,34 @@ def test_the_reported_cache_extends_only_a_line_that_reached_the_probes_end(
     assert pc._C.line_with_reported_cache(measured, reported) == expected
 
 
+GB = 1e9
+
+
+@pytest.mark.parametrize(
+    "reference, passes, reported, expected",
+    [
+        # The EPYC VM in a good stretch, had the check failed: 1-16 MiB all in cache, the
+        # probe's end reached, the OS's 32 MiB stands.
+        (45 * GB, [100, 98, 100, 100, 80], 32 * MiB, 32 * MiB),
+        # Its bad stretch: 2-8 MiB at the reference's speed. No step, no evidence of a small
+        # cache: the reported line, not 1 MiB.
+        (47 * GB, [55, 52, 50, 48, 46], 32 * MiB, 32 * MiB),
+        # Flat with a socket's 256 MiB reported, or nothing: the fixed line.
+        (47 * GB, [55, 52, 50, 48, 46], 256 * MiB, 32 * MiB),
+        (47 * GB, [55, 52, 50, 48, 46], 0, 32 * MiB),
+        # The Xeon VM: 1-2 MiB in its L2, 4-64 MiB at memory speed, 480 MiB reported.
+        (30 * GB, [80, 60, 31, 30, 30], 480 * MiB, 2 * MiB),
+        # A step at 1 MiB only: that is the line, whatever the OS says.
+        (30 * GB, [80, 40, 31, 30, 30], 32 * MiB, MiB),
+        # The walk stops at the first set that falls short, even if a larger one passes.
+        (30 * GB, [80, 80, 40, 80, 80], 480 * MiB, 2 * MiB),
+    ],
+)
+def test_the_line_from_the_probes_passes(reference, passes, reported, expected):
+    rates = [p * GB for p in passes]
+    assert pc._C.line_from_passes(reference, rates, reported) == expected
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("setting, expected", [("12345678", 12345678), ("0", None)])
 def test_the_line_is_the_setting_or_a_measured_size(setting, expected):

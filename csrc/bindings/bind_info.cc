@@ -115,6 +115,10 @@ void bindInfo(py::module_& m) {
   m.def("line_with_reported_cache", &lineWithReportedCache, py::arg("measured_line"),
         py::arg("reported_bytes"),
         "The in-cache line from the probe's measured line and the cache size the OS reports.");
+  m.def("line_from_passes", &lineFromPasses, py::arg("reference_rate"), py::arg("pass_rates"),
+        py::arg("reported_bytes"),
+        "The in-cache line from the probe's pass rates (working sets of 1 MiB << i), the faster "
+        "of a 32 and a 64 MiB pass, and the cache size the OS reports.");
   m.def("parse_cache_size", &parseCacheSize, py::arg("text"),
         "A cache size as /sys writes it ('32768K') in bytes; 0 for text it cannot read.");
 

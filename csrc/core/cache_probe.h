@@ -6,18 +6,32 @@
 // sets running at memory speed.
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace pycollective {
+
+// The cost model's cache line for groups across processes, which every rank must share: the
+// 32 MiB of L3 this project's first (EPYC) VM kept. (sysconf's L3 size there is the whole
+// socket's 256 MiB, which no VM gets, so it is not asked.)
+constexpr double kCacheResidentBytes = 32 << 20;
 
 // PYCOLLECTIVE_CACHE_BYTES if set, else measured once per process (about 80 ms, a 64 MiB
 // buffer held meanwhile): the last-level cache the OS reports, when it is 8-64 MiB and a
 // read-and-write pass of a quarter or an eighth of it runs 1.3x the speed of the faster of a 32
-// and a 64 MiB one (in one of three tries, about 60 ms each after the first); else the largest
-// working set from 1 MiB to 16 MiB, doubling, whose pass still runs 1.5x as fast, or the reported
-// cache where that reaches 16 MiB (lineWithReportedCache). Only in-process groups use it (one
-// process decides for every replica); groups across processes keep the fixed line, which every rank
-// then shares.
+// and a 64 MiB one (in one of three tries, about 60 ms each after the first); else the line
+// lineFromPasses draws from passes of 1 to 16 MiB. Only in-process groups use it (one process
+// decides for every replica); groups across processes keep kCacheResidentBytes, which every
+// rank then shares.
 size_t cacheResidentBytes();
+
+// The line from the probe's passes: `passRates[i]` the rate of a working set of 1 MiB << i (up
+// to 16 MiB), `referenceRate` the faster of a 32 and a 64 MiB pass, `reportedBytes` the
+// last-level cache the OS reports (0: none). The largest set, doubling from 1 MiB, whose pass
+// runs 1.5x the reference, or the reported cache where that reaches 16 MiB
+// (lineWithReportedCache); a profile without a step (the 1 MiB set under 1.5x the reference)
+// takes the reported cache where it is 8-64 MiB, else kCacheResidentBytes.
+size_t lineFromPasses(double referenceRate, const std::vector<double>& passRates,
+                      size_t reportedBytes);
 
 // The line from the probe's `measuredLine` and the cache size the OS reports (0: none).
 size_t lineWithReportedCache(size_t measuredLine, size_t reportedBytes);
