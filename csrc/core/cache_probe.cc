@@ -149,20 +149,19 @@ size_t lineWithReportedCache(size_t measuredLine, size_t reportedBytes) {
 
 size_t lineFromPasses(double referenceRate, const std::vector<double>& passRates,
                       size_t reportedBytes) {
-  // A profile without a step, the smallest set no faster than the reference, says nothing of
+  // A profile without a step, the smallest set no faster than the reference, tells nothing of
   // where the cache ends: the reference ran in cache too, or the probe ran while a neighbour
   // held the cache. On the EPYC VM, whose 1-16 MiB passes run 2-3x a 64 MiB one, there were
   // stretches of minutes in which most fresh processes (3 of 12, then 11 of 16, twenty-second
-  // session) saw their 2-8 MiB passes at the reference's speed; the walk then put the line at
-  // 1 MiB, pricing every in-process call from 1 MiB of traffic up as out of cache (by all signs
-  // a benchmark launch in such a stretch ran `direct` 1.23x-1.58x behind the fastest at 4-8
-  // MiB for that reason; it did not record its line). Any cache
-  // runs a 1 MiB working set well ahead of memory, so a flat profile is not evidence of a small
-  // cache: it takes the OS's figure where that is plausible, else the line process groups use.
+  // session) saw their 2-8 MiB passes at the reference's speed and failed the check of the
+  // reported 32 MiB; the walk then put the line at 1 MiB, pricing every in-process call from
+  // 1 MiB of traffic up as out of cache (by all signs a benchmark launch in such a stretch ran
+  // `direct` 1.23x-1.58x behind the fastest at 4-8 MiB for that reason; it did not record its
+  // line). A flat profile is no evidence against a plausible reported cache, so that stands;
+  // without one, the floor stays (a VM whose only cache it keeps is a 1 MiB L2 may pass 1 MiB
+  // no faster than memory).
   const bool flat = passRates.empty() || passRates[0] < kInCacheSpeedup * referenceRate;
-  if (flat)
-    return plausibleReport(reportedBytes) ? reportedBytes
-                                          : static_cast<size_t>(kCacheResidentBytes);
+  if (flat) return plausibleReport(reportedBytes) ? reportedBytes : kSmallestLine;
   size_t line = kSmallestLine;
   for (size_t i = 1; i < passRates.size() && passRates[i] >= kInCacheSpeedup * referenceRate; ++i)
     line = kSmallestLine << i;

@@ -10,18 +10,13 @@
 
 namespace pycollective {
 
-// The cost model's cache line for groups across processes, which every rank must share: the
-// 32 MiB of L3 this project's first (EPYC) VM kept. (sysconf's L3 size there is the whole
-// socket's 256 MiB, which no VM gets, so it is not asked.)
-constexpr double kCacheResidentBytes = 32 << 20;
-
 // PYCOLLECTIVE_CACHE_BYTES if set, else measured once per process (about 80 ms, a 64 MiB
 // buffer held meanwhile): the last-level cache the OS reports, when it is 8-64 MiB and a
 // read-and-write pass of a quarter or an eighth of it runs 1.3x the speed of the faster of a 32
 // and a 64 MiB one (in one of three tries, about 60 ms each after the first); else the line
 // lineFromPasses draws from passes of 1 to 16 MiB. Only in-process groups use it (one process
-// decides for every replica); groups across processes keep kCacheResidentBytes, which every
-// rank then shares.
+// decides for every replica); groups across processes keep the fixed line, which every rank
+// then shares.
 size_t cacheResidentBytes();
 
 // The line from the probe's passes: `passRates[i]` the rate of a working set of 1 MiB << i (up
@@ -29,7 +24,7 @@ size_t cacheResidentBytes();
 // last-level cache the OS reports (0: none). The largest set, doubling from 1 MiB, whose pass
 // runs 1.5x the reference, or the reported cache where that reaches 16 MiB
 // (lineWithReportedCache); a profile without a step (the 1 MiB set under 1.5x the reference)
-// takes the reported cache where it is 8-64 MiB, else kCacheResidentBytes.
+// takes the reported cache where it is 8-64 MiB, else 1 MiB.
 size_t lineFromPasses(double referenceRate, const std::vector<double>& passRates,
                       size_t reportedBytes);
 
