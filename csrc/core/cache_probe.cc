@@ -90,7 +90,9 @@ size_t measure() {
   // fresh processes of two series minutes apart (in one such process the walk's reference read
   // 47 GB/s, as fast as a pass in cache), and the walk below then found the line at 1 MiB.
   // Whether a second try rescues such a process was not seen (180 later processes all confirmed
-  // on their first); a profile that flat now keeps the reported line (lineFromPasses).
+  // on their first); a profile that flat now keeps the reported line (lineFromPasses). By all
+  // signs a benchmark launch in such a stretch ran `direct` 1.23x-1.58x behind the fastest at
+  // 4-8 MiB per replica for that reason (it did not record its line).
   const size_t reported = reportedLastLevelCache();
   if (plausibleReport(reported)) {
     for (int attempt = 0; attempt < kReportConfirmAttempts; ++attempt) {
@@ -151,15 +153,10 @@ size_t lineFromPasses(double referenceRate, const std::vector<double>& passRates
                       size_t reportedBytes) {
   // A profile without a step, the smallest set no faster than the reference, tells nothing of
   // where the cache ends: the reference ran in cache too, or the probe ran while a neighbour
-  // held the cache. On the EPYC VM, whose 1-16 MiB passes run 2-3x a 64 MiB one, there were
-  // stretches of minutes in which most fresh processes (3 of 12, then 11 of 16, twenty-second
-  // session) saw their 2-8 MiB passes at the reference's speed and failed the check of the
-  // reported 32 MiB; the walk then put the line at 1 MiB, pricing every in-process call from
-  // 1 MiB of traffic up as out of cache (by all signs a benchmark launch in such a stretch ran
-  // `direct` 1.23x-1.58x behind the fastest at 4-8 MiB for that reason; it did not record its
-  // line). A flat profile is no evidence against a plausible reported cache, so that stands;
-  // without one, the floor stays (a VM whose only cache it keeps is a 1 MiB L2 may pass 1 MiB
-  // no faster than memory).
+  // held the cache (the EPYC VM's stretches recorded in measure(), in which the walk put the
+  // line at 1 MiB and priced every in-process call from 1 MiB of traffic up as out of cache).
+  // So a plausible reported cache stands; without one the floor stays (a VM whose only cache
+  // it keeps is a 1 MiB L2 may pass 1 MiB no faster than memory).
   const bool flat = passRates.empty() || passRates[0] < kInCacheSpeedup * referenceRate;
   if (flat) return plausibleReport(reportedBytes) ? reportedBytes : kSmallestLine;
   size_t line = kSmallestLine;
