@@ -14,14 +14,18 @@ std::string MeasuredChoices::Trial::next(bool* timeIt) {
   if (!*timeIt) return candidates[0].algo;  // nothing to measure: the model's pick
   if (!settled()) return candidates[turn].algo;
   ++calls;
-  if (pending >= 0) return candidates[static_cast<size_t>(pending)].algo;
-  // The most overdue other candidate, if one is due; else the current choice.
-  size_t run = static_cast<size_t>(current);
-  for (size_t i = 0; i < candidates.size(); ++i)
-    if (static_cast<int>(i) != current && timings[i].due <= calls &&
-        (run == static_cast<size_t>(current) || timings[i].due < timings[run].due))
-      run = i;
-  return candidates[run].algo;
+  if (checking < 0) {
+    // The most overdue other candidate, if one is due, starts its check.
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (static_cast<int>(i) != current && timings[i].due <= calls &&
+          (checking < 0 || timings[i].due < timings[static_cast<size_t>(checking)].due))
+        checking = static_cast<int>(i);
+    // Judged by this check's calls alone: older ones may date from before the machine changed,
+    // or from a trial that caught it slow (2 x 2 MiB right after the benchmark's `inline` row:
+    // halving-doubling timed at 258 and 278 us in two trials, 113-139 us in its own rows).
+    if (checking >= 0) timings[static_cast<size_t>(checking)].times = RecentTimes();
+  }
+  return candidates[static_cast<size_t>(checking >= 0 ? checking : current)].algo;
 }
 
 bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
@@ -35,27 +39,25 @@ bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
   // after call. The shape's first call is such a call too (outputs touched the first time).
   streak = static_cast<int>(i) == last ? streak + 1 : 0;  // last is -1 before the first call
   last = static_cast<int>(i);
-  if (streak < kUnfairCalls) {
-    if (settled() && static_cast<int>(i) != current) pending = static_cast<int>(i);
-    return false;  // the next call runs it again
-  }
-  if (static_cast<int>(i) == pending) pending = -1;
-  // Once settled, another candidate's counted call is judged alone: its older calls may date
-  // from before the machine changed, or from a trial that caught it slow (2 x 2 MiB right after
-  // the benchmark's `inline` row: halving-doubling timed at 258 and 278 us in two trials, 113-139
-  // us in its own rows; `auto` ran `inline`, 1.4x slower, until more of its checks had outvoted
-  // the trial's calls).
-  if (settled() && static_cast<int>(i) != current) timings[i].times = RecentTimes();
+  if (streak < kUnfairCalls) return false;  // the next call runs it again
   timings[i].times.add(seconds);
-  if (settled()) return reconsider(i);
-  if (timings[turn].times.count() < trialsEach) return false;
-  for (size_t j = 0; j < candidates.size(); ++j)
-    if (timings[j].times.count() < trialsEach) {
-      turn = j;
-      return false;
-    }
-  settle();
-  return true;
+  if (!settled()) {
+    if (timings[turn].times.count() < trialsEach) return false;
+    for (size_t j = 0; j < candidates.size(); ++j)
+      if (timings[j].times.count() < trialsEach) {
+        turn = j;
+        return false;
+      }
+    settle();
+    return true;
+  }
+  if (static_cast<int>(i) == current) {
+    watchForSlowdown();
+    return false;
+  }
+  if (static_cast<int>(i) != checking || timings[i].times.count() < kCheckCalls) return false;
+  checking = -1;
+  return judge(i);
 }
 
 void MeasuredChoices::Trial::settle() {
@@ -65,41 +67,39 @@ void MeasuredChoices::Trial::settle() {
   current =
       timings[0].estimate() <= kMoveMargin * timings[best].estimate() ? 0 : static_cast<int>(best);
   reference = timings[static_cast<size_t>(current)].estimate();
-  for (size_t i = 0; i < candidates.size(); ++i)
-    if (static_cast<int>(i) != current) reconsider(i);
+  for (Timings& t : timings) t.due = calls + t.interval;
 }
 
-bool MeasuredChoices::Trial::reconsider(size_t measured) {
-  Timings& now = timings[static_cast<size_t>(current)];
-  if (static_cast<int>(measured) == current) {
-    if (now.estimate() > kCloseRatio * reference) {
-      // The choice slowed down: the machine changed, and what was slower may not be now.
-      for (size_t i = 0; i < candidates.size(); ++i)
-        if (static_cast<int>(i) != current) {
-          timings[i].interval = kBaseInterval;
-          timings[i].due = calls + 1;
-        }
-      reference = now.estimate();
-    }
-    reference = std::min(reference, now.estimate());
-  } else {
-    // Watched often while close to the choice, ever more rarely while far behind it.
-    Timings& other = timings[measured];
-    other.interval = other.estimate() <= kCloseRatio * now.estimate()
-                         ? kBaseInterval
-                         : std::min(2 * other.interval, kMaxInterval);
-    other.due = calls + other.interval;
+void MeasuredChoices::Trial::watchForSlowdown() {
+  const double now = timings[static_cast<size_t>(current)].estimate();
+  if (now > kCloseRatio * reference) {
+    // The choice slowed down: the machine changed, and what was slower may not be now. Every
+    // other candidate is checked again at once; none replaces the choice on times taken before
+    // the change (all of them may have slowed alike).
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (static_cast<int>(i) != current) {
+        timings[i].interval = kBaseInterval;
+        timings[i].due = calls + 1;
+      }
+    reference = now;
   }
-  size_t best = static_cast<size_t>(current);
-  for (size_t i = 0; i < candidates.size(); ++i)
-    if (timings[i].estimate() < timings[best].estimate()) best = i;
-  if (kMoveMargin * timings[best].estimate() < now.estimate()) {
+  reference = std::min(reference, now);
+}
+
+bool MeasuredChoices::Trial::judge(size_t checked) {
+  Timings& now = timings[static_cast<size_t>(current)];
+  Timings& other = timings[checked];
+  if (kMoveMargin * other.estimate() < now.estimate()) {
     now.interval = kBaseInterval;  // the old choice was close a moment ago: watch it
     now.due = calls + kBaseInterval;
-    current = static_cast<int>(best);
-    reference = timings[best].estimate();
+    current = static_cast<int>(checked);
+    reference = other.estimate();
     return true;
   }
+  // Each check the choice survives makes the next one rarer, so that keeping watch costs ever
+  // less while the machine stays as it is (a slowdown of the choice starts them over).
+  other.interval = std::min(2 * other.interval, kMaxInterval);
+  other.due = calls + other.interval;
   return false;
 }
 

@@ -13,12 +13,15 @@
 //   tuned table's entry where there is one) runs
 //   kUnfairCalls + `trialsEach` calls in a row, and the shape settles on the fastest, unless the
 //   first candidate is within kMoveMargin of it (a near tie stays the model's, or the table's);
-// - from then on every call is timed, and now and then kUnfairCalls + 1 calls run another
-//   candidate: every kBaseInterval calls for one measured within kCloseRatio of the current
-//   choice, at ever longer intervals (doubling to kMaxInterval) for one measured slower, so that
-//   keeping watch costs at most a few percent; and every other candidate at once when the current
-//   choice's calls have slowed by kCloseRatio (the machine changed). The shape moves to a candidate
-//   whose latest counted call ran kMoveMargin faster than the current choice's recent calls.
+// - from then on every call is timed, and now and then another candidate is checked:
+//   kUnfairCalls + kCheckCalls calls of it in a row, judged by the median of its counted calls
+//   against the median of the current choice's last calls. The shape moves to it only when it
+//   ran kMoveMargin faster in its check: one call alone, or times from an earlier check, moved
+//   the choice between near ties on a lucky sample (4 replicas x 4 MiB: five to nine moves per
+//   benchmark launch, and `auto` 1.2x behind the fastest in both passes of a sweep). Checks come
+//   after kBaseInterval calls, each check the choice survives doubles that candidate's interval
+//   (to kMaxInterval), so keeping watch costs ever less; when the current choice's calls slow
+//   by kCloseRatio (the machine changed) every other candidate is checked at once.
 //
 // Groups across processes measure too, agreeing on each decision (comm/agreed_choice.h). The
 // measured choice depends on timing:
@@ -70,6 +73,8 @@ class MeasuredChoices {
 
  private:
   static constexpr double kCloseRatio = 1.3;
+  // Counted calls of a checked candidate: an odd number, whose median is one of them.
+  static constexpr int kCheckCalls = 3;
   static constexpr uint64_t kBaseInterval = 32;
   static constexpr uint64_t kMaxInterval = 2048;
   static constexpr size_t kMaxShapes = 4096;
@@ -77,7 +82,7 @@ class MeasuredChoices {
 
   struct Timings {
     RecentTimes times;
-    uint64_t due = 0;  // the call at which another timed call of it is due
+    uint64_t due = 0;  // the call at which its next check is due
     uint64_t interval = kBaseInterval;
     double estimate() const { return times.estimate(); }
   };
@@ -88,7 +93,10 @@ class MeasuredChoices {
     // True when the choice changed (settled, or moved).
     bool record(const std::string& algo, double seconds);
     void settle();
-    bool reconsider(size_t measured);
+    // After a counted call of the current choice: on a slowdown, every other candidate is due.
+    void watchForSlowdown();
+    // After `checked`'s check: true when the choice moved to it.
+    bool judge(size_t checked);
     bool settled() const { return current >= 0; }
 
     std::vector<Candidate> candidates;
@@ -99,7 +107,7 @@ class MeasuredChoices {
     size_t turn = 0;       // before settling: the candidate the next call runs
     int last = -1;         // the candidate the previous call ran
     int streak = 0;        // calls in a row of `last` before this one
-    int pending = -1;      // once settled: another candidate whose counted call is next
+    int checking = -1;     // once settled: the other candidate whose check is under way
     int current = -1;      // once settled: the choice
     double reference = 0;  // the choice's fastest estimate since it was chosen
     int changesSaid = 0;
