@@ -19,6 +19,9 @@ struct AutoCandidate {
   std::string algo;
   double modelSeconds = 0;
   bool tuned = false;  // the tuned table's entry (PYCOLLECTIVE_TUNING), not the model's pick
+  // Priced too far from the best to race; timed only once the choice has slowed far below its
+  // own earlier calls (in-process auto: local/measured_choice.h).
+  bool reserve = false;
 };
 
 // Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth session,

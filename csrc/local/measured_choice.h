@@ -21,7 +21,15 @@
 //   benchmark launch, and `auto` 1.2x behind the fastest in both passes of a sweep). Checks come
 //   after kBaseInterval calls, each check the choice survives doubles that candidate's interval
 //   (to kMaxInterval), so keeping watch costs ever less; when the current choice's calls slow
-//   by kCloseRatio (the machine changed) every other candidate is checked at once.
+//   by kCloseRatio (the machine changed) every other candidate is checked at once;
+// - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve). They
+//   join the race when the choice's calls run kWidenRatio slower than its own best, and leave
+//   it after a check that finds them no faster than the choice
+//   (a lone near tie's calls are timed for this where the model prices them at kMinWatchSeconds
+//   or more). When the VM's two vCPUs drift apart (a cache line's round trip 350 ns instead of
+//   60), the in-process algorithms that hand data between threads over links -- ring,
+//   halving-doubling, reduce-to-one -- run 4-6x slower for seconds to minutes, while `direct`
+//   and `inline` do not; the model, which knows nothing of it, prices them 1.25x or more apart.
 //
 // Groups across processes measure too, agreeing on each decision (comm/agreed_choice.h). The
 // measured choice depends on timing:
@@ -73,6 +81,10 @@ class MeasuredChoices {
 
  private:
   static constexpr double kCloseRatio = 1.3;
+  static constexpr double kWidenRatio = 2.0;
+  // Under this model price a lone near tie's calls are not timed: two clock reads, a lock and a
+  // lookup would show on a call of a few microseconds.
+  static constexpr double kMinWatchSeconds = 20e-6;
   // Counted calls of a checked candidate: an odd number, whose median is one of them.
   static constexpr int kCheckCalls = 3;
   static constexpr uint64_t kBaseInterval = 32;
@@ -84,6 +96,7 @@ class MeasuredChoices {
     RecentTimes times;
     uint64_t due = 0;  // the call at which its next check is due
     uint64_t interval = kBaseInterval;
+    bool racing = false;  // a near tie, or a reserve called up by a slowdown
     double estimate() const { return times.estimate(); }
   };
 
@@ -99,7 +112,8 @@ class MeasuredChoices {
     bool judge(size_t checked);
     bool settled() const { return current >= 0; }
 
-    std::vector<Candidate> candidates;
+    std::vector<Candidate> candidates;  // the near ties first, then the reserves
+    size_t nearTies = 0;                // the candidates that race from the start
     std::vector<Timings> timings;
     uint64_t epoch = 0;
     int trialsEach = 0;

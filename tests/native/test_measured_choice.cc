@@ -140,6 +140,41 @@ int main() {
     EXPECT(after["inline"] >= 5, "the rival was not checked again after the slowdown (%d calls)",
            after["inline"]);
   }
+  {  // A lone near tie with reserves: timed, and raced against them only once it runs far
+     // slower than its own best (the VM's vCPUs apart: halving-doubling 5x slower, `direct` not).
+    Driver d;
+    d.shape.count = 1 << 20;
+    d.candidates = {{"halving_doubling", 200e-6}, {"direct", 300e-6}, {"ring", 320e-6}};
+    d.candidates[1].reserve = d.candidates[2].reserve = true;
+    d.seconds = {{"halving_doubling", 200e-6}, {"direct", 260e-6}, {"ring", 210e-6}};
+    auto calm = d.calls(3000);
+    EXPECT(calm["halving_doubling"] == 3000, "the reserves ran %d calls with nothing changed",
+           3000 - calm["halving_doubling"]);
+    d.seconds["halving_doubling"] = 280e-6;  // 1.4x: noise or a neighbour, no reason to widen
+    auto noisy = d.calls(500);
+    EXPECT(noisy["halving_doubling"] == 500, "a 1.4x slowdown raced the reserves (%d calls)",
+           500 - noisy["halving_doubling"]);
+    d.seconds = {{"halving_doubling", 1000e-6}, {"direct", 260e-6}, {"ring", 1050e-6}};
+    d.calls(100);
+    EXPECT(d.settledOn() == "direct", "5x slower, still on %s", d.settledOn().c_str());
+    d.seconds = {{"halving_doubling", 200e-6}, {"direct", 260e-6}, {"ring", 210e-6}};
+    auto back = d.calls(3000);
+    EXPECT(d.settledOn() == "halving_doubling" || d.settledOn() == "ring",
+           "the vCPUs came back together and auto stayed on %s", d.settledOn().c_str());
+    EXPECT(back["direct"] < 1500, "direct ran %d of 3000 calls after the machine recovered",
+           back["direct"]);
+    // Back in reserve once a check found them no faster: they cost nothing while all is calm.
+    auto after = d.calls(3000);
+    EXPECT(after["direct"] + after["ring"] == 0, "the reserves ran %d calls after the recovery",
+           after["direct"] + after["ring"]);
+    // A call the model prices at a few microseconds is not timed for this.
+    Driver tiny;
+    tiny.candidates = {{"halving_doubling", 5e-6}, {"direct", 8e-6}};
+    tiny.candidates[1].reserve = true;
+    bool timeIt = true;
+    tiny.choices.pick(tiny.shape, 0, 2, [&] { return tiny.candidates; }, &timeIt);
+    EXPECT(!timeIt, "a 5 us lone racer was timed");
+  }
   {  // One candidate: nothing to time. No trials: the model's pick, untimed.
     Driver d;
     twoCandidates(d, 100e-6, 50e-6);
