@@ -71,20 +71,20 @@ void MeasuredChoices::Trial::settle() {
     if (timings[i].estimate() < timings[best].estimate()) best = i;
   current =
       timings[0].estimate() <= kMoveMargin * timings[best].estimate() ? 0 : static_cast<int>(best);
-  reference = timings[static_cast<size_t>(current)].estimate();
+  level = timings[static_cast<size_t>(current)].estimate();
   for (Timings& t : timings) t.due = calls + t.interval;
 }
 
 void MeasuredChoices::Trial::watchForSlowdown() {
   const double now = timings[static_cast<size_t>(current)].estimate();
-  if (reference <= 0) reference = now;  // a lone racer's first counted calls
-  if (now > kWidenRatio * reference) {
-    // Far slower than its own best: not noise but a machine that changed under it (the VM's
-    // two vCPUs moved apart: ring and halving-doubling 4-6x slower, `direct` and `inline` as
-    // before). The reserves race until a check finds them no faster.
+  if (level <= 0) level = now;  // a lone racer's first counted calls
+  if (now > kWidenRatio * level) {
+    // Far slower than usual: not noise but a machine that changed under it (the VM's two vCPUs
+    // moved apart: ring and halving-doubling 4-6x slower, `direct` and `inline` as before). The
+    // reserves race until a check finds them no faster.
     for (size_t i = nearTies; i < candidates.size(); ++i) timings[i].racing = true;
   }
-  if (now > kCloseRatio * reference) {
+  if (now > kCloseRatio * level) {
     // The choice slowed down: the machine changed, and what was slower may not be now. Every
     // other candidate is checked again at once; none replaces the choice on times taken before
     // the change (all of them may have slowed alike).
@@ -93,9 +93,10 @@ void MeasuredChoices::Trial::watchForSlowdown() {
         timings[i].interval = kBaseInterval;
         timings[i].due = calls + 1;
       }
-    reference = now;
+    level = now;
+    return;
   }
-  reference = std::min(reference, now);
+  level += kLevelWeight * (now - level);
 }
 
 bool MeasuredChoices::Trial::judge(size_t checked) {
@@ -105,12 +106,12 @@ bool MeasuredChoices::Trial::judge(size_t checked) {
     now.interval = kBaseInterval;  // the old choice was close a moment ago: watch it
     now.due = calls + kBaseInterval;
     current = static_cast<int>(checked);
-    reference = other.estimate();
+    level = other.estimate();
     return true;
   }
   // A reserve that lost goes back to waiting: racing on, it would keep costing checks of calls
-  // 1.3x-2x slower (in-process 2 x 4 MiB, a loop of `auto`: 1.08x the best on average against
-  // 1.01x with the reserves out).
+  // 1.3x-2x slower (in-process 2 x 4 MiB, a loop of `auto` in calm stretches: 1.08x the best
+  // on average with reserves that raced on for good, 1.02x with a lost check sending them back).
   if (candidates[checked].reserve) {
     other.racing = false;
     return false;

@@ -16,14 +16,15 @@
 // - from then on every call is timed, and now and then another candidate is checked:
 //   kUnfairCalls + kCheckCalls calls of it in a row, judged by the median of its counted calls
 //   against the median of the current choice's last calls. The shape moves to it only when it
-//   ran kMoveMargin faster in its check: one call alone, or times from an earlier check, moved
-//   the choice between near ties on a lucky sample (4 replicas x 4 MiB: five to nine moves per
-//   benchmark launch, and `auto` 1.2x behind the fastest in both passes of a sweep). Checks come
+//   ran kMoveMargin faster in its check (until the twenty-fourth session one counted call
+//   decided, and a candidate's times from an earlier check could replace a choice that had just
+//   slowed with all the others; 4 replicas x 4 MiB moved five to nine times per benchmark
+//   launch). Checks come
 //   after kBaseInterval calls, each check the choice survives doubles that candidate's interval
-//   (to kMaxInterval), so keeping watch costs ever less; when the current choice's calls slow
-//   by kCloseRatio (the machine changed) every other candidate is checked at once;
+//   (to kMaxInterval), so keeping watch costs ever less; when the current choice's calls run
+//   kCloseRatio slower than usual (the machine changed) every other candidate is checked at once;
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve). They
-//   join the race when the choice's calls run kWidenRatio slower than its own best, and leave
+//   join the race when the choice's calls run kWidenRatio slower than usual, and leave
 //   it after a check that finds them no faster than the choice
 //   (a lone near tie's calls are timed for this where the model prices them at kMinWatchSeconds
 //   or more). When the VM's two vCPUs drift apart (a cache line's round trip 350 ns instead of
@@ -82,6 +83,11 @@ class MeasuredChoices {
  private:
   static constexpr double kCloseRatio = 1.3;
   static constexpr double kWidenRatio = 2.0;
+  // A slowdown is judged against the choice's usual time, not its fastest moment: with 4
+  // replicas on 2 vCPUs calls scatter +-30%, and a choice held to its fastest median looked
+  // slowed by 1.3x every few calls, each time checking every rival (in the test's model of it
+  // a rival 1.2x slower ran 23% of the calls, 11% with this).
+  static constexpr double kLevelWeight = 1.0 / 16;
   // Under this model price a lone near tie's calls are not timed: two clock reads, a lock and a
   // lookup would show on a call of a few microseconds.
   static constexpr double kMinWatchSeconds = 20e-6;
@@ -118,12 +124,14 @@ class MeasuredChoices {
     uint64_t epoch = 0;
     int trialsEach = 0;
     uint64_t calls = 0;
-    size_t turn = 0;       // before settling: the candidate the next call runs
-    int last = -1;         // the candidate the previous call ran
-    int streak = 0;        // calls in a row of `last` before this one
-    int checking = -1;     // once settled: the other candidate whose check is under way
-    int current = -1;      // once settled: the choice
-    double reference = 0;  // the choice's fastest estimate since it was chosen
+    size_t turn = 0;    // before settling: the candidate the next call runs
+    int last = -1;      // the candidate the previous call ran
+    int streak = 0;     // calls in a row of `last` before this one
+    int checking = -1;  // once settled: the other candidate whose check is under way
+    int current = -1;   // once settled: the choice
+    // The choice's usual time: a moving average of its estimate (kLevelWeight per counted
+    // call), which a slowdown by kCloseRatio resets.
+    double level = 0;
     int changesSaid = 0;
   };
 

@@ -140,6 +140,22 @@ int main() {
     EXPECT(after["inline"] >= 5, "the rival was not checked again after the slowdown (%d calls)",
            after["inline"]);
   }
+  {  // Calls whose times scatter +-30% at random (4 replicas on 2 vCPUs): keeping watch on a
+     // rival 1.2x slower stays cheap. A choice judged against its own fastest moments looked
+     // slowed by 1.3x every few calls and checked every rival each time.
+    Driver d;
+    twoCandidates(d, 100e-6, 120e-6);
+    unsigned state = 12345;
+    d.timeOf = [&](const std::string& algo, int) {
+      state = state * 1103515245u + 12345u;
+      const double scatter = 0.7 + 0.6 * ((state >> 8) & 0xffff) / 65535.0;
+      return d.seconds.at(algo) * scatter;
+    };
+    d.calls(8);
+    auto later = d.calls(5000);
+    // (judged against its fastest moment: 1137 calls; against its usual time: 568)
+    EXPECT(later["inline"] <= 750, "the 1.2x slower rival ran %d of 5000 calls", later["inline"]);
+  }
   {  // A lone near tie with reserves: timed, and raced against them only once it runs far
      // slower than its own best (the VM's vCPUs apart: halving-doubling 5x slower, `direct` not).
     Driver d;
