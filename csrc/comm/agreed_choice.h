@@ -86,8 +86,11 @@ class AgreedChoices {
   std::string describe(const CallShape& shape, uint64_t epoch);
 
  private:
-  // Counted calls of each other candidate per check: its estimate is theirs alone.
-  static constexpr int kCheckCalls = 2;
+  // Counted calls of each other candidate per check: its estimate is theirs alone. An odd
+  // number, whose median is one of them: of two, the estimate (the lower median) was the faster
+  // call, and one lucky call per check could move the choice to a slower rival (as in process,
+  // local/measured_choice.h).
+  static constexpr int kCheckCalls = 3;
   // Twice the in-process intervals: every check also costs an agreement (a small allreduce).
   static constexpr uint64_t kBaseInterval = 64, kMaxInterval = 4096;
   static constexpr size_t kMaxShapes = 4096;  // a program of ever new sizes stays bounded
