@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from multiproc import run_ranks
 
-#: comm/auto_candidates.h kCandidateWindow; AgreedChoices::kMinModelSeconds
+#: comm/auto_candidates.h kCandidateWindow and kMinModelSeconds
 WINDOW = 1.25
 MIN_MODEL_US = 20.0
 #: the trial (at most 4 candidates x 4 calls) and the first check (64 calls later: at most 3

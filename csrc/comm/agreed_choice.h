@@ -19,8 +19,7 @@
 //   to kMaxInterval while the choice stands, and starts over when it moves.
 //
 // The agreement is one allreduce of a few doubles per trial or check. Calls the model prices
-// under kMinModelSeconds are not measured: the bookkeeping (a lock, a lookup, two clock reads)
-// would show on a call of a few microseconds, and such calls were never where auto missed.
+// under kMinModelSeconds (comm/auto_candidates.h) are not measured.
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -36,7 +35,6 @@ namespace pycollective {
 class AgreedChoices {
  public:
   static constexpr int kUnfairCalls = 2;
-  static constexpr double kMinModelSeconds = 20e-6;
   // The most calls of one shape the first trial takes, with `trialsEach` counted calls each.
   static int trialCalls(int trialsEach) {
     return trialsEach > 0 ? (kUnfairCalls + trialsEach) * static_cast<int>(kMaxCandidates) : 0;
@@ -86,11 +84,6 @@ class AgreedChoices {
   std::string describe(const CallShape& shape, uint64_t epoch);
 
  private:
-  // Counted calls of each other candidate per check: its estimate is theirs alone. An odd
-  // number, whose median is one of them: of two, the estimate (the lower median) was the faster
-  // call, and one lucky call per check could move the choice to a slower rival (as in process,
-  // local/measured_choice.h).
-  static constexpr int kCheckCalls = 3;
   // Twice the in-process intervals: every check also costs an agreement (a small allreduce).
   static constexpr uint64_t kBaseInterval = 64, kMaxInterval = 4096;
   static constexpr size_t kMaxShapes = 4096;  // a program of ever new sizes stays bounded

@@ -34,6 +34,15 @@ constexpr size_t kMaxCandidates = 4;
 // candidate, in a trial): timed calls on a shared VM differ by a few percent at random, and a
 // near tie keeps the choice.
 constexpr double kMoveMargin = 1.1;
+// Counted calls of another candidate per check once the choice is settled, judged by their
+// median: an odd number, whose median is one of them. Of two, the estimate (the lower median)
+// was the faster call, and one lucky call per check moved the choice to a slower rival.
+constexpr int kCheckCalls = 3;
+// Calls the model prices under this are not timed where timing is optional (process groups
+// measure none of them; in process, a lone near tie is not watched): the bookkeeping (a lock,
+// a lookup, two clock reads) would show on a call of a few microseconds, and such calls were
+// never where auto missed.
+constexpr double kMinModelSeconds = 20e-6;
 
 // From every algorithm that can run a call, priced by the model: those within kCandidateWindow
 // of the cheapest, the cheapest first, at most kMaxCandidates. Where the tuned table has an

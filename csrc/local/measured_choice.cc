@@ -12,10 +12,7 @@ MeasuredChoices::Trial::Trial(std::vector<Candidate> c, uint64_t e, int each)
 }
 
 std::string MeasuredChoices::Trial::next(bool* timeIt) {
-  // A lone racer is timed too, where reserves wait and a clock read is cheap beside the call.
-  *timeIt =
-      trialsEach > 0 &&
-      (nearTies > 1 || (candidates.size() > 1 && candidates[0].modelSeconds >= kMinWatchSeconds));
+  *timeIt = timed();
   if (!*timeIt) return candidates[0].algo;  // nothing to measure: the model's pick
   if (!settled()) return candidates[turn].algo;
   ++calls;
@@ -147,10 +144,9 @@ std::string MeasuredChoices::describe(const CallShape& shape, uint64_t epoch) {
       estimates.push_back(t.timings[i].estimate());
     }
   std::string said = describeMeasured(racers, estimates, shownRuns, t.settled());
-  if (racers.size() == 1 && t.candidates.size() > 1 && t.trialsEach > 0 &&
-      t.candidates[0].modelSeconds >= kMinWatchSeconds)
+  if (racers.size() == 1 && t.timed())
     said += "; its calls are timed, and the other algorithms raced should they run " +
-            std::to_string(static_cast<int>(kWidenRatio)) + "x slower than its best";
+            std::to_string(static_cast<int>(kWidenRatio)) + "x slower than usual";
   return said;
 }
 

@@ -26,7 +26,7 @@
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve). They
 //   join the race when the choice's calls run kWidenRatio slower than usual, and leave
 //   it after a check that finds them no faster than the choice
-//   (a lone near tie's calls are timed for this where the model prices them at kMinWatchSeconds
+//   (a lone near tie's calls are timed for this where the model prices them at kMinModelSeconds
 //   or more). When the VM's two vCPUs drift apart (a cache line's round trip 350 ns instead of
 //   60), the in-process algorithms that hand data between threads over links -- ring,
 //   halving-doubling, reduce-to-one -- run 4-6x slower for seconds to minutes, while `direct`
@@ -88,11 +88,6 @@ class MeasuredChoices {
   // slowed by 1.3x every few calls, each time checking every rival (in the test's model of it
   // a rival 1.2x slower ran 23% of the calls, 11% with this).
   static constexpr double kLevelWeight = 1.0 / 16;
-  // Under this model price a lone near tie's calls are not timed: two clock reads, a lock and a
-  // lookup would show on a call of a few microseconds.
-  static constexpr double kMinWatchSeconds = 20e-6;
-  // Counted calls of a checked candidate: an odd number, whose median is one of them.
-  static constexpr int kCheckCalls = 3;
   static constexpr uint64_t kBaseInterval = 32;
   static constexpr uint64_t kMaxInterval = 2048;
   static constexpr size_t kMaxShapes = 4096;
@@ -117,6 +112,12 @@ class MeasuredChoices {
     // After `checked`'s check: true when the choice moved to it.
     bool judge(size_t checked);
     bool settled() const { return current >= 0; }
+    // Whether calls are timed: where near ties race, or a lone one's reserves wait for it to
+    // slow (a clock read is cheap beside a call priced at kMinModelSeconds or more).
+    bool timed() const {
+      return trialsEach > 0 && (nearTies > 1 || (candidates.size() > 1 &&
+                                                 candidates[0].modelSeconds >= kMinModelSeconds));
+    }
 
     std::vector<Candidate> candidates;  // the near ties first, then the reserves
     size_t nearTies = 0;                // the candidates that race from the start
