@@ -39,6 +39,19 @@ def summarize(samples: list[float]) -> Timing:
 ROUNDS = 8
 
 
+def settling_calls(timed_per_round: int) -> int:
+    """Untimed calls a row makes in each round before its timed ones: a quarter as many.
+
+    Why: a call right after another row's calls pays for what they left behind (cache lines
+    and buffers of another algorithm or library, processes the scheduler placed for another
+    pattern of waits). With 3 processes on 2 vCPUs at 1 MiB the first call after a switch of
+    algorithm ran 1.2x-1.35x a settled call, and the cost faded over five to ten calls; timed,
+    it weighed on every row by what came before it, most on rows of few calls a round. A loop
+    that repeats one call does not pay it. Rows timed once or a few times a round (calls of many milliseconds)
+    get none: they would double the run for a cost their length hides."""
+    return timed_per_round // 4
+
+
 def time_interleaved(
     calls: dict[str, Callable[[], object]],
     iters: int,
@@ -53,8 +66,9 @@ def time_interleaved(
     ("auto against the best algorithm") then share the machine's noise instead of each getting
     its own slice of it.
 
-    Each call gets at most ``iters`` iterations and about ``budget_s`` seconds in all (at least
-    one iteration per round; fewer rounds when ``iters`` is smaller than ``rounds``). Across
+    Each call gets at most ``iters`` timed iterations and about ``budget_s`` seconds of them
+    (at least one iteration per round; fewer rounds when ``iters`` is smaller than ``rounds``),
+    each round's timed iterations after a few untimed ones (``settling_calls``). Across
     ranks, ``before_each`` runs before every timed iteration (a barrier; a dict gives each
     call its own, as when two libraries' calls are timed in the same processes) and
     ``max_over_ranks`` makes every rank run the same iteration counts and turns each call's
@@ -84,6 +98,8 @@ def time_interleaved(
     samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:
+            for _ in range(settling_calls(per_round[name])):
+                timed(name)
             samples[name].extend(timed(name) for _ in range(per_round[name]))
     if max_over_ranks is not None:
         samples = {

@@ -259,6 +259,24 @@ def test_interleaved_timing_shares_rounds_and_takes_the_slowest_rank():
     assert all(t >= 1.0 for s in samples.values() for t in s)  # max_over_ranks was applied
 
 
+def test_interleaved_timing_settles_each_row_untimed_before_its_timed_calls():
+    from pycollective.bench.timing import settling_calls, time_interleaved
+
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b")}
+    barriers = []
+    samples = time_interleaved(
+        calls, iters=16, warmup=0, budget_s=10.0, rounds=2, before_each=lambda: barriers.append(1)
+    )
+    per_round, settle = 8, settling_calls(8)
+    assert settle == 2
+    # after one probe each: per round, a's settling and timed calls, then b's
+    assert order[2:] == (["a"] * (settle + per_round) + ["b"] * (settle + per_round)) * 2
+    assert {len(s) for s in samples.values()} == {2 * per_round}  # settling calls not kept
+    assert len(barriers) == len(order)  # the settling calls wait at the barrier like the rest
+    assert settling_calls(3) == 0  # long calls, few a round: none
+
+
 def test_interleaved_timing_never_exceeds_iters():
     from pycollective.bench.timing import time_interleaved
 
