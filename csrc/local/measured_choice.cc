@@ -68,18 +68,31 @@ void MeasuredChoices::Trial::settle() {
     if (timings[i].estimate() < timings[best].estimate()) best = i;
   current =
       timings[0].estimate() <= kMoveMargin * timings[best].estimate() ? 0 : static_cast<int>(best);
-  level = timings[static_cast<size_t>(current)].estimate();
+  startLevel(timings[static_cast<size_t>(current)].estimate());
   for (Timings& t : timings) t.due = calls + t.interval;
+}
+
+void MeasuredChoices::Trial::startLevel(double seconds) {
+  level = seconds;
+  // A trial that ran on a machine already slowed (a process started while the vCPUs were
+  // apart) takes the slow time for the usual one, and the reserves would wait for a further
+  // kWidenRatio that never comes. The model prices the machine at its usual speed: a choice
+  // that runs that much slower than its price has them raced once; a check sends them back.
+  if (level > kWidenRatio * candidates[static_cast<size_t>(current)].modelSeconds) raceReserves();
+}
+
+void MeasuredChoices::Trial::raceReserves() {
+  for (size_t i = nearTies; i < candidates.size(); ++i) timings[i].racing = true;
 }
 
 void MeasuredChoices::Trial::watchForSlowdown() {
   const double now = timings[static_cast<size_t>(current)].estimate();
-  if (level <= 0) level = now;  // a lone racer's first counted calls
+  if (level <= 0) startLevel(now);  // a lone racer's first counted calls
   if (now > kWidenRatio * level) {
     // Far slower than usual: not noise but a machine that changed under it (the VM's two vCPUs
     // moved apart: ring and halving-doubling 4-6x slower, `direct` and `inline` as before). The
     // reserves race until a check finds them no faster.
-    for (size_t i = nearTies; i < candidates.size(); ++i) timings[i].racing = true;
+    raceReserves();
   }
   if (now > kCloseRatio * level) {
     // The choice slowed down: the machine changed, and what was slower may not be now. Every

@@ -19,13 +19,14 @@
 //   ran kMoveMargin faster in its check (until the twenty-fourth session one counted call
 //   decided, and a candidate's times from an earlier check could replace a choice that had just
 //   slowed with all the others; 4 replicas x 4 MiB moved five to nine times per benchmark
-//   launch). Checks come
-//   after kBaseInterval calls, each check the choice survives doubles that candidate's interval
-//   (to kMaxInterval), so keeping watch costs ever less; when the current choice's calls run
-//   kCloseRatio slower than usual (the machine changed) every other candidate is checked at once;
+//   launch). Checks come after kBaseInterval calls, each check the choice survives doubles
+//   that candidate's interval (to kMaxInterval), so keeping watch costs ever less; when the
+//   current choice's calls run kCloseRatio slower than usual (the machine changed) every other
+//   candidate is checked at once;
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve). They
-//   join the race when the choice's calls run kWidenRatio slower than usual, and leave
-//   it after a check that finds them no faster than the choice
+//   join the race when the choice's calls run kWidenRatio slower than usual (or, its first
+//   counted calls, kWidenRatio slower than the model's price), and leave it after a check that
+//   finds them no faster than the choice
 //   (a lone near tie's calls are timed for this where the model prices them at kMinModelSeconds
 //   or more). When the VM's two vCPUs drift apart (a cache line's round trip 350 ns instead of
 //   60), the in-process algorithms that hand data between threads over links -- ring,
@@ -109,6 +110,8 @@ class MeasuredChoices {
     void settle();
     // After a counted call of the current choice: on a slowdown, every other candidate is due.
     void watchForSlowdown();
+    void raceReserves();              // until each one's check finds it no faster (judge())
+    void startLevel(double seconds);  // the choice's first usual time
     // After `checked`'s check: true when the choice moved to it.
     bool judge(size_t checked);
     bool settled() const { return current >= 0; }

@@ -183,6 +183,33 @@ int main() {
     auto after = d.calls(3000);
     EXPECT(after["direct"] + after["ring"] == 0, "the reserves ran %d calls after the recovery",
            after["direct"] + after["ring"]);
+    // A process that starts while the vCPUs are apart: its trial takes the slow time for the
+    // usual one, so only the model's price (the machine at its usual speed) tells that the
+    // choice runs 5x slow. Near ties or a lone one, the reserve is raced at once.
+    for (bool lone : {false, true}) {
+      Driver apart;
+      apart.shape.count = 1 << 20;
+      apart.candidates = {{"halving_doubling", 200e-6}, {"ring", 210e-6}, {"direct", 300e-6}};
+      apart.candidates[2].reserve = true;
+      if (lone) apart.candidates[1].reserve = true;
+      apart.seconds = {{"halving_doubling", 1000e-6}, {"ring", 1050e-6}, {"direct", 260e-6}};
+      apart.calls(100);
+      EXPECT(apart.settledOn() == "direct", "started apart (%s), auto runs %s",
+             lone ? "a lone near tie" : "near ties", apart.settledOn().c_str());
+      apart.seconds = {{"halving_doubling", 200e-6}, {"ring", 210e-6}, {"direct", 260e-6}};
+      apart.calls(3000);
+      EXPECT(apart.settledOn() != "direct", "the vCPUs came back together, auto still on direct");
+    }
+    // A model that prices the choice 2.5x too cheap in calm times costs one check of the
+    // reserve, not a race that goes on.
+    Driver cheap;
+    cheap.shape.count = 1 << 20;
+    cheap.candidates = {{"halving_doubling", 200e-6}, {"direct", 300e-6}};
+    cheap.candidates[1].reserve = true;
+    cheap.seconds = {{"halving_doubling", 500e-6}, {"direct", 650e-6}};
+    auto mispriced = cheap.calls(3000);
+    EXPECT(mispriced["direct"] <= MeasuredChoices::kUnfairCalls + kCheckCalls,
+           "a mispriced choice had the reserve run %d of 3000 calls", mispriced["direct"]);
     // A call the model prices at a few microseconds is not timed for this.
     Driver tiny;
     tiny.candidates = {{"halving_doubling", 5e-6}, {"direct", 8e-6}};
