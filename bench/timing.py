@@ -47,8 +47,8 @@ def settling_calls(timed_per_round: int) -> int:
     pattern of waits). With 3 processes on 2 vCPUs at 1 MiB the first call after a switch of
     algorithm ran 1.2x-1.35x a settled call, and the cost faded over five to ten calls; timed,
     it weighed on every row by what came before it, most on rows of few calls a round. A loop
-    that repeats one call does not pay it. Rows timed once or a few times a round (calls of many milliseconds)
-    get none: they would double the run for a cost their length hides."""
+    that repeats one call does not pay it. Rows timed once or a few times a round (calls of
+    many milliseconds) get none: they would double the run for a cost their length hides."""
     return timed_per_round // 4
 
 
