@@ -19,8 +19,9 @@ struct AutoCandidate {
   std::string algo;
   double modelSeconds = 0;
   bool tuned = false;  // the tuned table's entry (PYCOLLECTIVE_TUNING), not the model's pick
-  // Priced too far from the best to race; timed only once the choice has slowed far below its
-  // own earlier calls (in-process auto: local/measured_choice.h).
+  // Priced too far from the best to race; timed only once the choice runs far slower than its
+  // usual time, or its first timed calls than its price (in-process auto:
+  // local/measured_choice.h).
   bool reserve = false;
 };
 

@@ -157,7 +157,8 @@ int main() {
     EXPECT(later["inline"] <= 750, "the 1.2x slower rival ran %d of 5000 calls", later["inline"]);
   }
   {  // A lone near tie with reserves: timed, and raced against them only once it runs far
-     // slower than its own best (the VM's vCPUs apart: halving-doubling 5x slower, `direct` not).
+     // slower than its usual time (the VM's vCPUs apart: halving-doubling 5x slower, `direct`
+     // not).
     Driver d;
     d.shape.count = 1 << 20;
     d.candidates = {{"halving_doubling", 200e-6}, {"direct", 300e-6}, {"ring", 320e-6}};
