@@ -53,6 +53,12 @@ double RecentTimes::estimate() const {
   return sorted[(n - 1) / 2];
 }
 
+double RecentTimes::fastest() const {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < filled(); ++i) best = std::min(best, recent_[i]);
+  return best;
+}
+
 std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
                              const std::vector<double>& estimates, size_t runs, bool settled) {
   std::ostringstream s;

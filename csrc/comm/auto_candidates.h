@@ -61,6 +61,7 @@ class RecentTimes {
   void add(double seconds) { recent_[count_++ % kRecent] = seconds; }
   int count() const { return count_; }
   double estimate() const;  // infinity before any call
+  double fastest() const;   // the fastest call kept; infinity before any call
   // The calls kept (the last min(count(), kRecent)), in no particular order.
   int filled() const { return count_ < kRecent ? count_ : kRecent; }
   double value(int i) const { return recent_[i]; }

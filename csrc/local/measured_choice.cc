@@ -16,7 +16,7 @@ std::string MeasuredChoices::Trial::next(bool* timeIt) {
   if (!*timeIt) return candidates[0].algo;  // nothing to measure: the model's pick
   if (!settled()) return candidates[turn].algo;
   ++calls;
-  if (checking < 0) {
+  if (checking < 0 && confirming < 0) {
     // The most overdue other candidate, if one is due, starts its check.
     for (size_t i = 0; i < candidates.size(); ++i)
       if (timings[i].racing && static_cast<int>(i) != current && timings[i].due <= calls &&
@@ -54,12 +54,16 @@ bool MeasuredChoices::Trial::record(const std::string& algo, double seconds) {
     return true;
   }
   if (static_cast<int>(i) == current) {
-    watchForSlowdown();
-    return false;
+    if (confirming < 0) {
+      watchForSlowdown();
+      return false;
+    }
+    return timings[i].times.count() >= kCheckCalls && confirm();
   }
   if (static_cast<int>(i) != checking || timings[i].times.count() < kCheckCalls) return false;
   checking = -1;
-  return judge(i);
+  judge(i);
+  return false;
 }
 
 void MeasuredChoices::Trial::settle() {
@@ -88,13 +92,18 @@ void MeasuredChoices::Trial::raceReserves() {
 void MeasuredChoices::Trial::watchForSlowdown() {
   const double now = timings[static_cast<size_t>(current)].estimate();
   if (level <= 0) startLevel(now);  // a lone racer's first counted calls
-  if (now > kWidenRatio * level) {
+  // Slowed when every one of its last calls ran slower, its fastest too: the first calls after
+  // other work (a benchmark's other rows, a training step's compute) pay for it, 1.2x-2x slower
+  // for a few calls, and their median took that for a machine that changed (4 replicas x 4 MiB
+  // in the benchmark's rounds: every rival checked, and the reserves raced, at each round).
+  const double fastestOfLast = timings[static_cast<size_t>(current)].times.fastest();
+  if (fastestOfLast > kWidenRatio * level) {
     // Far slower than usual: not noise but a machine that changed under it (the VM's two vCPUs
     // moved apart: ring and halving-doubling 4-6x slower, `direct` and `inline` as before). The
     // reserves race until a check finds them no faster.
     raceReserves();
   }
-  if (now > kCloseRatio * level) {
+  if (fastestOfLast > kCloseRatio * level) {
     // The choice slowed down: the machine changed, and what was slower may not be now. Every
     // other candidate is checked again at once; none replaces the choice on times taken before
     // the change (all of them may have slowed alike).
@@ -109,28 +118,53 @@ void MeasuredChoices::Trial::watchForSlowdown() {
   level += kLevelWeight * (now - level);
 }
 
-bool MeasuredChoices::Trial::judge(size_t checked) {
+void MeasuredChoices::Trial::judge(size_t checked) {
+  Timings& now = timings[static_cast<size_t>(current)];
+  if (kMoveMargin * timings[checked].estimate() < now.estimate()) {
+    // Faster than the choice's calls before it; the choice's calls after it decide. On 2 vCPUs
+    // the machine's pace swings 1.5x over tens of calls (4 replicas x 4 MiB: halving-doubling
+    // 700-2400 us in one benchmark row), and a rival checked as it sped up, or after the
+    // choice's calls paid for other work (a benchmark's other rows, a training step's compute),
+    // looked faster than a choice it was not faster than: auto moved between the four near
+    // ties there every few dozen calls.
+    confirming = static_cast<int>(checked);
+    choiceBefore = now.estimate();
+    now.times = RecentTimes();
+    return;
+  }
+  lost(checked);
+}
+
+bool MeasuredChoices::Trial::confirm() {
+  const size_t checked = static_cast<size_t>(confirming);
+  confirming = -1;
   Timings& now = timings[static_cast<size_t>(current)];
   Timings& other = timings[checked];
-  if (kMoveMargin * other.estimate() < now.estimate()) {
+  // Faster than the choice both before and after its check: the choice's better window.
+  if (kMoveMargin * other.estimate() < std::min(choiceBefore, now.estimate())) {
     now.interval = kBaseInterval;  // the old choice was close a moment ago: watch it
     now.due = calls + kBaseInterval;
     current = static_cast<int>(checked);
     level = other.estimate();
     return true;
   }
+  lost(checked);
+  return false;
+}
+
+void MeasuredChoices::Trial::lost(size_t checked) {
+  Timings& other = timings[checked];
   // A reserve that lost goes back to waiting: racing on, it would keep costing checks of calls
   // 1.3x-2x slower (in-process 2 x 4 MiB, a loop of `auto` in calm stretches: 1.08x the best
   // on average with reserves that raced on for good, 1.02x with a lost check sending them back).
   if (candidates[checked].reserve) {
     other.racing = false;
-    return false;
+    return;
   }
   // Each check the choice survives makes the next one rarer, so that keeping watch costs ever
   // less while the machine stays as it is (a slowdown of the choice starts them over).
   other.interval = std::min(2 * other.interval, kMaxInterval);
   other.due = calls + other.interval;
-  return false;
 }
 
 bool MeasuredChoices::record(const CallShape& shape, const std::string& algo, double seconds) {

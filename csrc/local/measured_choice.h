@@ -16,22 +16,24 @@
 // - from then on every call is timed, and now and then another candidate is checked:
 //   kUnfairCalls + kCheckCalls calls of it in a row, judged by the median of its counted calls
 //   against the median of the current choice's last calls. The shape moves to it only when it
-//   ran kMoveMargin faster in its check (until the twenty-fourth session one counted call
-//   decided, and a candidate's times from an earlier check could replace a choice that had just
-//   slowed with all the others; 4 replicas x 4 MiB moved five to nine times per benchmark
-//   launch). Checks come after kBaseInterval calls, each check the choice survives doubles
-//   that candidate's interval (to kMaxInterval), so keeping watch costs ever less; when the
-//   current choice's calls run kCloseRatio slower than usual (the machine changed) every other
-//   candidate is checked at once;
+//   ran kMoveMargin faster than the choice's calls both before and after its check (until the
+//   twenty-fourth session one counted call decided, and a candidate's times from an earlier
+//   check could replace a choice that had just slowed with all the others; until the
+//   twenty-sixth the calls before alone, and the machine's pace changing as the check began
+//   moved 4 replicas x 4 MiB between its near ties every few dozen calls). Checks come after
+//   kBaseInterval calls, each check the choice survives doubles that candidate's interval (to
+//   kMaxInterval), so keeping watch costs ever less; when every one of the current choice's
+//   last calls runs kCloseRatio slower than usual (the machine changed, not a few calls that
+//   paid for other work) every other candidate is checked at once;
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve). They
-//   join the race when the choice's calls run kWidenRatio slower than usual (or, its first
-//   counted calls, kWidenRatio slower than the model's price), and leave it after a check that
-//   finds them no faster than the choice
-//   (a lone near tie's calls are timed for this where the model prices them at kMinModelSeconds
-//   or more). When the VM's two vCPUs drift apart (a cache line's round trip 350 ns instead of
-//   60), the in-process algorithms that hand data between threads over links -- ring,
-//   halving-doubling, reduce-to-one -- run 4-6x slower for seconds to minutes, while `direct`
-//   and `inline` do not; the model, which knows nothing of it, prices them 1.25x or more apart.
+//   join the race when the choice's last calls all run kWidenRatio slower than usual (or, its
+//   first counted calls, kWidenRatio slower than the model's price), and leave it after a check
+//   that finds them no faster than the choice (a lone near tie's calls are timed for this where
+//   the model prices them at kMinModelSeconds or more). When the VM's two vCPUs drift apart (a
+//   cache line's round trip 350 ns instead of 60), the in-process algorithms that hand data between
+//   threads over links -- ring, halving-doubling, reduce-to-one -- run 4-6x slower for seconds to
+//   minutes, while `direct` and `inline` do not; the model, which knows nothing of it, prices
+//   them 1.25x or more apart.
 //
 // Groups across processes measure too, agreeing on each decision (comm/agreed_choice.h). The
 // measured choice depends on timing:
@@ -112,8 +114,13 @@ class MeasuredChoices {
     void watchForSlowdown();
     void raceReserves();              // until each one's check finds it no faster (judge())
     void startLevel(double seconds);  // the choice's first usual time
-    // After `checked`'s check: true when the choice moved to it.
-    bool judge(size_t checked);
+    // After `checked`'s check: a rival that ran kMoveMargin faster than the choice's calls
+    // before it waits for the choice's calls after it (confirming); another lost().
+    void judge(size_t checked);
+    // After the choice's counted calls that follow a check it looked to lose: true when the
+    // choice moved to the rival.
+    bool confirm();
+    void lost(size_t checked);  // the choice stays: the rival waits longer, a reserve stops
     bool settled() const { return current >= 0; }
     // Whether calls are timed: where near ties race, or a lone one's reserves wait for it to
     // slow (a clock read is cheap beside a call priced at kMinModelSeconds or more).
@@ -128,11 +135,13 @@ class MeasuredChoices {
     uint64_t epoch = 0;
     int trialsEach = 0;
     uint64_t calls = 0;
-    size_t turn = 0;    // before settling: the candidate the next call runs
-    int last = -1;      // the candidate the previous call ran
-    int streak = 0;     // calls in a row of `last` before this one
-    int checking = -1;  // once settled: the other candidate whose check is under way
-    int current = -1;   // once settled: the choice
+    size_t turn = 0;          // before settling: the candidate the next call runs
+    int last = -1;            // the candidate the previous call ran
+    int streak = 0;           // calls in a row of `last` before this one
+    int checking = -1;        // once settled: the other candidate whose check is under way
+    int confirming = -1;      // a rival faster than the choice's calls before its check (judge())
+    double choiceBefore = 0;  // the choice's estimate from those calls
+    int current = -1;         // once settled: the choice
     // The choice's usual time: a moving average of its estimate (kLevelWeight per counted
     // call), which a slowdown by kCloseRatio resets.
     double level = 0;
