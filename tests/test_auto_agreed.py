@@ -18,9 +18,9 @@ from multiproc import run_ranks
 #: comm/auto_candidates.h kCandidateWindow and kMinModelSeconds
 WINDOW = 1.25
 MIN_MODEL_US = 20.0
-#: the trial (at most 4 candidates x 4 calls, then the first one's 4 again) and the first check
-#: (64 calls later: at most 3 other candidates x 5 calls, then the choice's 5)
-CALLS = 5 * 4 + 64 + 4 * 5 + 6
+#: the trial (at most 4 candidates x 4 calls) and the first check (64 calls later: at most 3
+#: other candidates x 5 calls)
+CALLS = 4 * 4 + 64 + 3 * 5 + 6
 
 
 def _near_tie(group) -> int | None:

@@ -14,14 +14,11 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   if (!measures()) return;
   std::vector<size_t> all(candidates.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  startRound(std::move(all), 0, kUnfairCalls + trialsEach);
+  startRound(std::move(all), kUnfairCalls + trialsEach);
 }
 
-void AgreedChoices::Schedule::startRound(std::vector<size_t> order, size_t reference,
-                                         int callsEach) {
+void AgreedChoices::Schedule::startRound(std::vector<size_t> order, int callsEach) {
   round = std::move(order);
-  round.push_back(reference);
-  again = RecentTimes();
   roundPos = 0;
   roundCallsEach = callsEach;
   callsIntoTurn = 0;
@@ -37,11 +34,10 @@ void AgreedChoices::Schedule::advance(Step* step) {
         others.push_back(i);
         times[i] = RecentTimes();
       }
-    startRound(std::move(others), static_cast<size_t>(current), kUnfairCalls + kCheckCalls);
+    startRound(std::move(others), kUnfairCalls + kCheckCalls);
   }
   if (roundPos < round.size()) {
     step->candidate = round[roundPos];
-    step->again = roundPos + 1 == round.size();
     step->counted = callsIntoTurn >= kUnfairCalls;
     if (++callsIntoTurn == roundCallsEach) {
       callsIntoTurn = 0;
@@ -51,7 +47,6 @@ void AgreedChoices::Schedule::advance(Step* step) {
     choiceStreak = 0;
   } else {
     step->candidate = static_cast<size_t>(current);
-    step->again = false;
     // Only the calls the next check reads are counted (its last RecentTimes::kRecent): the
     // others need not pay for two clock reads and a record (a lock and a lookup).
     step->counted = choiceStreak >= kUnfairCalls && untilCheck <= RecentTimes::kRecent;
@@ -66,7 +61,7 @@ void AgreedChoices::record(const CallShape& shape, const Step& step, double seco
   std::lock_guard<std::mutex> lock(mu_);
   auto it = shapes_.find(shape);
   if (it == shapes_.end() || !step.counted || step.candidate >= it->second.times.size()) return;
-  (step.again ? it->second.again : it->second.times[step.candidate]).add(seconds);
+  it->second.times[step.candidate].add(seconds);
 }
 
 std::vector<double> AgreedChoices::samples(const CallShape& shape) {
@@ -74,10 +69,9 @@ std::vector<double> AgreedChoices::samples(const CallShape& shape) {
   std::vector<double> out;
   auto it = shapes_.find(shape);
   if (it == shapes_.end()) return out;
-  const Schedule& s = it->second;
-  out.assign((s.times.size() + 1) * RecentTimes::kRecent, 0.0);
-  for (size_t i = 0; i <= s.times.size(); ++i) {
-    const RecentTimes& t = i < s.times.size() ? s.times[i] : s.again;
+  out.assign(it->second.times.size() * RecentTimes::kRecent, 0.0);
+  for (size_t i = 0; i < it->second.times.size(); ++i) {
+    const RecentTimes& t = it->second.times[i];
     for (int j = 0; j < t.filled(); ++j) out[i * RecentTimes::kRecent + j] = t.value(j);
   }
   return out;
@@ -86,21 +80,18 @@ std::vector<double> AgreedChoices::samples(const CallShape& shape) {
 bool AgreedChoices::decide(const CallShape& shape, const std::vector<double>& samples) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = shapes_.find(shape);
-  if (it == shapes_.end() || samples.size() != (it->second.times.size() + 1) * RecentTimes::kRecent)
+  if (it == shapes_.end() || samples.size() != it->second.times.size() * RecentTimes::kRecent)
     return false;
   Schedule& s = it->second;
   // Every rank filled the same slots: its counted calls are the same calls.
-  auto agreedEstimate = [&](size_t group, const RecentTimes& mine) {
-    RecentTimes slowest;
-    for (int j = 0; j < mine.filled(); ++j) slowest.add(samples[group * RecentTimes::kRecent + j]);
-    return slowest.estimate();
-  };
   std::vector<double>& agreed = s.agreed;
   agreed.clear();
-  for (size_t i = 0; i < s.times.size(); ++i) agreed.push_back(agreedEstimate(i, s.times[i]));
-  // The reference's better turn: before the others ran, or after.
-  const size_t ref = s.reference();
-  agreed[ref] = std::min(agreed[ref], agreedEstimate(s.times.size(), s.again));
+  for (size_t i = 0; i < s.times.size(); ++i) {
+    RecentTimes slowest;
+    for (int j = 0; j < s.times[i].filled(); ++j)
+      slowest.add(samples[i * RecentTimes::kRecent + j]);
+    agreed.push_back(slowest.estimate());
+  }
   size_t best = 0;
   for (size_t i = 1; i < agreed.size(); ++i)
     if (agreed[i] < agreed[best]) best = i;

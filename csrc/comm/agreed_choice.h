@@ -10,20 +10,13 @@
 //
 // - the trial: each candidate (the model's near ties, best first, led by the tuned table's entry
 //   where there is one: comm/auto_candidates.h) runs kUnfairCalls + trialsEach calls in a row,
-//   the first kUnfairCalls not counted (they pay for what the previous algorithm left behind),
-//   and the first candidate runs again at the end; then the ranks agree on the times and settle
-//   on the fastest, unless the first candidate, in the better of its two turns, is within
-//   kMoveMargin of it;
+//   the first kUnfairCalls not counted (they pay for what the previous algorithm left behind);
+//   then the ranks agree on the times and settle on the fastest, unless the first candidate is
+//   within kMoveMargin of it;
 // - a check every `interval` calls: each other candidate runs kUnfairCalls + kCheckCalls calls,
-//   judged by its counted ones alone, then the choice as many; the choice's better turn, its
-//   calls before the check or after it, stands for it, the ranks agree, and the shape moves to a
-//   candidate kMoveMargin faster. The interval doubles from kBaseInterval to kMaxInterval while
-//   the choice stands, and starts over when it moves.
-//
-// The reference (the first candidate, or the choice) runs on both sides of the others because
-// the machine's pace changes under a round: 3 processes on 2 vCPUs x 1 MiB, the trial settled on
-// ring, 1.05x-1.2x slower than halving-doubling, in 5 of 24 benchmark launches when the first
-// turn alone stood for halving-doubling.
+//   judged by its counted ones alone, the choice's own recent calls stand for it, the ranks agree,
+//   and the shape moves to a candidate kMoveMargin faster. The interval doubles from kBaseInterval
+//   to kMaxInterval while the choice stands, and starts over when it moves.
 //
 // The agreement is one allreduce of a few doubles per trial or check. Calls the model prices
 // under kMinModelSeconds (comm/auto_candidates.h) are not measured.
@@ -44,7 +37,7 @@ class AgreedChoices {
   static constexpr int kUnfairCalls = 2;
   // The most calls of one shape the first trial takes, with `trialsEach` counted calls each.
   static int trialCalls(int trialsEach) {
-    return trialsEach > 0 ? (kUnfairCalls + trialsEach) * static_cast<int>(kMaxCandidates + 1) : 0;
+    return trialsEach > 0 ? (kUnfairCalls + trialsEach) * static_cast<int>(kMaxCandidates) : 0;
   }
 
   // One call's part in its shape's schedule.
@@ -52,7 +45,6 @@ class AgreedChoices {
     std::string algo;
     size_t candidate = 0;
     bool counted = false;      // its time joins the candidate's recent calls (record())
-    bool again = false;        // the reference's turn at the end of a round
     bool closesRound = false;  // after it every rank agrees on the times (samples(), decide())
   };
 
@@ -79,9 +71,8 @@ class AgreedChoices {
 
   // This rank's time of a call next() planned.
   void record(const CallShape& shape, const Step& step, double seconds);
-  // This rank's recent counted calls, RecentTimes::kRecent slots per candidate and then as many
-  // for the reference's turn at the end of the round (0 where a slot is empty): what the ranks
-  // agree on after a round, slot by slot.
+  // This rank's recent counted calls, RecentTimes::kRecent slots per candidate (0 where a slot
+  // is empty): what the ranks agree on after a round, slot by slot.
   std::vector<double> samples(const CallShape& shape);
   // The agreed samples (each slot's slowest rank): each candidate's median decides; the trial
   // settles, a check keeps or moves the choice. True when the choice settled or moved, the
@@ -102,19 +93,15 @@ class AgreedChoices {
     Schedule(std::vector<AutoCandidate> c, uint64_t e, int each);
     bool measures() const { return candidates.size() > 1 && trialsEach > 0; }
     void advance(Step* step);
-    // Each of `order` in turn, then `reference` again.
-    void startRound(std::vector<size_t> order, size_t reference, int callsEach);
-    size_t reference() const { return current >= 0 ? static_cast<size_t>(current) : 0; }
+    void startRound(std::vector<size_t> order, int callsEach);
 
     std::vector<AutoCandidate> candidates;
     std::vector<RecentTimes> times;
-    RecentTimes again;           // the reference's counted calls at the end of the round
     std::vector<double> agreed;  // each candidate's estimate from the last agreed samples
     uint64_t epoch = 0;
     int trialsEach = 0;
     int current = -1;  // the choice, once the trial is decided
-    // The round under way (the trial, or a check): the candidates to run in turn, calls each;
-    // the last is the reference again.
+    // The round under way (the trial, or a check): the candidates to run in turn, calls each.
     std::vector<size_t> round;
     size_t roundPos = 0;
     int roundCallsEach = 0, callsIntoTurn = 0;

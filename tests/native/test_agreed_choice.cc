@@ -92,11 +92,10 @@ Ranks twoCandidates(int n, double a, double b) {
 }  // namespace
 
 int main() {
-  {  // The trial: four calls in a row of each (two not counted), the first candidate's four
-     // again, one agreement, the faster.
+  {  // The trial: four calls in a row of each (two not counted), one agreement, the faster.
     Ranks r = twoCandidates(2, 100e-6, 60e-6);
-    auto trial = r.calls(12);
-    EXPECT(trial["halving_doubling"] == 8 && trial["ring"] == 4, "trial ran %d + %d calls",
+    auto trial = r.calls(8);
+    EXPECT(trial["halving_doubling"] == 4 && trial["ring"] == 4, "trial ran %d + %d calls",
            trial["halving_doubling"], trial["ring"]);
     EXPECT(r.rounds == 1, "%d agreements after the trial", r.rounds);
     EXPECT(r.settledOn() == "ring", "settled on %s", r.settledOn().c_str());
@@ -145,40 +144,6 @@ int main() {
     EXPECT(r.settledOn() == "halving_doubling", "a lucky call moved the choice to %s",
            r.settledOn().c_str());
     EXPECT(later["ring"] <= 150, "the 1.2x slower rival ran %d of 6000 calls", later["ring"]);
-    EXPECT(!r.divergent, "ranks ran different algorithms");
-  }
-  {  // The machine is slow (1.3x) for the first candidate's first turn of the trial: its second
-     // turn, after the rival's, stands for it, and a rival 1.05x slower does not win the trial
-     // (judged by the first turn alone it did).
-    Ranks r = twoCandidates(2, 100e-6, 105e-6);
-    bool rivalRan = false;
-    r.adjust = [&](const std::string& algo, int, double t) {
-      rivalRan = rivalRan || algo == "ring";
-      return algo == "halving_doubling" && !rivalRan ? 1.3 * t : t;
-    };
-    r.calls(12);
-    EXPECT(r.settledOn() == "halving_doubling", "a slow first turn settled on %s",
-           r.settledOn().c_str());
-    EXPECT(!r.divergent, "ranks ran different algorithms");
-  }
-  {  // The machine slows (1.5x) for the choice's last calls before a check and recovers as the
-     // check begins: a rival 1.08x slower looks faster than those calls, not than the choice's
-     // calls after the check (judged by the calls before alone, the choice moved to it).
-    Ranks r = twoCandidates(3, 100e-6, 108e-6);
-    double pace = 1.0;
-    r.adjust = [&](const std::string&, int, double t) { return t * pace; };
-    while (r.choices[0].describe(r.shape, 0).find("agreed by every rank") == std::string::npos)
-      r.call();  // the trial
-    EXPECT(r.settledOn() == "halving_doubling", "settled on %s", r.settledOn().c_str());
-    for (int i = 0; i < 64; ++i) {  // the first check comes 64 calls after the trial
-      pace = i >= 54 ? 1.5 : 1.0;
-      r.call();
-    }
-    pace = 1.0;
-    auto check = r.calls(10);
-    EXPECT(check["ring"] == 5, "the check ran the rival %d times", check["ring"]);
-    EXPECT(r.settledOn() == "halving_doubling", "the machine's slow moment moved the choice to %s",
-           r.settledOn().c_str());
     EXPECT(!r.divergent, "ranks ran different algorithms");
   }
   {  // A call of a few microseconds is not measured (the bookkeeping would show), nor one with a
