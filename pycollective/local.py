@@ -36,9 +36,10 @@ class LocalCommunicator:
     other, a near tie it cannot call, or where a tuned table's entry is not the model's only
     near choice, it measures: the first calls of that shape (collective, size, dtype, op) time
     each of them in turn (the table's entry first, and a near tie stays with it); later calls
-    run the fastest, and now and then another, so that the choice follows the machine
-    (``explain`` shows the times). Where the choice's calls come to run 2x slower than
-    usual, or its first timed calls 2x slower than the model prices them (on a VM whose vCPUs
+    run the fastest, and now and then another, which takes over only if it ran 1.1x faster
+    than the choice's calls both before and after it, so that the choice follows the machine
+    (``explain`` shows the times). Where the choice's recent calls all come to run 2x slower
+    than usual (not only the few after other work), or its first timed calls 2x slower than the model prices them (on a VM whose vCPUs
     drift apart, the algorithms that pass data between replica threads slow 4-6x while
     ``direct`` and ``inline`` do not), the other algorithms are timed too. At most
     ``auto_trial_calls`` calls per shape go to the first trial.
