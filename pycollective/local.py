@@ -42,8 +42,8 @@ class LocalCommunicator:
     than usual (not only the few after other work), or its first timed calls 2x slower than
     the model prices them (on a VM whose vCPUs drift apart, the algorithms that pass data
     between replica threads slow 4-6x while ``direct`` and ``inline`` do not), the other
-    algorithms are timed too. At most
-    ``auto_trial_calls`` calls per shape go to the first trial.
+    algorithms are timed too. At most ``auto_trial_calls`` calls per shape go to the first
+    trial.
     ``PYCOLLECTIVE_AUTO_TRIALS=0`` keeps the model's (or the table's) choice alone, the same on
     every run (with 3 or more replicas the algorithms sum floats in different orders, so a
     measured choice can change the last bits between runs).

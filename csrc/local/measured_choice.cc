@@ -123,10 +123,10 @@ void MeasuredChoices::Trial::judge(size_t checked) {
   if (kMoveMargin * timings[checked].estimate() < now.estimate()) {
     // Faster than the choice's calls before it; the choice's calls after it decide. On 2 vCPUs
     // the machine's pace swings 1.5x over tens of calls (4 replicas x 4 MiB: halving-doubling
-    // 700-2400 us in one benchmark row), and a rival checked as it sped up, or after the
-    // choice's calls paid for other work (a benchmark's other rows, a training step's compute),
-    // looked faster than a choice it was not faster than: auto moved between the four near
-    // ties there every few dozen calls.
+    // 900-2800 us in one row of a script timing the benchmark's pattern), and a rival checked as it
+    // sped up, or after the choice's calls paid for other work (a benchmark's other rows, a
+    // training step's compute), looked faster than a choice it was not faster than: auto moved
+    // between the four near ties there every few dozen calls.
     confirming = static_cast<int>(checked);
     choiceBefore = now.estimate();
     now.times = RecentTimes();

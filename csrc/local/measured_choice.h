@@ -112,7 +112,7 @@ class MeasuredChoices {
     void settle();
     // After a counted call of the current choice: on a slowdown, every other candidate is due.
     void watchForSlowdown();
-    void raceReserves();              // until each one's check finds it no faster (judge())
+    void raceReserves();              // until each one's check finds it no faster (lost())
     void startLevel(double seconds);  // the choice's first usual time
     // After `checked`'s check: a rival that ran kMoveMargin faster than the choice's calls
     // before it waits for the choice's calls after it (confirming); another lost().
