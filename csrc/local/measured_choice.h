@@ -22,7 +22,10 @@
 //   twenty-sixth the calls before alone, and the machine's pace changing as the check began
 //   moved 4 replicas x 4 MiB between its near ties every few dozen calls). Checks come after
 //   kBaseInterval calls, each check the choice survives doubles that candidate's interval (to
-//   kMaxInterval), so keeping watch costs ever less; when every one of the current choice's
+//   kMaxInterval; four times for one kCloseRatio slower), so keeping watch costs ever less, and
+//   the trial counts as the first check of each near tie slower than the choice there (until the
+//   twenty-seventh session every rival was first checked after kBaseInterval calls, the next
+//   after 2 and 4 times as many whatever the gap); when every one of the current choice's
 //   last calls runs kCloseRatio slower than usual (the machine changed, not a few calls that
 //   paid for other work) every other candidate is checked at once;
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve). They
@@ -120,7 +123,8 @@ class MeasuredChoices {
     // After the choice's counted calls that follow a check it looked to lose: true when the
     // choice moved to the rival.
     bool confirm();
-    void lost(size_t checked);  // the choice stays: the rival waits longer, a reserve stops
+    void lost(size_t checked);      // the choice stays: the rival waits longer, a reserve stops
+    void waitLonger(size_t rival);  // the next check of a rival slower than the choice
     bool settled() const { return current >= 0; }
     // Whether calls are timed: where near ties race, or a lone one's reserves wait for it to
     // slow (a clock read is cheap beside a call priced at kMinModelSeconds or more).

@@ -80,6 +80,24 @@ int main() {
     EXPECT(later["inline"] >= 3960, "the choice ran %d of 4000 calls", later["inline"]);
     EXPECT(later["halving_doubling"] >= 2, "the other candidate was never timed again");
   }
+  {  // Rivals that lost the trial have survived their first check: three of them 1.16x, 1.4x
+     // and 1.6x slower cost few calls of the ~250 a benchmark times after the trial (checked at
+     // 32, 96 and 224 calls each, they ran 45, and cost 8 replicas x 2 MiB 1.1x-1.2x there).
+    Driver d;
+    d.shape.count = 1 << 19;
+    d.candidates = {
+        {"direct", 1600e-6}, {"inline", 1700e-6}, {"ring", 1750e-6}, {"halving_doubling", 1800e-6}};
+    d.seconds = {{"direct", 1600e-6},
+                 {"inline", 1.16 * 1600e-6},
+                 {"ring", 1.4 * 1600e-6},
+                 {"halving_doubling", 1.6 * 1600e-6}};
+    d.calls(4 * 4);
+    EXPECT(d.settledOn() == "direct", "settled on %s", d.settledOn().c_str());
+    auto early = d.calls(250);
+    EXPECT(early["direct"] >= 230, "the rivals ran %d of the first 250 calls",
+           250 - early["direct"]);
+    EXPECT(early["inline"] >= 5, "the closest rival was not checked in 250 calls");
+  }
   {  // A call right after another algorithm's pays for it (direct after ring, measured): the
      // trial must judge each by its calls in a row, as a training loop runs it.
     Driver d;
