@@ -130,6 +130,20 @@ def test_large_buffers_span_many_segments():
         check_identical(outs, algo)
 
 
+def test_direct_pieces_go_to_whichever_replica_claims_them():
+    # direct cuts an in-process allreduce into pieces that any replica may reduce: in place,
+    # call after call, with more replicas than this machine has cores, every piece is reduced
+    # once, from the inputs of this call.
+    c = comm(8)
+    rng = np.random.default_rng(5)
+    for call in range(6):
+        xs = [rng.integers(-100, 100, 250_003).astype(np.float32) for _ in range(8)]
+        want = np.sum(np.stack(xs).astype(np.float64), axis=0)
+        res = c.allreduce(xs, algo="direct", inplace=True)
+        for i, r in enumerate(res):
+            np.testing.assert_array_equal(r, want, err_msg=f"call {call}, replica {i}")
+
+
 def test_non_contiguous_input_works():
     c = comm(2)
     base = [np.arange(40, dtype=np.float64).reshape(8, 5) for _ in range(2)]

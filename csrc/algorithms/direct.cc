@@ -9,6 +9,8 @@
 // Processes of one host run it too when every rank's buffers are mapped into every rank (a call
 // prepared on pycollective.shared_empty arrays, CollectiveArgs::mapped): the addresses are
 // known from the preparation, and the first round carries the plan's key instead.
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -26,6 +28,8 @@ namespace {
 struct Buffers {
   const char* in;
   char* out;
+  // In-process allreduce: rank 0's counter of the pieces claimed so far (claimPieces()).
+  std::atomic<size_t>* claimed = nullptr;
 };
 
 // One round in which every rank sends `mine` to every peer and gets theirs (index = group
@@ -46,8 +50,10 @@ std::vector<T> swapWithPeers(Exchange& ex, const T& mine) {
 
 // Every rank's buffers, learned by an all-to-all of addresses (this is also the entry barrier:
 // nobody touches a peer's memory before the peer has entered the call).
-std::vector<Buffers> swapAddresses(Exchange& ex, const CollectiveArgs& a) {
-  return swapWithPeers(ex, Buffers{static_cast<const char*>(a.in), static_cast<char*>(a.out)});
+std::vector<Buffers> swapAddresses(Exchange& ex, const CollectiveArgs& a,
+                                   std::atomic<size_t>* claimed) {
+  return swapWithPeers(ex,
+                       Buffers{static_cast<const char*>(a.in), static_cast<char*>(a.out), claimed});
 }
 
 // The entry of a call on mapped buffers: every rank's key must be this plan's. Ranks that
@@ -86,6 +92,57 @@ void reduceAll(Exchange& ex, const std::vector<Buffers>& all, char* acc, size_t 
   }
   ex.reduceLocal(acc, all[0].in + at, all[1].in + at, bytes);
   for (size_t p = 2; p < all.size(); ++p) ex.reduceLocal(acc, acc, all[p].in + at, bytes);
+}
+
+// Streaming stores skip reading each output line before overwriting it, which pays only when
+// the buffers leave the cache anyway; below that, plain stores leave the outputs in cache for
+// whoever reads them next. 2 replicas, side by side: 4 MiB 491-501 us streaming against 272-277
+// plain; 64 MiB 8.4-9.5 ms against 10.1-10.2. The fixed line, not the group's measured one: on a
+// Xeon VM whose line measures 2 MiB, plain stores still won at 2 x 4 MiB (666-671 us against
+// 900-913) and 4 x 4 MiB (1290-1295 against 1749-1782).
+bool streamsOutputs(int n, size_t bytes) {
+  return !callStaysInCache(kCacheResidentBytes, n, static_cast<double>(bytes));
+}
+
+// The reduced [off, off+len) in `acc` written into every rank's output, starting with rank
+// `first` (mod n): ranks that start at different outputs spread the stores.
+void storeEverywhere(Exchange& ex, const std::vector<Buffers>& all, const char* acc, size_t off,
+                     size_t len, size_t first, bool streamOut) {
+  const size_t n = all.size(), at = off * ex.elemSize(), bytes = len * ex.elemSize();
+  for (size_t k = 0; k < n; ++k) {
+    char* dst = all[(first + k) % n].out + at;
+    if (streamOut)
+      ex.store(dst, acc, bytes);
+    else
+      ex.copy(dst, acc, bytes);
+  }
+}
+
+// The smallest piece ranks claim, and how many pieces per rank an allreduce is cut into.
+constexpr size_t kMinPieceBytes = 16 << 10;
+constexpr size_t kPiecesPerRank = 8;
+
+// An in-process allreduce, cut into pieces that the ranks claim one at a time from rank 0's
+// counter: a rank that gets more of the cores does more of the work, where fixed chunks made
+// every call wait for the rank the scheduler served least, and a piece (about an eighth of a
+// rank's share) keeps the accumulator in cache. Medians of 20-200 calls, three runs each, fixed
+// chunks against claimed pieces: 4 replicas x 256 KiB 91-117 us against 87-101, 4 x 2 MiB 327-459
+// against 299-367, 8 x 1 MiB 389-499 against 374-403; 2 replicas unchanged. A piece is still
+// reduced by one rank alone, reading every input in rank order, so the result is the same
+// whoever reduces it, and in-place calls stay safe.
+void allreduceByClaims(Exchange& ex, const std::vector<Buffers>& all, char* acc, size_t count,
+                       size_t segElems) {
+  const size_t es = ex.elemSize(), n = all.size();
+  const size_t pieceBytes = std::min(
+      segElems * es, std::max(kMinPieceBytes, count * es / (kPiecesPerRank * n)) / 64 * 64);
+  const size_t piece = std::max<size_t>(1, pieceBytes / es);
+  const bool streamOut = streamsOutputs(static_cast<int>(n), count * es);
+  for (size_t k = all[0].claimed->fetch_add(1, std::memory_order_relaxed); k * piece < count;
+       k = all[0].claimed->fetch_add(1, std::memory_order_relaxed)) {
+    const size_t off = k * piece, len = std::min(piece, count - off);
+    reduceAll(ex, all, acc, off, len);
+    storeEverywhere(ex, all, acc, off, len, k, streamOut);
+  }
 }
 
 constexpr const char* kNeedsSharedMemory =
@@ -135,7 +192,12 @@ class Direct : public Algorithm {
   void run(Exchange& ex, const CollectiveArgs& a) const override {
     const int n = ex.size(), r = ex.rank();
     const size_t es = ex.elemSize();
-    std::vector<Buffers> all = a.mapped ? enterMapped(ex, *a.mapped) : swapAddresses(ex, a);
+    // Rank 0's stack outlives every claim: it leaves the call only after finish().
+    std::atomic<size_t> claimed{0};
+    const bool offersClaims =
+        r == 0 && a.kind == CollectiveKind::kAllreduce && a.mapped == nullptr && a.device < 0;
+    std::vector<Buffers> all = a.mapped ? enterMapped(ex, *a.mapped)
+                                        : swapAddresses(ex, a, offersClaims ? &claimed : nullptr);
     Chunks chunks(a.count, n);
     const size_t segElems = std::max<size_t>(1, ex.segmentBytes() / es);
     const size_t mine = chunks.offset(r), mineLen = chunks.size(r);
@@ -145,15 +207,10 @@ class Direct : public Algorithm {
       case CollectiveKind::kReduceScatter: {
         // Accumulate a segment in a cache-sized scratch buffer, then store it everywhere.
         char* acc = static_cast<char*>(ex.scratch(1, segElems * es));
-        // Streaming stores skip reading each output line before overwriting it, which pays only
-        // when the buffers leave the cache anyway; below that, plain stores leave the outputs in
-        // cache for whoever reads them next. 2 replicas, side by side: 4 MiB 491-501 us
-        // streaming against 272-277 plain; 64 MiB 8.4-9.5 ms against 10.1-10.2. The fixed line,
-        // not the group's measured one: on a Xeon VM whose line measures 2 MiB, plain stores
-        // still won at 2 x 4 MiB (666-671 us against 900-913) and 4 x 4 MiB (1290-1295 against
-        // 1749-1782).
-        const bool streamOut =
-            !callStaysInCache(kCacheResidentBytes, n, static_cast<double>(a.count * es));
+        if (all[0].claimed != nullptr) {
+          allreduceByClaims(ex, all, acc, a.count, segElems);
+          break;
+        }
         for (size_t s = 0; s < mineLen; s += segElems) {
           size_t len = std::min(segElems, mineLen - s), off = mine + s;
           reduceAll(ex, all, acc, off, len);
@@ -162,13 +219,7 @@ class Direct : public Algorithm {
           } else if (a.kind == CollectiveKind::kReduce) {
             ex.copy(all[a.root].out + off * es, acc, len * es);
           } else {
-            for (int k = 1; k <= n; ++k) {  // start with the next rank: spread the stores
-              int p = (r + k) % n;
-              if (streamOut)
-                ex.store(all[p].out + off * es, acc, len * es);
-              else
-                ex.copy(all[p].out + off * es, acc, len * es);
-            }
+            storeEverywhere(ex, all, acc, off, len, r + 1, streamsOutputs(n, a.count * es));
           }
         }
         break;
