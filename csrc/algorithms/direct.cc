@@ -5,6 +5,8 @@
 // the memory-traffic floor of an allreduce. (NCCL's P2P read and "two-shot" all-reduce follow
 // the same idea.) Chunk r of every buffer is touched by rank r only, so in-place is safe; a
 // second round of messages keeps every rank in the call until all writes into its output ended.
+// An in-process allreduce hands out smaller pieces instead, each to whichever rank claims it
+// first (allreduceByClaims()); each piece is still touched by one rank only.
 //
 // Processes of one host run it too when every rank's buffers are mapped into every rank (a call
 // prepared on pycollective.shared_empty arrays, CollectiveArgs::mapped): the addresses are
@@ -28,7 +30,7 @@ namespace {
 struct Buffers {
   const char* in;
   char* out;
-  // In-process allreduce: rank 0's counter of the pieces claimed so far (claimPieces()).
+  // In-process allreduce: rank 0's counter of the pieces claimed so far (allreduceByClaims()).
   std::atomic<size_t>* claimed = nullptr;
 };
 
@@ -211,6 +213,7 @@ class Direct : public Algorithm {
           allreduceByClaims(ex, all, acc, a.count, segElems);
           break;
         }
+        const bool streamOut = streamsOutputs(n, a.count * es);
         for (size_t s = 0; s < mineLen; s += segElems) {
           size_t len = std::min(segElems, mineLen - s), off = mine + s;
           reduceAll(ex, all, acc, off, len);
@@ -219,7 +222,7 @@ class Direct : public Algorithm {
           } else if (a.kind == CollectiveKind::kReduce) {
             ex.copy(all[a.root].out + off * es, acc, len * es);
           } else {
-            storeEverywhere(ex, all, acc, off, len, r + 1, streamsOutputs(n, a.count * es));
+            storeEverywhere(ex, all, acc, off, len, r + 1, streamOut);
           }
         }
         break;

@@ -124,7 +124,7 @@ class MeasuredChoices {
     // choice moved to the rival.
     bool confirm();
     void lost(size_t checked);      // the choice stays: the rival waits longer, a reserve stops
-    void waitLonger(size_t rival);  // the next check of a rival slower than the choice
+    void waitLonger(size_t rival);  // the next check of a rival that did not beat the choice
     bool settled() const { return current >= 0; }
     // Whether calls are timed: where near ties race, or a lone one's reserves wait for it to
     // slow (a clock read is cheap beside a call priced at kMinModelSeconds or more).
