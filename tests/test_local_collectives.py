@@ -132,8 +132,8 @@ def test_large_buffers_span_many_segments():
 
 def test_direct_pieces_go_to_whichever_replica_claims_them():
     # direct cuts an in-process allreduce into pieces that any replica may reduce: in place,
-    # call after call, with more replicas than this machine has cores, every piece is reduced
-    # once, from the inputs of this call.
+    # call after call, with 8 replicas (more than a 2-vCPU machine's cores), every piece is
+    # reduced once, from the inputs of this call.
     c = comm(8)
     rng = np.random.default_rng(5)
     for call in range(6):
