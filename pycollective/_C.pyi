@@ -156,9 +156,9 @@ class Communicator:
         """
         A pairwise exchange (alltoall, gather, scatter, send/recv): sends[p] (a contiguous array or None) goes to group rank p, recvs[p] receives from it. The spec's `count` is the element count every rank's header carries (the same on all ranks); its algo is ignored. Returns Work if asynchronous, else None once done.
         """
-    def explain(self, spec: CallSpec) -> str:
+    def explain(self, spec: CallSpec, members: Members) -> str:
         """
-        What algo="auto" would run for this call on the whole group.
+        What algo="auto" would run for this call in the group `members`.
         """
     def prepare(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any) -> PreparedCollective:
         """

@@ -502,7 +502,8 @@ class ProcessGroup:
         model prices a near tie and calls of this shape have run, the times every rank agreed
         on; else the model's pick and costs."""
         return self._world.comm.explain(
-            _C.CallSpec(kind=KINDS[collective], count=nbytes // 4, dtype=_FLOAT32)
+            _C.CallSpec(kind=KINDS[collective], count=nbytes // 4, dtype=_FLOAT32),
+            self._native_members,
         )
 
     def _timeout(self, timeout: float | None) -> float:

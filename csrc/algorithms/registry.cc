@@ -333,8 +333,8 @@ LinkCost costOf(const Group& group, const CollectiveArgs& args) {
   return group.comm().localCost();
 }
 
-std::string explainChoice(const Group& group, const CollectiveArgs& args) {
-  const std::string measured = describeMeasuredAuto(group, 0, args);
+std::string explainChoice(const Group& group, int groupId, const CollectiveArgs& args) {
+  const std::string measured = describeMeasuredAuto(group, groupId, args);
   if (!measured.empty()) return measured;
   if (const Algorithm* t = tunedChoice(group, args))
     return std::string(t->name()) + " (tuned table, PYCOLLECTIVE_TUNING)";

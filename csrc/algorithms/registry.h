@@ -123,8 +123,8 @@ class PreparedCollective {
 Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, const Algorithm& algo,
                      const std::function<void(Exchange&)>& schedule);
 
-// The algorithm runCollective would use for algo="auto", with the reason.
-std::string explainChoice(const Group& group, const CollectiveArgs& args);
+// The algorithm runCollective would use for algo="auto" in group `groupId`, with the reason.
+std::string explainChoice(const Group& group, int groupId, const CollectiveArgs& args);
 
 // The cost model alone, with no group formed: every algorithm's estimate for `args` on ranks laid
 // out as hostOf (host of each rank) with these link costs (see link_load.h for what remote means)

@@ -313,10 +313,11 @@ void bindGroup(py::module_& m) {
           "ignored. Returns Work if asynchronous, else None once done.")
       .def(
           "explain",
-          [](Communicator& c, const CallSpec& spec) {
-            return explainChoice(Group::world(c), spec.args());
+          [](Communicator& c, const CallSpec& spec, const GroupMembers& g) {
+            return explainChoice(Group(c, g.ranks), g.groupId, spec.args());
           },
-          py::arg("spec"), "What algo=\"auto\" would run for this call on the whole group.")
+          py::arg("spec"), py::arg("members"),
+          "What algo=\"auto\" would run for this call in the group `members`.")
       .def(
           "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
           py::arg("reason"), "Fails every pending and future collective; peers stop waiting.")

@@ -319,7 +319,7 @@ std::string LocalGroup::explain(const CollectiveArgs& args) {
     return std::string(kInlineAlgorithm) + " (every replica's buffers on the calling thread; " +
            (tunedEntry(Group::world(*comms_[0]), args) ? "tuned table, PYCOLLECTIVE_TUNING)"
                                                        : "model)");
-  return explainChoice(Group::world(*comms_[0]), args);
+  return explainChoice(Group::world(*comms_[0]), 0, args);
 }
 
 }  // namespace pycollective
