@@ -97,6 +97,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "out= buffers (peers keep theirs)",
     )
     p.add_argument(
+        "--new-outputs-row",
+        action="store_true",
+        help="allreduce: add the row auto+new, auto's call returning new result arrays "
+        "(y = allreduce(x)) in a group of its own, timed in the same rounds as the out= rows: "
+        "what a new output costs, as a ratio from one run",
+    )
+    p.add_argument(
         "--budget",
         type=float,
         default=0.5,
@@ -199,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
     from . import ceilings as measure
     from . import inproc, procs
-    from .worker import PREPARED, SHARED
+    from .worker import AUTO_NEW_OUTPUTS, PREPARED, SHARED
 
     procs_mode = args.mode == "procs"
     world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
@@ -212,6 +219,13 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(algos) - set(everything)
     if unknown:
         raise SystemExit(f"unknown algorithms {sorted(unknown)}; choose from {everything}")
+    if args.new_outputs_row:
+        if args.new_outputs or args.inplace or args.collective != "allreduce":
+            raise SystemExit(
+                "--new-outputs-row sets allreduce's new outputs beside its out= rows: "
+                "drop --new-outputs and --inplace, and keep --collective allreduce"
+            )
+        algos.append(AUTO_NEW_OUTPUTS)
     transports = [t for t in args.transports.split(",") if t]
     peers = [p for p in args.peers.split(",") if p] if procs_mode else []
     if procs_mode and world % args.hosts:
@@ -285,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
             notes,
             host_ids,
             new_outputs=args.new_outputs,
+            new_outputs_row=args.new_outputs_row,
             rounds=rounds,
             mpi_in_job=args.mpi_in_job,
             before_round=measure_round,

@@ -14,6 +14,7 @@ import numpy as np
 from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .rows import Row
 from .timing import second_look, summarize, time_interleaved
+from .worker import AUTO_NEW_OUTPUTS
 
 
 def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
@@ -46,6 +47,9 @@ def run(
     import pycollective as pc
 
     comm = pc.LocalCommunicator(world)
+    # The auto+new row's own replicas: auto keeps a measured choice per group and call shape,
+    # and a program makes its calls one way or the other, so each row's trial sees only its own.
+    comm_of = {AUTO_NEW_OUTPUTS: pc.LocalCommunicator(world)} if AUTO_NEW_OUTPUTS in algos else {}
     itemsize = np_dtype(dtype).itemsize
     rows: list[Row] = []
     for nbytes in sizes:
@@ -60,7 +64,14 @@ def run(
         for algo in algos:
             progress(f"inproc {collective} {algo} {row_bytes} B")
             _reset(inputs, outs, inplace, count, dtype)
-            call = _call(comm, collective, inputs, None if new_outputs else outs, algo, op, inplace)
+            if algo == AUTO_NEW_OUTPUTS:
+                if collective != "allreduce" or inplace:
+                    progress(f"skip {algo}: it times allreduce into new arrays only")
+                    continue
+                call = _call(comm_of[algo], collective, inputs, None, "auto", op, inplace)
+            else:
+                outputs = None if new_outputs else outs
+                call = _call(comm, collective, inputs, outputs, algo, op, inplace)
             try:
                 results = call()  # the first call is checked, then timed calls follow
             except ValueError as exc:  # this algorithm cannot run this collective here
@@ -68,18 +79,18 @@ def run(
                 continue
             wrong[algo] = sum(count_wrong(results[r], want[r], op) for r in range(world))
             calls[algo] = call
-            if algo == "auto":
+            if algo in ("auto", AUTO_NEW_OUTPUTS):
                 # Where auto measures (a near tie in the model, or a tuned entry to race), its
                 # first calls of a shape are its trial of the candidates (a training loop's
                 # first steps): timed from its settled choice on, as every algorithm after its
                 # warm-up.
-                for _ in range(comm.auto_trial_calls):
+                for _ in range(comm_of.get(algo, comm).auto_trial_calls):
                     call()
         if collective == "allreduce":
             _reset(inputs, outs, inplace, count, dtype)
             calls["numpy"], wrong["numpy"] = _numpy_baseline(inputs, outs, want, op, world)
         samples = time_interleaved(calls, iters, warmup, budget_s)
-        look = second_look(calls, samples, "auto", {"numpy"}, iters, budget_s)
+        look = second_look(calls, samples, "auto", {"numpy", AUTO_NEW_OUTPUTS}, iters, budget_s)
         for algo, times in samples.items():
             t = summarize(times)
             peer = algo == "numpy"
@@ -88,12 +99,12 @@ def run(
                 if peer
                 else {"floor_s": memory_floor_seconds(collective, world, row_bytes, copy_bw)}
             )
-            if algo == "auto":
-                explained = comm.explain(collective, count * itemsize, dtype)
+            if algo in ("auto", AUTO_NEW_OUTPUTS):
+                explained = comm_of.get(algo, comm).explain(collective, count * itemsize, dtype)
                 extra["chose"] = explained.split()[0]
                 # Its samples then include the calls that time the other candidates.
                 extra["measures"] = "(measured," in explained
-                if look is not None:
+                if look is not None and algo == "auto":
                     extra["second_look"] = look.as_dict()
             rows.append(
                 Row(

@@ -151,6 +151,7 @@ def run(
     notes: list[str],
     host_ids: list[str] | None = None,
     new_outputs: bool = False,
+    new_outputs_row: bool = False,
     rounds: int = 1,
     mpi_in_job: bool = False,
     before_round: Callable[[], None] | None = None,
@@ -175,6 +176,7 @@ def run(
         "warmup": warmup,
         "budget": budget_s,
         "new_outputs": new_outputs,
+        "new_outputs_row": new_outputs_row,
     }
     # A safety net against hangs, not a budget: every (size, algorithm) gets about budget_s of
     # timing but at least one iteration per round, and the largest sizes over slow transports

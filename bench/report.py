@@ -10,7 +10,10 @@ from typing import IO
 
 from .metrics import human_bytes
 from .rows import Row
-from .worker import SHARED
+from .worker import AUTO_NEW_OUTPUTS, SHARED
+
+#: Rows that are calls of auto, not algorithms: never "the best algorithm" beside auto.
+AUTO_ROWS = ("auto", AUTO_NEW_OUTPUTS)
 
 COLUMNS = [
     "size",
@@ -73,7 +76,7 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
     lines: list[str] = []
     groups: dict[tuple, list] = defaultdict(list)
     for (coll, transport, nbytes), rs in sorted(by_key.items(), key=lambda kv: kv[0]):
-        ours = [r for r in rs if not r.peer and r.algo != "auto"]
+        ours = [r for r in rs if not r.peer and r.algo not in AUTO_ROWS]
         if not ours:
             continue
         overall, best = _best(ours)
@@ -106,6 +109,12 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
                     f"; again head to head with {look['best']}: auto "
                     f"{look['median_s'] / look['best_median_s']:.2f}x"
                 )
+        new = next((r for r in rs if r.algo == AUTO_NEW_OUTPUTS), None)
+        if new is not None and auto is not None:
+            text += (
+                f"; new outputs (y = allreduce(x), {new.extra.get('chose') or 'auto'}) "
+                f"{new.median_s / auto.median_s:.2f}x auto's out= calls"
+            )
         floor = best.extra.get("floor_s")
         if floor:
             text += f"; best {best.median_s / floor:.2f}x the memory floor"
@@ -118,7 +127,14 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
         for nbytes in sorted({r.nbytes for r in rows if not r.peer}):
             best = {}
             for t in transports:
-                ours = [r for r in rows if not r.peer and r.transport == t and r.nbytes == nbytes]
+                ours = [
+                    r
+                    for r in rows
+                    if not r.peer
+                    and r.transport == t
+                    and r.nbytes == nbytes
+                    and r.algo != AUTO_NEW_OUTPUTS
+                ]
                 if ours:
                     best[t] = min(ours, key=lambda r: r.median_s)
             if len(best) > 1:
@@ -139,7 +155,7 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
             if not r.peer
             and r.collective == p.collective
             and r.nbytes == p.nbytes
-            and r.algo != "auto"
+            and r.algo not in AUTO_ROWS
         ]
         if not ours:
             continue

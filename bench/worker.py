@@ -22,6 +22,9 @@ from .timing import second_look, summarize, time_interleaved
 PREPARED = "prepared"
 #: The same on pycollective.shared_empty arrays, which the ranks map from each other.
 SHARED = "shared"
+#: auto's call returning new result arrays (y = allreduce(x)), timed in the same rounds as the
+#: out= rows (--new-outputs-row): what a new output costs, as a ratio from one run.
+AUTO_NEW_OUTPUTS = "auto+new"
 
 
 class PycollectiveBackend:
@@ -32,6 +35,12 @@ class PycollectiveBackend:
         self.group = pc.init(transport=job["transport"])
         self.new_outputs = job.get("new_outputs", False)
         self.rank, self.size = pc.rank(), pc.world_size()
+        # The auto+new row's calls go through a group of their own: auto keeps a measured
+        # choice per group and call shape, and a program makes its calls one way or the other,
+        # not both, so each row's trial sees only its own calls.
+        self.new_outputs_group = (
+            pc.new_group(list(range(self.size))) if job.get("new_outputs_row") else None
+        )
 
     def barrier(self) -> None:
         self.pc.barrier()
@@ -46,6 +55,11 @@ class PycollectiveBackend:
         pc = self.pc
         if self.new_outputs:
             out = None  # every call returns a new result array
+        if algo == AUTO_NEW_OUTPUTS:
+            if collective != "allreduce":
+                raise ValueError("the auto+new row runs allreduce only")
+            group = self.new_outputs_group
+            return lambda: group.allreduce(x, op=op)
         if algo in (PREPARED, SHARED):
             if collective != "allreduce":
                 raise ValueError("prepared calls run allreduce only")
@@ -64,18 +78,21 @@ class PycollectiveBackend:
             return lambda: pc.broadcast(x, root=0, algo=algo, out=out)
         return lambda: pc.reduce(x, root=0, op=op, algo=algo, out=out if self.rank == 0 else None)
 
-    def chosen(self, collective: str, nbytes: int) -> tuple[str, bool]:
-        """The algorithm algo="auto" runs for this call, and whether it measures (then its
-        samples include the calls that check its near rivals)."""
-        explained = self.group.explain(collective, nbytes)
+    def _group_of(self, algo: str):
+        return self.new_outputs_group if algo == AUTO_NEW_OUTPUTS else self.group
+
+    def chosen(self, collective: str, nbytes: int, algo: str = "auto") -> tuple[str, bool]:
+        """The algorithm algo="auto" runs for this call (in the group of ``algo``'s row), and
+        whether it measures (then its samples include the calls that check its near rivals)."""
+        explained = self._group_of(algo).explain(collective, nbytes)
         return explained.split()[0], "(measured," in explained
 
-    def settle(self, call) -> None:
+    def settle(self, call, algo: str = "auto") -> None:
         """auto's trial, where it measures (a training loop's first steps): its row is timed
         from its settled choice on, as every algorithm after its warm-up. Each trial call
         follows a barrier, as each timed call does, so that the trial times the calls the row
         will."""
-        for _ in range(self.group.auto_trial_calls):
+        for _ in range(self._group_of(algo).auto_trial_calls):
             self.barrier()
             call()
 
@@ -250,8 +267,8 @@ def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> tuple[str | Non
     their plan's), and whether auto measures there."""
     if algo in (PREPARED, SHARED):
         return call.algorithm, False
-    if algo == "auto":
-        return backend.chosen(job["collective"], nbytes)
+    if algo in ("auto", AUTO_NEW_OUTPUTS):
+        return backend.chosen(job["collective"], nbytes, algo)
     return None, False
 
 
@@ -291,8 +308,8 @@ def main(job_path: str) -> int:
                 continue
             wrong[algo] = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
             calls[algo] = call
-            if algo == "auto":
-                backend.settle(call)
+            if algo in ("auto", AUTO_NEW_OUTPUTS):
+                backend.settle(call, algo)
         barriers = dict.fromkeys(calls, backend.barrier)
         if mpi is not None:
             poison(out)
@@ -311,7 +328,7 @@ def main(job_path: str) -> int:
             calls,
             samples,
             "auto",
-            {MPI_IN_JOB, SHARED},
+            {MPI_IN_JOB, SHARED, AUTO_NEW_OUTPUTS},
             job["iters"],
             job["budget"],
             before_each=barriers,
