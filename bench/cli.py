@@ -100,8 +100,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--new-outputs-row",
         action="store_true",
         help="allreduce: add the row auto+new, auto's call returning new result arrays "
-        "(y = allreduce(x)) in a group of its own, timed in the same rounds as the out= rows: "
-        "what a new output costs, as a ratio from one run",
+        "(y = allreduce(x)) in a group of its own, timed in the same rounds as the out= rows "
+        "(auto's row too, if --algos leaves it out): what a new output costs, as a ratio from "
+        "one run",
     )
     p.add_argument(
         "--budget",
@@ -225,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
                 "--new-outputs-row sets allreduce's new outputs beside its out= rows: "
                 "drop --new-outputs and --inplace, and keep --collective allreduce"
             )
-        algos.append(AUTO_NEW_OUTPUTS)
+        # The row, and auto's own row that it is set beside.
+        algos += [a for a in ("auto", AUTO_NEW_OUTPUTS) if a not in algos]
     transports = [t for t in args.transports.split(",") if t]
     peers = [p for p in args.peers.split(",") if p] if procs_mode else []
     if procs_mode and world % args.hosts:
