@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
     from . import ceilings as measure
     from . import inproc, procs
-    from .worker import AUTO_NEW_OUTPUTS, PREPARED, SHARED
+    from .worker import AUTO_ROWS, PREPARED, SHARED
 
     procs_mode = args.mode == "procs"
     world = args.world or (max(2, min(4, os.cpu_count() or 2)) if procs_mode else 4)
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
                 "drop --new-outputs and --inplace, and keep --collective allreduce"
             )
         # The row, and auto's own row that it is set beside.
-        algos += [a for a in ("auto", AUTO_NEW_OUTPUTS) if a not in algos]
+        algos += [a for a in AUTO_ROWS if a not in algos]
     transports = [t for t in args.transports.split(",") if t]
     peers = [p for p in args.peers.split(",") if p] if procs_mode else []
     if procs_mode and world % args.hosts:

@@ -14,7 +14,7 @@ import numpy as np
 from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .rows import Row
 from .timing import second_look, summarize, time_interleaved
-from .worker import AUTO_NEW_OUTPUTS
+from .worker import AUTO_NEW_OUTPUTS, AUTO_ROWS
 
 
 def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
@@ -79,7 +79,7 @@ def run(
                 continue
             wrong[algo] = sum(count_wrong(results[r], want[r], op) for r in range(world))
             calls[algo] = call
-            if algo in ("auto", AUTO_NEW_OUTPUTS):
+            if algo in AUTO_ROWS:
                 # Where auto measures (a near tie in the model, or a tuned entry to race), its
                 # first calls of a shape are its trial of the candidates (a training loop's
                 # first steps): timed from its settled choice on, as every algorithm after its
@@ -99,7 +99,7 @@ def run(
                 if peer
                 else {"floor_s": memory_floor_seconds(collective, world, row_bytes, copy_bw)}
             )
-            if algo in ("auto", AUTO_NEW_OUTPUTS):
+            if algo in AUTO_ROWS:
                 explained = comm_of.get(algo, comm).explain(collective, count * itemsize, dtype)
                 extra["chose"] = explained.split()[0]
                 # Its samples then include the calls that time the other candidates.

@@ -10,10 +10,7 @@ from typing import IO
 
 from .metrics import human_bytes
 from .rows import Row
-from .worker import AUTO_NEW_OUTPUTS, SHARED
-
-#: Rows that are calls of auto, not algorithms: never "the best algorithm" beside auto.
-AUTO_ROWS = ("auto", AUTO_NEW_OUTPUTS)
+from .worker import AUTO_NEW_OUTPUTS, AUTO_ROWS, SHARED
 
 COLUMNS = [
     "size",

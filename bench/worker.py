@@ -25,6 +25,9 @@ SHARED = "shared"
 #: auto's call returning new result arrays (y = allreduce(x)), timed in the same rounds as the
 #: out= rows (--new-outputs-row): what a new output costs, as a ratio from one run.
 AUTO_NEW_OUTPUTS = "auto+new"
+#: Rows that are calls of auto, not algorithms: each runs a trial, and none is ever "the best
+#: algorithm" set beside auto.
+AUTO_ROWS = ("auto", AUTO_NEW_OUTPUTS)
 
 
 class PycollectiveBackend:
@@ -267,7 +270,7 @@ def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> tuple[str | Non
     their plan's), and whether auto measures there."""
     if algo in (PREPARED, SHARED):
         return call.algorithm, False
-    if algo in ("auto", AUTO_NEW_OUTPUTS):
+    if algo in AUTO_ROWS:
         return backend.chosen(job["collective"], nbytes, algo)
     return None, False
 
@@ -308,7 +311,7 @@ def main(job_path: str) -> int:
                 continue
             wrong[algo] = backend.sum_over_ranks(count_wrong(result, want, job["op"]))
             calls[algo] = call
-            if algo in ("auto", AUTO_NEW_OUTPUTS):
+            if algo in AUTO_ROWS:
                 backend.settle(call, algo)
         barriers = dict.fromkeys(calls, backend.barrier)
         if mpi is not None:
