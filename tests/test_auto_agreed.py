@@ -33,7 +33,9 @@ def _near_tie(group) -> int | None:
     return None
 
 
-def _measured_calls(rank, n):
+def _init_at_a_near_tie():
+    """In a rank: joins the default group; returns it and the near tie's size, or None (after
+    shutting down) where the model prices none."""
     import pycollective as pc
     from pycollective.process_group import _group
 
@@ -43,6 +45,16 @@ def _measured_calls(rank, n):
     if nbytes is None:
         pc.shutdown()
         return None
+    return group, nbytes
+
+
+def _measured_calls(rank, n):
+    import pycollective as pc
+
+    started = _init_at_a_near_tie()
+    if started is None:
+        return None
+    group, nbytes = started
     before = group.explain("allreduce", nbytes)
     count = nbytes // 4
     rng = np.random.default_rng(7)  # the same draws on every rank: each knows every input
@@ -94,14 +106,11 @@ def _calls_of_a_near_tie(rank, n):
     from multiproc import expect_error
 
     import pycollective as pc
-    from pycollective.process_group import _group
 
-    pc.init()
-    nbytes = _near_tie(_group(None))
-    if nbytes is None:
-        pc.shutdown()
+    started = _init_at_a_near_tie()
+    if started is None:
         return None
-    x = np.ones(nbytes // 4, np.float32)
+    x = np.ones(started[1] // 4, np.float32)
     return expect_error(lambda: [pc.allreduce(x) for _ in range(CALLS)])
 
 
@@ -125,14 +134,11 @@ def test_ranks_set_up_differently_fail_at_once_naming_the_setting():
 
 def _sub_group_calls(rank, n):
     import pycollective as pc
-    from pycollective.process_group import _group
 
-    pc.init()
-    world = _group(None)
-    nbytes = _near_tie(world)
-    if nbytes is None:
-        pc.shutdown()
+    started = _init_at_a_near_tie()
+    if started is None:
         return None
+    world, nbytes = started
     sub = pc.new_group(list(range(n)))  # the same ranks, a group of its own
     x = np.full(nbytes // 4, rank + 1, np.float32)
     for step in range(CALLS):
