@@ -1,6 +1,7 @@
 // algo="auto" measured on a group across processes (comm/agreed_choice.h): each call of a shape
-// the model prices near a tie runs the candidate its schedule names, is timed, and after a
-// trial or check every rank agrees on the times with one small allreduce.
+// the model prices near a tie (or alone, with reserves to call up) runs the candidate its
+// schedule names, is timed where the schedule counts it, and after a trial, check or watch
+// every rank agrees on the times with one small allreduce.
 #include <chrono>
 
 #include "algorithms/registry.h"
@@ -14,7 +15,7 @@ namespace {
 std::vector<AutoCandidate> candidatesFor(const Group& group, const CollectiveArgs& args) {
   std::vector<AutoCandidate> priced;
   for (const PricedAlgorithm& p : modelCosts(group, args)) priced.push_back({p.name, p.seconds});
-  return nearCandidates(std::move(priced), tunedEntry(group, args));
+  return candidatesWithReserves(std::move(priced), tunedEntry(group, args));
 }
 
 bool measurable(const Communicator& comm, const CollectiveArgs& args) {

@@ -11,30 +11,49 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
     if (i == 0 || candidates[i].modelSeconds < cheapest) cheapest = candidates[i].modelSeconds;
   if (candidates.size() > 1 && cheapest < kMinModelSeconds) candidates.resize(1);
   times.resize(candidates.size());
+  racing.assign(candidates.size(), false);
+  size_t nearTies = 0;
+  while (nearTies < candidates.size() && !candidates[nearTies].reserve) racing[nearTies++] = true;
   if (!measures()) return;
-  std::vector<size_t> all(candidates.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  startRound(std::move(all), kUnfairCalls + trialsEach);
+  if (nearTies > 1) {
+    std::vector<size_t> all(nearTies);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    startRound(Round::kTrial, std::move(all), kUnfairCalls + trialsEach);
+    return;
+  }
+  // A lone near tie: nothing to race, but watched from its first calls (its first usual time
+  // against the model's price), so that the reserves can be raced should the machine change.
+  current = 0;
+  untilCheck = kBaseInterval;
+  untilWatch = kUnfairCalls + RecentTimes::kRecent;
 }
 
-void AgreedChoices::Schedule::startRound(std::vector<size_t> order, int callsEach) {
+void AgreedChoices::Schedule::startRound(Round k, std::vector<size_t> order, int callsEach) {
+  kind = k;
   round = std::move(order);
   roundPos = 0;
   roundCallsEach = callsEach;
   callsIntoTurn = 0;
 }
 
+bool AgreedChoices::Schedule::anotherRaces() const {
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (racing[i] && static_cast<int>(i) != current) return true;
+  return false;
+}
+
 void AgreedChoices::Schedule::advance(Step* step) {
-  if (roundPos == round.size() && untilCheck == 0) {
-    // The choice has had its calls: each other candidate runs a few, judged by those alone
-    // (older ones, from before the machine changed, would outvote them).
+  const bool roundUnderWay = roundPos < round.size();
+  if (!roundUnderWay && untilCheck == 0 && anotherRaces()) {
+    // The choice has had its calls: each other racing candidate runs a few, judged by those
+    // alone (older ones, from before the machine changed, would outvote them).
     std::vector<size_t> others;
     for (size_t i = 0; i < candidates.size(); ++i)
-      if (static_cast<int>(i) != current) {
+      if (racing[i] && static_cast<int>(i) != current) {
         others.push_back(i);
         times[i] = RecentTimes();
       }
-    startRound(std::move(others), kUnfairCalls + kCheckCalls);
+    startRound(Round::kCheck, std::move(others), kUnfairCalls + kCheckCalls);
   }
   if (roundPos < round.size()) {
     step->candidate = round[roundPos];
@@ -47,12 +66,22 @@ void AgreedChoices::Schedule::advance(Step* step) {
     choiceStreak = 0;
   } else {
     step->candidate = static_cast<size_t>(current);
-    // Only the calls the next check reads are counted (its last RecentTimes::kRecent): the
-    // others need not pay for two clock reads and a record (a lock and a lookup).
-    step->counted = choiceStreak >= kUnfairCalls && untilCheck <= RecentTimes::kRecent;
-    step->closesRound = false;
+    // Only the calls the next check or watch reads are counted (their last RecentTimes::kRecent):
+    // the others need not pay for two clock reads and a record (a lock and a lookup).
+    const bool checkReads = untilCheck <= RecentTimes::kRecent && anotherRaces();
+    step->counted =
+        choiceStreak >= kUnfairCalls && (checkReads || untilWatch <= RecentTimes::kRecent);
     ++choiceStreak;
-    --untilCheck;
+    if (untilCheck > 0) --untilCheck;
+    step->closesRound = false;
+    if (--untilWatch == 0) {
+      untilWatch = kWatchInterval;
+      // A check that starts with the next call reads these calls itself.
+      if (!(untilCheck == 0 && anotherRaces())) {
+        kind = Round::kWatch;
+        step->closesRound = true;
+      }
+    }
   }
   step->algo = candidates[step->candidate].algo;
 }
@@ -84,30 +113,90 @@ bool AgreedChoices::decide(const CallShape& shape, const std::vector<double>& sa
     return false;
   Schedule& s = it->second;
   // Every rank filled the same slots: its counted calls are the same calls.
-  std::vector<double>& agreed = s.agreed;
-  agreed.clear();
+  std::vector<RecentTimes> slowest(s.times.size());
+  s.agreed.clear();
   for (size_t i = 0; i < s.times.size(); ++i) {
-    RecentTimes slowest;
     for (int j = 0; j < s.times[i].filled(); ++j)
-      slowest.add(samples[i * RecentTimes::kRecent + j]);
-    agreed.push_back(slowest.estimate());
+      slowest[i].add(samples[i * RecentTimes::kRecent + j]);
+    s.agreed.push_back(slowest[i].estimate());
   }
-  size_t best = 0;
-  for (size_t i = 1; i < agreed.size(); ++i)
-    if (agreed[i] < agreed[best]) best = i;
-  bool changed = false;
-  if (s.current < 0) {
-    s.current = agreed[0] <= kMoveMargin * agreed[best] ? 0 : static_cast<int>(best);
-    changed = true;
-  } else if (kMoveMargin * agreed[best] < agreed[static_cast<size_t>(s.current)]) {
-    s.current = static_cast<int>(best);
-    s.interval = kBaseInterval;
-    changed = true;
-  } else {
-    s.interval = std::min(2 * s.interval, kMaxInterval);
+  if (s.kind == Round::kWatch) {
+    s.watch(slowest[static_cast<size_t>(s.current)]);
+    return false;
   }
+  const bool changed = s.current < 0 ? s.settle() : s.judgeCheck();
   s.untilCheck = s.interval;
+  s.untilWatch = kWatchInterval;
   return changed && ++s.changesSaid <= kChangesSaid;
+}
+
+size_t AgreedChoices::Schedule::fastestOfRound() const {
+  size_t best = round.empty() ? static_cast<size_t>(current) : round[0];
+  for (size_t i : round)
+    if (agreed[i] < agreed[best]) best = i;
+  if (current >= 0 && agreed[static_cast<size_t>(current)] < agreed[best])
+    best = static_cast<size_t>(current);
+  return best;
+}
+
+bool AgreedChoices::Schedule::settle() {
+  const size_t best = fastestOfRound();
+  current = agreed[0] <= kMoveMargin * agreed[best] ? 0 : static_cast<int>(best);
+  level = agreed[static_cast<size_t>(current)];
+  // A trial on a machine already slowed takes the slow time for the usual one, and the
+  // reserves would wait for a further kWidenRatio that never comes; the model prices the
+  // machine at its usual speed.
+  if (level > kWidenRatio * candidates[static_cast<size_t>(current)].modelSeconds) raceReserves();
+  return true;
+}
+
+bool AgreedChoices::Schedule::judgeCheck() {
+  const size_t best = fastestOfRound();
+  bool moved = false;
+  if (kMoveMargin * agreed[best] < agreed[static_cast<size_t>(current)]) {
+    current = static_cast<int>(best);
+    interval = kBaseInterval;
+    level = agreed[best];
+    moved = true;
+  } else {
+    interval = std::min(2 * interval, kMaxInterval);
+  }
+  // A reserve that did not win goes back to waiting: racing on, it would keep costing checks of
+  // calls kWidenRatio or more slower.
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i].reserve) racing[i] = static_cast<int>(i) == current;
+  return moved;
+}
+
+void AgreedChoices::Schedule::watch(const RecentTimes& choice) {
+  if (choice.filled() == 0) return;
+  const double now = choice.estimate();
+  if (level <= 0) {  // a lone near tie's first counted calls
+    level = now;
+    if (level > kWidenRatio * candidates[static_cast<size_t>(current)].modelSeconds) {
+      raceReserves();
+      untilCheck = 0;
+    }
+    return;
+  }
+  // Slowed when every one of its last calls ran slower, its fastest too (the first calls after
+  // other work pay for it for a few calls; that is not the machine changing).
+  const double fastest = choice.fastest();
+  if (fastest > kWidenRatio * level) raceReserves();
+  if (fastest > kCloseRatio * level) {
+    // What was slower may not be now: every other racing candidate is checked with the next
+    // call, and the choice's new pace is its usual one from here.
+    untilCheck = 0;
+    interval = kBaseInterval;
+    level = now;
+    return;
+  }
+  level += kLevelWeight * (now - level);
+}
+
+void AgreedChoices::Schedule::raceReserves() {
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i].reserve) racing[i] = true;
 }
 
 std::string AgreedChoices::describe(const CallShape& shape, uint64_t epoch) {
@@ -118,14 +207,14 @@ std::string AgreedChoices::describe(const CallShape& shape, uint64_t epoch) {
   const bool settled = s.current >= 0;
   // Settled: the times every rank agreed on; during the trial, this rank's so far.
   std::vector<double> shown = s.agreed;
-  if (!settled) {
+  if (!settled || shown.size() != s.candidates.size()) {
     shown.clear();
     for (const RecentTimes& t : s.times) shown.push_back(t.estimate());
   }
   const size_t runs =
       settled ? static_cast<size_t>(s.current) : s.round[std::min(s.roundPos, s.round.size() - 1)];
-  return describeMeasured(s.candidates, shown, runs, settled) +
-         (settled ? " [agreed by every rank: each call's slowest rank]" : "");
+  return describeRacing(s.candidates, shown, s.racing, runs, settled, /*watched=*/true) +
+         (settled && !s.agreed.empty() ? " [agreed by every rank: each call's slowest rank]" : "");
 }
 
 }  // namespace pycollective

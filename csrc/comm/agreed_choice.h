@@ -8,18 +8,28 @@
 // slowest rank (a call's slot in its candidate's recent calls is the same on every rank), of
 // which each candidate's median decides (agreed_auto.cc says why not one rank's median):
 //
-// - the trial: each candidate (the model's near ties, best first, led by the tuned table's entry
-//   where there is one: comm/auto_candidates.h) runs kUnfairCalls + trialsEach calls in a row,
+// - the trial: each near tie (the model's, best first, led by the tuned table's entry where
+//   there is one: comm/auto_candidates.h) runs kUnfairCalls + trialsEach calls in a row,
 //   the first kUnfairCalls not counted (they pay for what the previous algorithm left behind);
 //   then the ranks agree on the times and settle on the fastest, unless the first candidate is
 //   within kMoveMargin of it;
-// - a check every `interval` calls: each other candidate runs kUnfairCalls + kCheckCalls calls,
-//   judged by its counted ones alone, the choice's own recent calls stand for it, the ranks agree,
-//   and the shape moves to a candidate kMoveMargin faster. The interval doubles from kBaseInterval
-//   to kMaxInterval while the choice stands, and starts over when it moves.
+// - a check every `interval` calls: each other racing candidate runs kUnfairCalls + kCheckCalls
+//   calls, judged by its counted ones alone, the choice's own recent calls stand for it, the
+//   ranks agree, and the shape moves to a candidate kMoveMargin faster. The interval doubles
+//   from kBaseInterval to kMaxInterval while the choice stands, and starts over when it moves;
+// - a watch every kWatchInterval calls of the choice between checks: the ranks agree on its last
+//   calls, and when all of them ran kCloseRatio slower than its usual time (the machine changed)
+//   the next call starts a check. Without it a choice that slowed ran on for up to kMaxInterval
+//   calls; the watch costs one agreement per kWatchInterval calls priced at kMinModelSeconds or
+//   more (a few microseconds in a few milliseconds);
+// - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve): a
+//   watch that finds the choice kWidenRatio slower than usual (or its first usual time that
+//   much over the model's price) has them join the next check, and a check that finds a reserve
+//   no faster sends it back. A lone near tie with reserves is watched so (no trial): the model
+//   has no rival for it, but a machine that changed under it may.
 //
-// The agreement is one allreduce of a few doubles per trial or check. Calls the model prices
-// under kMinModelSeconds (comm/auto_candidates.h) are not measured.
+// The agreement is one allreduce of a few doubles per trial, check or watch. Calls the model
+// prices under kMinModelSeconds (comm/auto_candidates.h) are not measured.
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -44,14 +54,16 @@ class AgreedChoices {
   struct Step {
     std::string algo;
     size_t candidate = 0;
-    bool counted = false;      // its time joins the candidate's recent calls (record())
-    bool closesRound = false;  // after it every rank agrees on the times (samples(), decide())
+    bool counted = false;  // its time joins the candidate's recent calls (record())
+    // After it every rank agrees on the times (samples(), decide()): the end of the trial, of a
+    // check or of a watch's calls.
+    bool closesRound = false;
   };
 
   // The next call of this shape: false where there is nothing to measure (the model prices one
-  // candidate near its best, or the call under kMinModelSeconds, or trialsEach <= 0); the caller
-  // runs the model's choice then. A shape first met, or met under other model inputs (`epoch`:
-  // ChoiceMemo::epoch()), starts its trial with `candidates()`.
+  // algorithm for it and no other, or the call under kMinModelSeconds, or trialsEach <= 0); the
+  // caller runs the model's choice then. A shape first met, or met under other model inputs
+  // (`epoch`: ChoiceMemo::epoch()), starts its trial with `candidates()`.
   template <typename CandidatesFn>
   bool next(const CallShape& shape, uint64_t epoch, int trialsEach, CandidatesFn&& candidates,
             Step* step) {
@@ -75,8 +87,8 @@ class AgreedChoices {
   // is empty): what the ranks agree on after a round, slot by slot.
   std::vector<double> samples(const CallShape& shape);
   // The agreed samples (each slot's slowest rank): each candidate's median decides; the trial
-  // settles, a check keeps or moves the choice. True when the choice settled or moved, the
-  // first kChangesSaid times (logged).
+  // settles, a check keeps or moves the choice, a watch compares the choice with its usual
+  // time. True when the choice settled or moved, the first kChangesSaid times (logged).
   bool decide(const CallShape& shape, const std::vector<double>& agreed);
 
   // What auto runs for this shape and why, or "" where the shape has no schedule under `epoch`
@@ -86,28 +98,47 @@ class AgreedChoices {
  private:
   // Twice the in-process intervals: every check also costs an agreement (a small allreduce).
   static constexpr uint64_t kBaseInterval = 64, kMaxInterval = 4096;
+  static constexpr uint64_t kWatchInterval = 64;
   static constexpr size_t kMaxShapes = 4096;  // a program of ever new sizes stays bounded
   static constexpr int kChangesSaid = 10;     // logged per shape
+
+  enum class Round { kTrial, kCheck, kWatch };
 
   struct Schedule {
     Schedule(std::vector<AutoCandidate> c, uint64_t e, int each);
     bool measures() const { return candidates.size() > 1 && trialsEach > 0; }
     void advance(Step* step);
-    void startRound(std::vector<size_t> order, int callsEach);
+    void startRound(Round kind, std::vector<size_t> order, int callsEach);
+    // After the agreement (decide(), `agreed` filled in): the trial's or a check's; true when
+    // the choice settled or moved.
+    bool settle();
+    bool judgeCheck();
+    // The round's candidates and the choice: the one whose agreed estimate is lowest.
+    size_t fastestOfRound() const;
+    // After a watch's agreement: the choice's recent calls, each slot's slowest rank.
+    void watch(const RecentTimes& choice);
+    void raceReserves();
+    bool anotherRaces() const;  // a candidate other than the choice is racing
 
-    std::vector<AutoCandidate> candidates;
+    std::vector<AutoCandidate> candidates;  // the near ties first, then the reserves
     std::vector<RecentTimes> times;
+    std::vector<bool> racing;    // the near ties; a reserve from a slowdown to a lost check
     std::vector<double> agreed;  // each candidate's estimate from the last agreed samples
     uint64_t epoch = 0;
     int trialsEach = 0;
     int current = -1;  // the choice, once the trial is decided
     // The round under way (the trial, or a check): the candidates to run in turn, calls each.
+    Round kind = Round::kTrial;
     std::vector<size_t> round;
     size_t roundPos = 0;
     int roundCallsEach = 0, callsIntoTurn = 0;
     uint64_t untilCheck = 0;  // the choice's calls before the next check
+    uint64_t untilWatch = 0;  // the choice's calls before the next watch agreement
     uint64_t interval = kBaseInterval;
     int choiceStreak = 0;  // the choice's calls in a row since the last round
+    // The choice's usual time: a moving average of its agreed estimate at each watch
+    // (kLevelWeight), which a slowdown by kCloseRatio resets; 0 until the first.
+    double level = 0;
     int changesSaid = 0;
   };
 

@@ -39,6 +39,19 @@ std::vector<AutoCandidate> nearCandidates(std::vector<AutoCandidate> priced,
   return c;
 }
 
+std::vector<AutoCandidate> candidatesWithReserves(std::vector<AutoCandidate> priced,
+                                                  const TunedChoice* tuned) {
+  std::vector<AutoCandidate> c = nearCandidates(priced, tuned);
+  std::stable_sort(priced.begin(), priced.end(),
+                   [](const auto& a, const auto& b) { return a.modelSeconds < b.modelSeconds; });
+  for (AutoCandidate& a : priced)
+    if (std::none_of(c.begin(), c.end(), [&](const auto& n) { return n.algo == a.algo; })) {
+      a.reserve = true;
+      c.push_back(std::move(a));
+    }
+  return c;
+}
+
 double RecentTimes::estimate() const {
   if (count_ == 0) return std::numeric_limits<double>::infinity();
   // At most kRecent values: an insertion sort (std::sort on so short an array trips GCC 12's
@@ -83,6 +96,26 @@ std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
   }
   s << ")";
   return s.str();
+}
+
+std::string describeRacing(const std::vector<AutoCandidate>& candidates,
+                           const std::vector<double>& estimates, const std::vector<bool>& racing,
+                           size_t runs, bool settled, bool watched) {
+  std::vector<AutoCandidate> racers;
+  std::vector<double> shown;
+  size_t shownRuns = 0;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (racing[i] || i == runs) {
+      if (i == runs) shownRuns = racers.size();
+      racers.push_back(candidates[i]);
+      shown.push_back(i < estimates.size() ? estimates[i]
+                                           : std::numeric_limits<double>::infinity());
+    }
+  std::string said = describeMeasured(racers, shown, shownRuns, settled);
+  if (racers.size() == 1 && candidates.size() > 1 && watched)
+    said += "; its calls are timed, and the other algorithms raced should they run " +
+            std::to_string(static_cast<int>(kWidenRatio)) + "x slower than usual";
+  return said;
 }
 
 }  // namespace pycollective

@@ -44,6 +44,18 @@ constexpr int kCheckCalls = 3;
 // a lookup, two clock reads) would show on a call of a few microseconds, and such calls were
 // never where auto missed.
 constexpr double kMinModelSeconds = 20e-6;
+// The choice's calls, once settled, are watched against its usual time: all of its last calls
+// this much slower (its fastest too: not a few calls that paid for other work) and the machine
+// changed, so every other racing candidate is checked at once; this much slower and the
+// reserves race as well (the VM's two vCPUs apart: the in-process link algorithms 4-6x slower).
+constexpr double kCloseRatio = 1.3;
+constexpr double kWidenRatio = 2.0;
+// A slowdown is judged against the choice's usual time, not its fastest moment: with 4
+// replicas on 2 vCPUs calls scatter +-30%, and a choice held to its fastest median looked
+// slowed by 1.3x every few calls, each time checking every rival (in the test's model of it
+// a rival 1.2x slower ran 23% of the calls, 11% with this). The usual time moves this far
+// toward each new estimate.
+constexpr double kLevelWeight = 1.0 / 16;
 
 // From every algorithm that can run a call, priced by the model: those within kCandidateWindow
 // of the cheapest, the cheapest first, at most kMaxCandidates. Where the tuned table has an
@@ -52,6 +64,10 @@ constexpr double kMinModelSeconds = 20e-6;
 // outputs, at another time.
 std::vector<AutoCandidate> nearCandidates(std::vector<AutoCandidate> priced,
                                           const TunedChoice* tuned);
+
+// nearCandidates, then every other priced algorithm, cheapest first, marked `reserve`.
+std::vector<AutoCandidate> candidatesWithReserves(std::vector<AutoCandidate> priced,
+                                                  const TunedChoice* tuned);
 
 // A candidate's last few counted calls; its estimate is their median (one slow call, another
 // tenant's moment on the core, does not move it).
@@ -76,5 +92,10 @@ class RecentTimes {
 // counted call) beside the model's price; a lone candidate is said to have nothing to measure.
 std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
                              const std::vector<double>& estimates, size_t runs, bool settled);
+// The same for the candidates racing now (`racing`, one flag per candidate) and the one that
+// runs; a lone racer whose calls are `watched` is said to be timed for its reserves' sake.
+std::string describeRacing(const std::vector<AutoCandidate>& candidates,
+                           const std::vector<double>& estimates, const std::vector<bool>& racing,
+                           size_t runs, bool settled, bool watched);
 
 }  // namespace pycollective

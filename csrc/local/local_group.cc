@@ -255,16 +255,8 @@ std::vector<MeasuredChoices::Candidate> LocalGroup::autoCandidates(
   // Last, so that on a tie the threaded algorithm comes first (the sort is stable), as
   // inlineIsBest decides.
   all.push_back({kInlineAlgorithm, inlineCost(args, comms_[0]->cacheBytes())});
-  std::vector<MeasuredChoices::Candidate> near = nearCandidates(all, tunedEntry(group, args[0]));
   // The rest wait in reserve, cheapest first (measured_choice.h says when they are timed).
-  std::stable_sort(all.begin(), all.end(),
-                   [](const auto& a, const auto& b) { return a.modelSeconds < b.modelSeconds; });
-  for (MeasuredChoices::Candidate& c : all)
-    if (std::none_of(near.begin(), near.end(), [&](const auto& n) { return n.algo == c.algo; })) {
-      c.reserve = true;
-      near.push_back(std::move(c));
-    }
-  return near;
+  return candidatesWithReserves(std::move(all), tunedEntry(group, args[0]));
 }
 
 void LocalGroup::runOnReplicas(const std::vector<CollectiveArgs>& args, const std::string& algo) {

@@ -198,22 +198,14 @@ std::string MeasuredChoices::describe(const CallShape& shape, uint64_t epoch) {
   auto it = shapes_.find(shape);
   if (it == shapes_.end() || it->second.epoch != epoch) return "";
   const Trial& t = it->second;
-  // The candidates racing now, and the one that runs.
-  std::vector<Candidate> racers;
   std::vector<double> estimates;
+  std::vector<bool> racing;
+  for (const Timings& timing : t.timings) {
+    estimates.push_back(timing.estimate());
+    racing.push_back(timing.racing);
+  }
   const size_t runs = t.settled() ? static_cast<size_t>(t.current) : t.turn;
-  size_t shownRuns = 0;
-  for (size_t i = 0; i < t.candidates.size(); ++i)
-    if (t.timings[i].racing || i == runs) {
-      if (i == runs) shownRuns = racers.size();
-      racers.push_back(t.candidates[i]);
-      estimates.push_back(t.timings[i].estimate());
-    }
-  std::string said = describeMeasured(racers, estimates, shownRuns, t.settled());
-  if (racers.size() == 1 && t.timed())
-    said += "; its calls are timed, and the other algorithms raced should they run " +
-            std::to_string(static_cast<int>(kWidenRatio)) + "x slower than usual";
-  return said;
+  return describeRacing(t.candidates, estimates, racing, runs, t.settled(), t.timed());
 }
 
 }  // namespace pycollective

@@ -87,13 +87,6 @@ class MeasuredChoices {
   std::string describe(const CallShape& shape, uint64_t epoch);
 
  private:
-  static constexpr double kCloseRatio = 1.3;
-  static constexpr double kWidenRatio = 2.0;
-  // A slowdown is judged against the choice's usual time, not its fastest moment: with 4
-  // replicas on 2 vCPUs calls scatter +-30%, and a choice held to its fastest median looked
-  // slowed by 1.3x every few calls, each time checking every rival (in the test's model of it
-  // a rival 1.2x slower ran 23% of the calls, 11% with this).
-  static constexpr double kLevelWeight = 1.0 / 16;
   static constexpr uint64_t kBaseInterval = 32;
   static constexpr uint64_t kMaxInterval = 2048;
   static constexpr size_t kMaxShapes = 4096;

@@ -146,6 +146,69 @@ int main() {
     EXPECT(later["ring"] <= 150, "the 1.2x slower rival ran %d of 6000 calls", later["ring"]);
     EXPECT(!r.divergent, "ranks ran different algorithms");
   }
+  {  // The watch: a choice that slows down is checked against the others at once, not after
+     // the longest check interval; while nothing changes it costs one agreement per 64 calls.
+    Ranks r = twoCandidates(2, 100e-6, 150e-6);
+    r.calls(8);
+    const int before = r.rounds;
+    auto calm = r.calls(6000);
+    EXPECT(r.rounds - before <= 6000 / 64 + 8, "%d agreements in 6000 calm calls",
+           r.rounds - before);
+    EXPECT(calm["ring"] <= 60, "the 1.5x slower rival ran %d of 6000 calm calls", calm["ring"]);
+    r.setAll("halving_doubling", 400e-6);  // the choice now 2.7x slower than the rival
+    r.calls(64 + 2 * 5 + 8);
+    EXPECT(r.settledOn() == "ring", "64 calls after a 4x slowdown still on %s",
+           r.settledOn().c_str());
+    // A choice whose calls scatter (every fourth 1.5x slower) is not taken for one that slowed.
+    Ranks noisy = twoCandidates(2, 100e-6, 150e-6);
+    noisy.adjust = [](const std::string& algo, int place, double t) {
+      return algo == "halving_doubling" && place % 4 == 0 ? 1.5 * t : t;
+    };
+    noisy.calls(8);
+    auto scattered = noisy.calls(6000);
+    EXPECT(scattered["ring"] <= 60, "a scattering choice had the rival run %d of 6000 calls",
+           scattered["ring"]);
+    EXPECT(!r.divergent && !noisy.divergent, "ranks ran different algorithms");
+  }
+  {  // Reserves: a lone near tie is watched, and the algorithms priced further off race only
+     // once it runs far slower than usual (the VM's vCPUs apart), then go back to waiting.
+    Ranks r(2);
+    r.candidates = {{"halving_doubling", 100e-6},
+                    {"direct", 300e-6, false, /*reserve=*/true},
+                    {"ring", 400e-6, false, /*reserve=*/true}};
+    r.setAll("halving_doubling", 100e-6);
+    r.setAll("direct", 150e-6);
+    r.setAll("ring", 200e-6);
+    auto calm = r.calls(3000);
+    EXPECT(calm["halving_doubling"] == 3000, "the reserves ran %d calls with nothing changed",
+           3000 - calm["halving_doubling"]);
+    EXPECT(r.choices[0].describe(r.shape, 0).find("raced should they run") != std::string::npos,
+           "%s", r.choices[0].describe(r.shape, 0).c_str());
+    r.setAll("halving_doubling", 140e-6);
+    auto slower = r.calls(500);
+    EXPECT(slower["halving_doubling"] == 500, "a 1.4x slowdown raced the reserves (%d calls)",
+           500 - slower["halving_doubling"]);
+    r.setAll("halving_doubling", 500e-6);
+    r.calls(64 + 2 * 5 + 8);
+    EXPECT(r.settledOn() == "direct", "5x slower, still on %s", r.settledOn().c_str());
+    r.setAll("halving_doubling", 100e-6);
+    r.calls(5000);
+    EXPECT(r.settledOn() == "halving_doubling", "after the recovery still on %s",
+           r.settledOn().c_str());
+    auto after = r.calls(3000);
+    EXPECT(after["direct"] + after["ring"] == 0, "the reserves ran %d calls after the recovery",
+           after["direct"] + after["ring"]);
+    EXPECT(!r.divergent, "ranks ran different algorithms");
+    // A process that starts while the machine is slow: its first usual time is the slow one,
+    // which the model's price shows for what it is.
+    Ranks apart(2);
+    apart.candidates = r.candidates;
+    apart.setAll("halving_doubling", 500e-6);
+    apart.setAll("direct", 150e-6);
+    apart.setAll("ring", 200e-6);
+    apart.calls(2 + 4 + 2 * 5 + 8);
+    EXPECT(apart.settledOn() == "direct", "started slow, still on %s", apart.settledOn().c_str());
+  }
   {  // A call of a few microseconds is not measured (the bookkeeping would show), nor one with a
      // single candidate, nor any without trials.
     Ranks tiny(2);
