@@ -498,9 +498,10 @@ class ProcessGroup:
         return self._world.comm.auto_trial_calls
 
     def explain(self, collective: str, nbytes: int) -> str:
-        """The algorithm algo="auto" runs for a float32 call of this size, and why: where the
-        model prices a near tie and calls of this shape have run, the times every rank agreed
-        on; else the model's pick and costs."""
+        """The algorithm algo="auto" runs for a float32 call of this size, and why: where calls
+        of this shape are measured (a near tie in the model's prices, or one algorithm alone
+        whose calls are watched, priced at 20 us or more) and have run, the times every rank
+        agreed on; else the model's pick and costs."""
         return self._world.comm.explain(
             _C.CallSpec(kind=KINDS[collective], count=nbytes // 4, dtype=_FLOAT32),
             self._native_members,
