@@ -35,19 +35,28 @@ def _near_tie(group, lone: bool = False) -> int | None:
     return None
 
 
-def _init_at_a_near_tie():
-    """In a rank: joins the default group; returns it and the near tie's size, or None (after
-    shutting down) where the model prices none."""
+def _init_at_a_near_tie(lone: bool = False):
+    """In a rank: joins the default group; returns it and the near tie's size (``lone``: of a
+    call priced alone, see _near_tie), or None (after shutting down) where the model prices
+    none."""
     import pycollective as pc
     from pycollective.process_group import _group
 
     pc.init()
     group = _group(None)
-    nbytes = _near_tie(group)
+    nbytes = _near_tie(group, lone)
     if nbytes is None:
         pc.shutdown()
         return None
     return group, nbytes
+
+
+def _summed_calls(allreduce, rank: int, n: int, nbytes: int, calls: int) -> None:
+    """``calls`` calls of ``allreduce`` on this rank's rank + 1: each must give the sum."""
+    x = np.full(nbytes // 4, rank + 1, np.float32)
+    for step in range(calls):
+        y = allreduce(x)
+        np.testing.assert_array_equal(y, n * (n + 1) / 2, err_msg=f"rank {rank}, call {step}")
 
 
 def _measured_calls(rank, n):
@@ -85,7 +94,7 @@ def _candidates(explained: str) -> list[str]:
 def test_every_rank_runs_the_trial_right_and_agrees(world):
     res = run_ranks(_measured_calls, world, timeout=100)
     if res[0] is None:
-        pytest.skip(f"the model prices no near tie from 128 KiB to 16 MiB with {world} ranks here")
+        pytest.skip(f"the model prices no near tie from 128 KiB to 32 MiB with {world} ranks here")
     nbytes, before, after = res[0]
     assert "measured" not in before, before
     assert "(measured," in after and "agreed by every rank" in after, after
@@ -99,7 +108,7 @@ def test_every_rank_runs_the_trial_right_and_agrees(world):
 def test_no_trials_keeps_the_model_choice_across_processes():
     res = run_ranks(_measured_calls, 2, timeout=100, env={"PYCOLLECTIVE_AUTO_TRIALS": "0"})
     if res[0] is None:
-        pytest.skip("the model prices no near tie from 128 KiB to 16 MiB with 2 ranks here")
+        pytest.skip("the model prices no near tie from 128 KiB to 32 MiB with 2 ranks here")
     for _, before, after in res:
         assert after == before and "model" in after, after
 
@@ -127,7 +136,7 @@ def test_ranks_set_up_differently_fail_at_once_naming_the_setting():
         per_rank_env=[{}, {"PYCOLLECTIVE_AUTO_TRIALS": "0"}],
     )
     if res[0] is None:
-        pytest.skip("the model prices no near tie from 128 KiB to 16 MiB with 2 ranks here")
+        pytest.skip("the model prices no near tie from 128 KiB to 32 MiB with 2 ranks here")
     for r, (name, msg, seconds) in enumerate(res):
         assert name in ("ProtocolError", "RemoteError", "Aborted"), (r, res[r])
         assert "PYCOLLECTIVE_AUTO_TRIALS" in msg, (r, msg)
@@ -142,10 +151,7 @@ def _sub_group_calls(rank, n):
         return None
     world, nbytes = started
     sub = pc.new_group(list(range(n)))  # the same ranks, a group of its own
-    x = np.full(nbytes // 4, rank + 1, np.float32)
-    for step in range(CALLS):
-        y = sub.allreduce(x)
-        np.testing.assert_array_equal(y, n * (n + 1) / 2, err_msg=f"rank {rank}, call {step}")
+    _summed_calls(sub.allreduce, rank, n, nbytes, CALLS)
     said = [sub.explain("allreduce", nbytes), world.explain("allreduce", nbytes)]
     pc.shutdown()
     return said
@@ -157,7 +163,7 @@ def test_a_sub_group_explains_its_own_measured_choice():
     # its explain() must describe that trial, not the world group's (which has not run).
     res = run_ranks(_sub_group_calls, 2, timeout=100)
     if res[0] is None:
-        pytest.skip("the model prices no near tie from 128 KiB to 16 MiB with 2 ranks here")
+        pytest.skip("the model prices no near tie from 128 KiB to 32 MiB with 2 ranks here")
     for sub_said, world_said in res:
         assert "(measured," in sub_said, sub_said
         assert "measured" not in world_said and "model" in world_said, world_said
@@ -165,18 +171,12 @@ def test_a_sub_group_explains_its_own_measured_choice():
 
 def _lone_near_tie_calls(rank, n):
     import pycollective as pc
-    from pycollective.process_group import _group
 
-    pc.init()
-    group = _group(None)
-    nbytes = _near_tie(group, lone=True)
-    if nbytes is None:
-        pc.shutdown()
+    started = _init_at_a_near_tie(lone=True)
+    if started is None:
         return None
-    x = np.full(nbytes // 4, rank + 1, np.float32)
-    for step in range(80):
-        y = pc.allreduce(x)
-        np.testing.assert_array_equal(y, n * (n + 1) / 2, err_msg=f"rank {rank}, call {step}")
+    group, nbytes = started
+    _summed_calls(pc.allreduce, rank, n, nbytes, 80)
     said = group.explain("allreduce", nbytes)
     pc.shutdown()
     return said
