@@ -94,7 +94,7 @@ def _candidates(explained: str) -> list[str]:
 def test_every_rank_runs_the_trial_right_and_agrees(world):
     res = run_ranks(_measured_calls, world, timeout=100)
     if res[0] is None:
-        pytest.skip(f"the model prices no near tie from 128 KiB to 32 MiB with {world} ranks here")
+        pytest.skip(f"the model prices no near tie from 128 KiB to 64 MiB with {world} ranks here")
     nbytes, before, after = res[0]
     assert "measured" not in before, before
     assert "(measured," in after and "agreed by every rank" in after, after
@@ -108,7 +108,7 @@ def test_every_rank_runs_the_trial_right_and_agrees(world):
 def test_no_trials_keeps_the_model_choice_across_processes():
     res = run_ranks(_measured_calls, 2, timeout=100, env={"PYCOLLECTIVE_AUTO_TRIALS": "0"})
     if res[0] is None:
-        pytest.skip("the model prices no near tie from 128 KiB to 32 MiB with 2 ranks here")
+        pytest.skip("the model prices no near tie from 128 KiB to 64 MiB with 2 ranks here")
     for _, before, after in res:
         assert after == before and "model" in after, after
 
@@ -136,7 +136,7 @@ def test_ranks_set_up_differently_fail_at_once_naming_the_setting():
         per_rank_env=[{}, {"PYCOLLECTIVE_AUTO_TRIALS": "0"}],
     )
     if res[0] is None:
-        pytest.skip("the model prices no near tie from 128 KiB to 32 MiB with 2 ranks here")
+        pytest.skip("the model prices no near tie from 128 KiB to 64 MiB with 2 ranks here")
     for r, (name, msg, seconds) in enumerate(res):
         assert name in ("ProtocolError", "RemoteError", "Aborted"), (r, res[r])
         assert "PYCOLLECTIVE_AUTO_TRIALS" in msg, (r, msg)
@@ -163,7 +163,7 @@ def test_a_sub_group_explains_its_own_measured_choice():
     # its explain() must describe that trial, not the world group's (which has not run).
     res = run_ranks(_sub_group_calls, 2, timeout=100)
     if res[0] is None:
-        pytest.skip("the model prices no near tie from 128 KiB to 32 MiB with 2 ranks here")
+        pytest.skip("the model prices no near tie from 128 KiB to 64 MiB with 2 ranks here")
     for sub_said, world_said in res:
         assert "(measured," in sub_said, sub_said
         assert "measured" not in world_said and "model" in world_said, world_said
@@ -190,7 +190,7 @@ def test_a_lone_near_tie_is_watched_with_its_reserves_in_waiting():
     # the same, and its results stay right.
     res = run_ranks(_lone_near_tie_calls, 2, timeout=100)
     if res[0] is None:
-        pytest.skip("the model prices no call of 128 KiB to 32 MiB alone with 2 ranks here")
+        pytest.skip("the model prices no call of 128 KiB to 64 MiB alone with 2 ranks here")
     said = res[0]
     assert "raced should they run 2x slower than usual" in said, said
     assert "agreed by every rank" in said, said
