@@ -72,14 +72,23 @@ double RecentTimes::fastest() const {
   return best;
 }
 
+namespace {
+
+// The racers' line of describeRacing: a lone racer is said to have nothing to measure, or, where
+// its calls are `watched` for the sake of its reserves, to be timed.
 std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
-                             const std::vector<double>& estimates, size_t runs, bool settled) {
+                             const std::vector<double>& estimates, size_t runs, bool settled,
+                             bool watched) {
   std::ostringstream s;
   if (candidates.size() == 1) {
     s << candidates[0].algo
       << (candidates[0].tuned ? " (tuned table, PYCOLLECTIVE_TUNING; model " : " (model ")
-      << candidates[0].modelSeconds * 1e6
-      << "us; no other algorithm priced near it, nothing to measure)";
+      << candidates[0].modelSeconds * 1e6 << "us; no other algorithm priced near it";
+    if (watched)
+      s << ": its calls are timed, and the other algorithms raced should they run "
+        << static_cast<int>(kWidenRatio) << "x slower than usual)";
+    else
+      s << ", nothing to measure)";
     return s.str();
   }
   s << candidates[runs].algo
@@ -98,6 +107,8 @@ std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
   return s.str();
 }
 
+}  // namespace
+
 std::string describeRacing(const std::vector<AutoCandidate>& candidates,
                            const std::vector<double>& estimates, const std::vector<bool>& racing,
                            size_t runs, bool settled, bool watched) {
@@ -111,11 +122,8 @@ std::string describeRacing(const std::vector<AutoCandidate>& candidates,
       shown.push_back(i < estimates.size() ? estimates[i]
                                            : std::numeric_limits<double>::infinity());
     }
-  std::string said = describeMeasured(racers, shown, shownRuns, settled);
-  if (racers.size() == 1 && candidates.size() > 1 && watched)
-    said += "; its calls are timed, and the other algorithms raced should they run " +
-            std::to_string(static_cast<int>(kWidenRatio)) + "x slower than usual";
-  return said;
+  return describeMeasured(racers, shown, shownRuns, settled,
+                          watched && racers.size() < candidates.size());
 }
 
 }  // namespace pycollective

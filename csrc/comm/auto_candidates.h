@@ -87,13 +87,11 @@ class RecentTimes {
   int count_ = 0;
 };
 
-// What auto runs for a measured shape and why, for `explain`: the candidate it runs (`runs`),
-// whether the trial is over (`settled`), and each candidate's estimate ("?" before its first
-// counted call) beside the model's price; a lone candidate is said to have nothing to measure.
-std::string describeMeasured(const std::vector<AutoCandidate>& candidates,
-                             const std::vector<double>& estimates, size_t runs, bool settled);
-// The same for the candidates racing now (`racing`, one flag per candidate) and the one that
-// runs; a lone racer whose calls are `watched` is said to be timed for its reserves' sake.
+// What auto runs for a measured shape and why, for `explain`: of the candidates racing now
+// (`racing`, one flag per candidate), the one it runs (`runs`), whether the trial is over
+// (`settled`), and each one's estimate ("?" before its first counted call) beside the model's
+// price. A lone racer is said to have nothing to measure, or, where its calls are `watched`
+// while others wait in reserve, to be timed for their sake.
 std::string describeRacing(const std::vector<AutoCandidate>& candidates,
                            const std::vector<double>& estimates, const std::vector<bool>& racing,
                            size_t runs, bool settled, bool watched);
