@@ -14,7 +14,7 @@ import numpy as np
 from .patterns import count_wrong, expected, np_dtype, out_buffer, poison, rank_input
 from .rows import Row
 from .timing import second_look, summarize, time_interleaved
-from .worker import AUTO_NEW_OUTPUTS, AUTO_ROWS
+from .worker import AUTO_NEW_OUTPUTS, AUTO_ROWS, how_auto_measures
 
 
 def memory_floor_seconds(collective: str, n: int, nbytes: int, copy_bw: float) -> float:
@@ -102,8 +102,7 @@ def run(
             if algo in AUTO_ROWS:
                 explained = comm_of.get(algo, comm).explain(collective, count * itemsize, dtype)
                 extra["chose"] = explained.split()[0]
-                # Its samples then include the calls that time the other candidates.
-                extra["measures"] = "(measured," in explained
+                extra["measures"] = how_auto_measures(explained)
                 if look is not None and algo == "auto":
                     extra["second_look"] = look.as_dict()
             rows.append(

@@ -228,8 +228,8 @@ def run(
     for (transport, peer, _, _), runs in results.items():
         first = runs[0]
         extra = {"chose": first["chose"]} if first.get("chose") else {}
-        if first.get("measures"):  # its samples include the calls that check its rivals
-            extra["measures"] = True
+        if first.get("measures"):
+            extra["measures"] = first["measures"]
         looks = [d["second_look"] for d in runs if d.get("second_look")]
         if looks:  # with several rounds, the round whose second look gave the median ratio
             looks.sort(key=lambda look: look["median_s"] / look["best_median_s"])

@@ -10,7 +10,7 @@ from typing import IO
 
 from .metrics import human_bytes
 from .rows import Row
-from .worker import AUTO_NEW_OUTPUTS, AUTO_ROWS, SHARED
+from .worker import AUTO_NEW_OUTPUTS, AUTO_ROWS, SHARED, WATCHED
 
 COLUMNS = [
     "size",
@@ -85,7 +85,13 @@ def summary(rows: Iterable[Row], ceilings: dict | None = None) -> list[str]:
         if auto is not None:
             text += f"; auto {auto.median_s / best.median_s:.2f}x of best"
             chose = auto.extra.get("chose")
-            if chose == best.algo and auto.extra.get("measures"):
+            measures = auto.extra.get("measures")
+            if chose == best.algo and measures == WATCHED:
+                text += (
+                    f" (it runs {chose} and times its calls, racing the others should it run "
+                    "2x slower than usual: the gap is timing noise and that watch's cost)"
+                )
+            elif chose == best.algo and measures:
                 text += (
                     f" (it runs {chose}, and now and then one of its near rivals: it keeps "
                     "timing them)"

@@ -28,6 +28,17 @@ AUTO_NEW_OUTPUTS = "auto+new"
 #: Rows that are calls of auto, not algorithms: each runs a trial, and none is ever "the best
 #: algorithm" set beside auto.
 AUTO_ROWS = ("auto", AUTO_NEW_OUTPUTS)
+#: How auto keeps its choice, from its explain (a row's "measures"): it races near rivals, so its
+#: samples include their calls; or it runs one algorithm and times its calls, racing the others
+#: only should it slow down; or neither ("").
+RACING, WATCHED = "racing", "watched"
+
+
+def how_auto_measures(explained: str) -> str:
+    """RACING, WATCHED or "" for a group's explain of auto's choice."""
+    if "(measured," in explained:
+        return RACING
+    return WATCHED if "its calls are timed" in explained else ""
 
 
 class PycollectiveBackend:
@@ -84,11 +95,11 @@ class PycollectiveBackend:
     def _group_of(self, algo: str):
         return self.new_outputs_group if algo == AUTO_NEW_OUTPUTS else self.group
 
-    def chosen(self, collective: str, nbytes: int, algo: str = "auto") -> tuple[str, bool]:
+    def chosen(self, collective: str, nbytes: int, algo: str = "auto") -> tuple[str, str]:
         """The algorithm algo="auto" runs for this call (in the group of ``algo``'s row), and
-        whether it measures (then its samples include the calls that check its near rivals)."""
+        how it measures there (how_auto_measures)."""
         explained = self._group_of(algo).explain(collective, nbytes)
-        return explained.split()[0], "(measured," in explained
+        return explained.split()[0], how_auto_measures(explained)
 
     def settle(self, call, algo: str = "auto") -> None:
         """auto's trial, where it measures (a training loop's first steps): its row is timed
@@ -265,14 +276,14 @@ BACKENDS = {
 }
 
 
-def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> tuple[str | None, bool]:
+def _chosen(backend, call, algo: str, job: dict, nbytes: int) -> tuple[str | None, str]:
     """The algorithm auto ran (auto's row: the group's explain; the prepared and shared rows:
-    their plan's), and whether auto measures there."""
+    their plan's), and how auto measures there (how_auto_measures)."""
     if algo in (PREPARED, SHARED):
-        return call.algorithm, False
+        return call.algorithm, ""
     if algo in AUTO_ROWS:
         return backend.chosen(job["collective"], nbytes, algo)
-    return None, False
+    return None, ""
 
 
 #: The row name of Open MPI's call when it is timed in our ranks (job key "with_mpi").

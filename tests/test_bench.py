@@ -391,13 +391,23 @@ def test_summary_says_which_algorithm_auto_ran():
         [
             row("ring", 1e-5),
             row("halving_doubling", 2e-5),
-            row("auto", 1.1e-5, chose="ring", measures=True),
+            row("auto", 1.1e-5, chose="ring", measures="racing"),
         ]
     )
     assert any(
         "(it runs ring, and now and then one of its near rivals" in line for line in watching
     )
     assert not any("timing noise" in line for line in watching)
+    # A lone choice whose calls are timed in case it slows: said so, not "a table lookup".
+    watched = report.summary(
+        [
+            row("ring", 1e-5),
+            row("halving_doubling", 2e-5),
+            row("auto", 1e-5, chose="ring", measures="watched"),
+        ]
+    )
+    assert any("(it runs ring and times its calls, racing the others" in line for line in watched)
+    assert not any("table lookup" in line for line in watched)
     other = report.summary(
         [
             row("ring", 1e-5),
@@ -407,6 +417,24 @@ def test_summary_says_which_algorithm_auto_ran():
     )
     assert any(
         "auto 2.10x of best (it runs halving_doubling, 2.00x of best)" in line for line in other
+    )
+
+
+def test_how_auto_measures_reads_the_explain_words():
+    from pycollective.bench.worker import RACING, WATCHED, how_auto_measures
+
+    # The words of LocalCommunicator/ProcessGroup.explain (tests/test_auto_trial.py asserts them).
+    assert how_auto_measures("ring (measured, the median of ...)") == RACING
+    assert (
+        how_auto_measures(
+            "direct (model 701us; no other algorithm priced near it: its calls are timed, and the "
+            "other algorithms raced should they run 2x slower than usual)"
+        )
+        == WATCHED
+    )
+    assert (
+        how_auto_measures("ring (model 3us; no other algorithm priced near it, nothing to measure)")
+        == ""
     )
 
 
