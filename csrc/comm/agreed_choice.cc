@@ -14,6 +14,9 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   racing.assign(candidates.size(), false);
   size_t nearTies = 0;
   while (nearTies < candidates.size() && !candidates[nearTies].reserve) racing[nearTies++] = true;
+  // The reserves priced near the window race until the first check (judgeCheck() sends back
+  // every reserve that did not win).
+  for (size_t i = nearTies; i < candidates.size(); ++i) racing[i] = checkedOnce(candidates, i);
   if (!measures()) return;
   if (nearTies > 1) {
     std::vector<size_t> all(nearTies);

@@ -52,6 +52,14 @@ std::vector<AutoCandidate> candidatesWithReserves(std::vector<AutoCandidate> pri
   return c;
 }
 
+bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i) {
+  if (i >= candidates.size() || !candidates[i].reserve) return false;
+  double cheapest = std::numeric_limits<double>::infinity();
+  for (const AutoCandidate& c : candidates)
+    if (!c.reserve) cheapest = std::min(cheapest, c.modelSeconds);
+  return candidates[i].modelSeconds <= kWidenRatio * cheapest;
+}
+
 double RecentTimes::estimate() const {
   if (count_ == 0) return std::numeric_limits<double>::infinity();
   // At most kRecent values: an insertion sort (std::sort on so short an array trips GCC 12's

@@ -57,6 +57,13 @@ constexpr double kWidenRatio = 2.0;
 // toward each new estimate.
 constexpr double kLevelWeight = 1.0 / 16;
 
+// Whether candidates[i] is a reserve priced within kWidenRatio of the cheapest near tie: checked
+// once, with the choice's first check, then back to waiting like any reserve that lost. The
+// window keeps near ties racing for good, and the model misses by more than its 1.25x: 6
+// replicas x 1 MiB on a Xeon VM priced `direct` at 630 us, 1.25x `inline`'s 503 and just out
+// of the window, and measured it at 448-513 us against `inline`'s 542-562 (thirtieth session).
+bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i);
+
 // From every algorithm that can run a call, priced by the model: those within kCandidateWindow
 // of the cheapest, the cheapest first, at most kMaxCandidates. Where the tuned table has an
 // entry for the call (`tuned`, or nullptr), that algorithm leads (a near tie stays with it) and

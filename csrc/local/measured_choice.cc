@@ -8,6 +8,13 @@ MeasuredChoices::Trial::Trial(std::vector<Candidate> c, uint64_t e, int each)
     : candidates(std::move(c)), timings(candidates.size()), epoch(e), trialsEach(each) {
   while (nearTies < candidates.size() && !candidates[nearTies].reserve) ++nearTies;
   for (size_t i = 0; i < nearTies; ++i) timings[i].racing = true;
+  // The reserves priced near the window race until their first check (settle() sets when; a
+  // lone near tie has no trial, and its calls from the first count toward it).
+  for (size_t i = nearTies; i < candidates.size(); ++i)
+    if (checkedOnce(candidates, i)) {
+      timings[i].racing = true;
+      timings[i].due = kBaseInterval;
+    }
   if (nearTies <= 1 || trialsEach <= 0) current = 0;
 }
 
