@@ -26,7 +26,9 @@
 //   watch that finds the choice kWidenRatio slower than usual (or its first usual time that
 //   much over the model's price) has them join the next check, and a check that finds a reserve
 //   no faster sends it back. A lone near tie with reserves is watched so (no trial): the model
-//   has no rival for it, but a machine that changed under it may.
+//   has no rival for it, but a machine that changed under it may. The reserves priced within
+//   kWidenRatio of the near ties join the first check once (checkedOnce): the model misses by
+//   more than its window.
 //
 // The agreement is one allreduce of a few doubles per trial, check or watch. Calls the model
 // prices under kMinModelSeconds (comm/auto_candidates.h) are not measured.

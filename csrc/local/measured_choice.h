@@ -32,7 +32,9 @@
 //   join the race when the choice's last calls all run kWidenRatio slower than usual (or, its
 //   first counted calls, kWidenRatio slower than the model's price), and leave it after a check
 //   that finds them no faster than the choice (a lone near tie's calls are timed for this where
-//   the model prices them at kMinModelSeconds or more). When the VM's two vCPUs drift apart (a
+//   the model prices them at kMinModelSeconds or more). Those priced within kWidenRatio of the
+//   near ties race from the start until their first check (checkedOnce): the model misses by
+//   more than its window. When the VM's two vCPUs drift apart (a
 //   cache line's round trip 350 ns instead of 60), the in-process algorithms that hand data between
 //   threads over links -- ring, halving-doubling, reduce-to-one -- run 4-6x slower for seconds to
 //   minutes, while `direct` and `inline` do not; the model, which knows nothing of it, prices
