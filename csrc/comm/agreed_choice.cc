@@ -14,9 +14,9 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   racing.assign(candidates.size(), false);
   size_t nearTies = 0;
   while (nearTies < candidates.size() && !candidates[nearTies].reserve) racing[nearTies++] = true;
-  // The reserves priced near the window race until the first check (judgeCheck() sends back
-  // every reserve that did not win).
-  for (size_t i = nearTies; i < candidates.size(); ++i) racing[i] = checkedOnce(candidates, i);
+  // The reserves priced near the window have one check to come, after kOnceAfter calls.
+  once.assign(candidates.size(), false);
+  for (size_t i = nearTies; i < candidates.size(); ++i) once[i] = checkedOnce(candidates, i);
   if (!measures()) return;
   if (nearTies > 1) {
     std::vector<size_t> all(nearTies);
@@ -47,6 +47,15 @@ bool AgreedChoices::Schedule::anotherRaces() const {
 
 void AgreedChoices::Schedule::advance(Step* step) {
   const bool roundUnderWay = roundPos < round.size();
+  if (++calls >= kOnceAfter && !roundUnderWay && current >= 0 &&
+      std::find(once.begin(), once.end(), true) != once.end()) {
+    // Their one check starts now (judgeCheck() sends back every reserve that did not win).
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (once[i]) racing[i] = true;
+    once.assign(candidates.size(), false);
+    // After the choice's next calls, counted so that the check weighs fresh ones.
+    untilCheck = std::min<uint64_t>(untilCheck, RecentTimes::kRecent);
+  }
   if (!roundUnderWay && untilCheck == 0 && anotherRaces()) {
     // The choice has had its calls: each other racing candidate runs a few, judged by those
     // alone (older ones, from before the machine changed, would outvote them).
@@ -200,6 +209,7 @@ void AgreedChoices::Schedule::watch(const RecentTimes& choice) {
 void AgreedChoices::Schedule::raceReserves() {
   for (size_t i = 0; i < candidates.size(); ++i)
     if (candidates[i].reserve) racing[i] = true;
+  once.assign(candidates.size(), false);  // this check is the one they were waiting for
 }
 
 std::string AgreedChoices::describe(const CallShape& shape, uint64_t epoch) {

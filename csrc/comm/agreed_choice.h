@@ -27,8 +27,8 @@
 //   much over the model's price) has them join the next check, and a check that finds a reserve
 //   no faster sends it back. A lone near tie with reserves is watched so (no trial): the model
 //   has no rival for it, but a machine that changed under it may. The reserves priced within
-//   kWidenRatio of the near ties join the first check once (checkedOnce): the model misses by
-//   more than its window.
+//   kWidenRatio of the near ties have one check of their own after the shape's first
+//   kOnceAfter calls (checkedOnce): the model misses by more than its window.
 //
 // The agreement is one allreduce of a few doubles per trial, check or watch. Calls the model
 // prices under kMinModelSeconds (comm/auto_candidates.h) are not measured.
@@ -125,6 +125,8 @@ class AgreedChoices {
     std::vector<AutoCandidate> candidates;  // the near ties first, then the reserves
     std::vector<RecentTimes> times;
     std::vector<bool> racing;    // the near ties; a reserve from a slowdown to a lost check
+    std::vector<bool> once;      // reserves whose one check (checkedOnce) is still to come
+    uint64_t calls = 0;          // of this shape, on every rank alike
     std::vector<double> agreed;  // each candidate's estimate from the last agreed samples
     uint64_t epoch = 0;
     int trialsEach = 0;

@@ -58,10 +58,15 @@ constexpr double kWidenRatio = 2.0;
 constexpr double kLevelWeight = 1.0 / 16;
 
 // Whether candidates[i] is a reserve priced within kWidenRatio of the cheapest near tie: checked
-// once, with the choice's first check, then back to waiting like any reserve that lost. The
-// window keeps near ties racing for good, and the model misses by more than its 1.25x: 6
-// replicas x 1 MiB on a Xeon VM priced `direct` at 630 us, 1.25x `inline`'s 503 and just out
+// once, after the shape's first kOnceAfter calls, then back to waiting like any reserve that
+// lost. The window keeps near ties racing for good, and the model misses by more than its 1.25x:
+// 6 replicas x 1 MiB on a Xeon VM priced `direct` at 630 us, 1.25x `inline`'s 503 and just out
 // of the window, and measured it at 448-513 us against `inline`'s 542-562 (thirtieth session).
+// Not sooner: calls of a reserve up to 2x slower cost most where calls are long and few (with
+// the check at 32 calls, 5-8 replicas x 64 MiB ran 2.1x-2.3x `direct` in the benchmark's
+// second look, which times a handful of calls), and after kOnceAfter calls its five calls are
+// at most 4% of the shape's.
+constexpr uint64_t kOnceAfter = 256;
 bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i);
 
 // From every algorithm that can run a call, priced by the model: those within kCandidateWindow

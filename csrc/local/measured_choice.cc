@@ -8,13 +8,10 @@ MeasuredChoices::Trial::Trial(std::vector<Candidate> c, uint64_t e, int each)
     : candidates(std::move(c)), timings(candidates.size()), epoch(e), trialsEach(each) {
   while (nearTies < candidates.size() && !candidates[nearTies].reserve) ++nearTies;
   for (size_t i = 0; i < nearTies; ++i) timings[i].racing = true;
-  // The reserves priced near the window race until their first check (settle() sets when; a
-  // lone near tie has no trial, and its calls from the first count toward it).
+  // The reserves priced near the window have one check to come (raceOnce), where calls are
+  // timed at all.
   for (size_t i = nearTies; i < candidates.size(); ++i)
-    if (checkedOnce(candidates, i)) {
-      timings[i].racing = true;
-      timings[i].due = kBaseInterval;
-    }
+    timings[i].once = timed() && checkedOnce(candidates, i);
   if (nearTies <= 1 || trialsEach <= 0) current = 0;
 }
 
@@ -22,7 +19,7 @@ std::string MeasuredChoices::Trial::next(bool* timeIt) {
   *timeIt = timed();
   if (!*timeIt) return candidates[0].algo;  // nothing to measure: the model's pick
   if (!settled()) return candidates[turn].algo;
-  ++calls;
+  if (++calls == kOnceAfter) raceOnce();
   if (checking < 0 && confirming < 0) {
     // The most overdue other candidate, if one is due, starts its check.
     for (size_t i = 0; i < candidates.size(); ++i)
@@ -104,7 +101,19 @@ void MeasuredChoices::Trial::startLevel(double seconds) {
 }
 
 void MeasuredChoices::Trial::raceReserves() {
-  for (size_t i = nearTies; i < candidates.size(); ++i) timings[i].racing = true;
+  for (size_t i = nearTies; i < candidates.size(); ++i) {
+    timings[i].racing = true;
+    timings[i].once = false;  // this check is the one it was waiting for
+  }
+}
+
+void MeasuredChoices::Trial::raceOnce() {
+  for (Timings& t : timings)
+    if (t.once) {
+      t.once = false;
+      t.racing = true;
+      t.due = calls;
+    }
 }
 
 void MeasuredChoices::Trial::watchForSlowdown() {

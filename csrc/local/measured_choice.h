@@ -33,8 +33,8 @@
 //   first counted calls, kWidenRatio slower than the model's price), and leave it after a check
 //   that finds them no faster than the choice (a lone near tie's calls are timed for this where
 //   the model prices them at kMinModelSeconds or more). Those priced within kWidenRatio of the
-//   near ties race from the start until their first check (checkedOnce): the model misses by
-//   more than its window. When the VM's two vCPUs drift apart (a
+//   near ties race once the shape has run kOnceAfter calls, until their first check
+//   (checkedOnce): the model misses by more than its window. When the VM's two vCPUs drift apart (a
 //   cache line's round trip 350 ns instead of 60), the in-process algorithms that hand data between
 //   threads over links -- ring, halving-doubling, reduce-to-one -- run 4-6x slower for seconds to
 //   minutes, while `direct` and `inline` do not; the model, which knows nothing of it, prices
@@ -99,6 +99,7 @@ class MeasuredChoices {
     uint64_t due = 0;  // the call at which its next check is due
     uint64_t interval = kBaseInterval;
     bool racing = false;  // a near tie, or a reserve called up by a slowdown
+    bool once = false;    // a reserve whose one check (checkedOnce) is still to come
     double estimate() const { return times.estimate(); }
   };
 
@@ -111,6 +112,7 @@ class MeasuredChoices {
     // After a counted call of the current choice: on a slowdown, every other candidate is due.
     void watchForSlowdown();
     void raceReserves();              // until each one's check finds it no faster (lost())
+    void raceOnce();                  // the reserves checkedOnce, once kOnceAfter calls ran
     void startLevel(double seconds);  // the choice's first usual time
     // After `checked`'s check: a rival that ran kMoveMargin faster than the choice's calls
     // before it waits for the choice's calls after it (confirming); another lost().

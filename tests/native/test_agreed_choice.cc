@@ -209,9 +209,10 @@ int main() {
     apart.calls(2 + 4 + 2 * 5 + 8);
     EXPECT(apart.settledOn() == "direct", "started slow, still on %s", apart.settledOn().c_str());
   }
-  {  // A reserve priced just outside the window (1.25x-2x the near ties) is checked once, with
-     // the first check: the model misses by that much (6 replicas x 1 MiB: `direct` priced 1.25x
-     // over `inline` and measured 1.1x-1.2x faster), and by no more than that would stay unseen.
+  {  // A reserve priced just outside the window (1.25x-2x the near ties) is checked once, after
+     // the shape's first kOnceAfter calls: the model misses by that much (6 replicas x 1 MiB:
+     // `direct` priced 1.25x over `inline` and measured 1.1x-1.2x faster), and by no more than that
+     // would stay unseen.
     Ranks r(2);
     r.candidates = {{"inline", 500e-6},
                     {"direct", 630e-6, false, /*reserve=*/true},
@@ -219,10 +220,13 @@ int main() {
     r.setAll("inline", 550e-6);
     r.setAll("direct", 470e-6);
     r.setAll("ring", 300e-6);  // priced over 2x: waits for a slowdown, however fast it runs
-    auto early = r.calls(64 + 5 + 8);
+    auto early = r.calls(kOnceAfter - 1);
+    EXPECT(early["inline"] == kOnceAfter - 1, "%d calls of the reserves before their check",
+           static_cast<int>(kOnceAfter - 1) - early["inline"]);
+    auto check = r.calls(4 + 5 + 8);
     EXPECT(r.settledOn() == "direct", "the reserve 1.17x faster was not taken: %s",
            r.choices[0].describe(r.shape, 0).c_str());
-    EXPECT(early["ring"] == 0, "the reserve priced over 2x ran %d calls", early["ring"]);
+    EXPECT(check["ring"] == 0, "the reserve priced over 2x ran %d calls", check["ring"]);
     auto later = r.calls(3000);
     EXPECT(later["direct"] >= 2950, "after the check direct ran %d of 3000 calls", later["direct"]);
     // One that runs no faster goes back to waiting after that check.

@@ -277,7 +277,8 @@ int main() {
     auto mispriced = cheap.calls(3000);
     EXPECT(mispriced["direct"] <= MeasuredChoices::kUnfairCalls + kCheckCalls,
            "a mispriced choice had the reserve run %d of 3000 calls", mispriced["direct"]);
-    // A reserve priced just outside the window, 1.25x-2x the near ties, has one check: the
+    // A reserve priced just outside the window, 1.25x-2x the near ties, has one check, after
+    // the shape's first kOnceAfter calls: the
     // model misses by that much (6 replicas x 1 MiB: `direct` priced 1.25x over `inline`,
     // measured 1.1x-1.2x faster). One priced further off waits for a slowdown.
     Driver outer;
@@ -285,10 +286,13 @@ int main() {
     outer.candidates = {{"inline", 500e-6}, {"direct", 630e-6}, {"ring", 1100e-6}};
     outer.candidates[1].reserve = outer.candidates[2].reserve = true;
     outer.seconds = {{"inline", 550e-6}, {"direct", 470e-6}, {"ring", 300e-6}};
-    auto early = outer.calls(32 + 5 + 8);
+    auto early = outer.calls(kOnceAfter - 1);
+    EXPECT(early["inline"] == kOnceAfter - 1, "%d calls of the reserves before their check",
+           static_cast<int>(kOnceAfter - 1) - early["inline"]);
+    auto check = outer.calls(5 + 8);
     EXPECT(outer.settledOn() == "direct", "the reserve 1.17x faster was not taken: %s",
            outer.choices.describe(outer.shape, 0).c_str());
-    EXPECT(early["ring"] == 0, "the reserve priced over 2x ran %d calls", early["ring"]);
+    EXPECT(check["ring"] == 0, "the reserve priced over 2x ran %d calls", check["ring"]);
     auto kept = outer.calls(3000);
     EXPECT(kept["direct"] >= 2950, "after its check direct ran %d of 3000 calls", kept["direct"]);
     // A call the model prices at a few microseconds is not timed for this.
@@ -298,6 +302,9 @@ int main() {
     bool timeIt = true;
     tiny.choices.pick(tiny.shape, 0, 2, [&] { return tiny.candidates; }, &timeIt);
     EXPECT(!timeIt, "a 5 us lone racer was timed");
+    // Nor is its reserve within 2x left racing, never to be checked.
+    EXPECT(tiny.choices.describe(tiny.shape, 0).find("nothing to measure") != std::string::npos,
+           "%s", tiny.choices.describe(tiny.shape, 0).c_str());
   }
   {  // One candidate: nothing to time. No trials: the model's pick, untimed.
     Driver d;
