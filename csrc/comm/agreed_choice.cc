@@ -15,8 +15,8 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   size_t nearTies = 0;
   while (nearTies < candidates.size() && !candidates[nearTies].reserve) racing[nearTies++] = true;
   // The reserves priced near the window have one check to come, after kOnceAfter calls.
-  once.assign(candidates.size(), false);
-  for (size_t i = nearTies; i < candidates.size(); ++i) once[i] = checkedOnce(candidates, i);
+  for (size_t i = nearTies; i < candidates.size(); ++i)
+    onceToCome = onceToCome || checkedOnce(candidates, i);
   if (!measures()) return;
   if (nearTies > 1) {
     std::vector<size_t> all(nearTies);
@@ -47,12 +47,11 @@ bool AgreedChoices::Schedule::anotherRaces() const {
 
 void AgreedChoices::Schedule::advance(Step* step) {
   const bool roundUnderWay = roundPos < round.size();
-  if (++calls >= kOnceAfter && !roundUnderWay && current >= 0 &&
-      std::find(once.begin(), once.end(), true) != once.end()) {
+  if (++calls >= kOnceAfter && onceToCome && !roundUnderWay && current >= 0) {
     // Their one check starts now (judgeCheck() sends back every reserve that did not win).
     for (size_t i = 0; i < candidates.size(); ++i)
-      if (once[i]) racing[i] = true;
-    once.assign(candidates.size(), false);
+      if (checkedOnce(candidates, i)) racing[i] = true;
+    onceToCome = false;
     // After the choice's next calls, counted so that the check weighs fresh ones.
     untilCheck = std::min<uint64_t>(untilCheck, RecentTimes::kRecent);
   }
@@ -209,7 +208,7 @@ void AgreedChoices::Schedule::watch(const RecentTimes& choice) {
 void AgreedChoices::Schedule::raceReserves() {
   for (size_t i = 0; i < candidates.size(); ++i)
     if (candidates[i].reserve) racing[i] = true;
-  once.assign(candidates.size(), false);  // this check is the one they were waiting for
+  onceToCome = false;  // this check is the one they were waiting for
 }
 
 std::string AgreedChoices::describe(const CallShape& shape, uint64_t epoch) {

@@ -125,7 +125,7 @@ class AgreedChoices {
     std::vector<AutoCandidate> candidates;  // the near ties first, then the reserves
     std::vector<RecentTimes> times;
     std::vector<bool> racing;    // the near ties; a reserve from a slowdown to a lost check
-    std::vector<bool> once;      // reserves whose one check (checkedOnce) is still to come
+    bool onceToCome = false;     // the reserves checkedOnce still wait for that check
     uint64_t calls = 0;          // of this shape, on every rank alike
     std::vector<double> agreed;  // each candidate's estimate from the last agreed samples
     uint64_t epoch = 0;

@@ -11,7 +11,7 @@ MeasuredChoices::Trial::Trial(std::vector<Candidate> c, uint64_t e, int each)
   // The reserves priced near the window have one check to come (raceOnce), where calls are
   // timed at all.
   for (size_t i = nearTies; i < candidates.size(); ++i)
-    timings[i].once = timed() && checkedOnce(candidates, i);
+    onceToCome = onceToCome || (timed() && checkedOnce(candidates, i));
   if (nearTies <= 1 || trialsEach <= 0) current = 0;
 }
 
@@ -19,7 +19,7 @@ std::string MeasuredChoices::Trial::next(bool* timeIt) {
   *timeIt = timed();
   if (!*timeIt) return candidates[0].algo;  // nothing to measure: the model's pick
   if (!settled()) return candidates[turn].algo;
-  if (++calls == kOnceAfter) raceOnce();
+  if (++calls == kOnceAfter && onceToCome) raceOnce();
   if (checking < 0 && confirming < 0) {
     // The most overdue other candidate, if one is due, starts its check.
     for (size_t i = 0; i < candidates.size(); ++i)
@@ -101,18 +101,16 @@ void MeasuredChoices::Trial::startLevel(double seconds) {
 }
 
 void MeasuredChoices::Trial::raceReserves() {
-  for (size_t i = nearTies; i < candidates.size(); ++i) {
-    timings[i].racing = true;
-    timings[i].once = false;  // this check is the one it was waiting for
-  }
+  for (size_t i = nearTies; i < candidates.size(); ++i) timings[i].racing = true;
+  onceToCome = false;  // this check is the one they were waiting for
 }
 
 void MeasuredChoices::Trial::raceOnce() {
-  for (Timings& t : timings)
-    if (t.once) {
-      t.once = false;
-      t.racing = true;
-      t.due = calls;
+  onceToCome = false;
+  for (size_t i = nearTies; i < candidates.size(); ++i)
+    if (checkedOnce(candidates, i)) {
+      timings[i].racing = true;
+      timings[i].due = calls;
     }
 }
 

@@ -99,7 +99,6 @@ class MeasuredChoices {
     uint64_t due = 0;  // the call at which its next check is due
     uint64_t interval = kBaseInterval;
     bool racing = false;  // a near tie, or a reserve called up by a slowdown
-    bool once = false;    // a reserve whose one check (checkedOnce) is still to come
     double estimate() const { return times.estimate(); }
   };
 
@@ -112,7 +111,7 @@ class MeasuredChoices {
     // After a counted call of the current choice: on a slowdown, every other candidate is due.
     void watchForSlowdown();
     void raceReserves();              // until each one's check finds it no faster (lost())
-    void raceOnce();                  // the reserves checkedOnce, once kOnceAfter calls ran
+    void raceOnce();                  // the reserves checkedOnce, at the kOnceAfter-th call
     void startLevel(double seconds);  // the choice's first usual time
     // After `checked`'s check: a rival that ran kMoveMargin faster than the choice's calls
     // before it waits for the choice's calls after it (confirming); another lost().
@@ -133,6 +132,7 @@ class MeasuredChoices {
     std::vector<Candidate> candidates;  // the near ties first, then the reserves
     size_t nearTies = 0;                // the candidates that race from the start
     std::vector<Timings> timings;
+    bool onceToCome = false;  // the reserves checkedOnce still wait for that check (raceOnce)
     uint64_t epoch = 0;
     int trialsEach = 0;
     uint64_t calls = 0;
