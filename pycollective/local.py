@@ -33,7 +33,8 @@ class LocalCommunicator:
 
     ``algo="auto"`` (the default) starts from the cost model (or a tuned table, from
     ``pycollective tune``). Where the model prices two or more algorithms within 1.25x of each
-    other, a near tie it cannot call, or where a tuned table's entry is not the model's only
+    other (``"inline"``, priced by a model of its own, within 1.5x of the others), a near tie
+    it cannot call, or where a tuned table's entry is not the model's only
     near choice, it measures: the first calls of that shape (collective, size, dtype, op) time
     each of them in turn (the table's entry first, and a near tie stays with it); later calls
     run the fastest, and now and then another, which takes over only if it ran 1.1x faster
@@ -143,7 +144,8 @@ class LocalCommunicator:
 
     def explain(self, collective: str, nbytes: int, dtype: str = "float32") -> str:
         """The algorithm ``algo="auto"`` runs for a call of this size, and why: its trial's
-        times once calls of this shape have run, else the model's pick and costs."""
+        times once calls of this shape have run, else the model's pick and costs (``inline``'s
+        first, then each algorithm's), or the tuned table's entry."""
         from pycollective.tensors import DTYPE_NAMES
 
         code = {v: k for k, v in DTYPE_NAMES.items()}[dtype]

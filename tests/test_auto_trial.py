@@ -1,5 +1,6 @@
 """auto's trial on in-process replicas (csrc/local/measured_choice.h): where the model prices two
-or more algorithms within 1.25x of each other, the first calls of a shape time them, later calls
+or more algorithms within 1.25x of each other (`inline`, priced by a model of its own, within
+1.5x of the others), the first calls of a shape time them, later calls
 run the fastest and now and then another. Every call must give the right result (calls run
 different algorithms on the user's data), the trial must settle within ``auto_trial_calls``, a
 choice the model is sure of is not measured, and PYCOLLECTIVE_AUTO_TRIALS=0 must leave the
@@ -15,8 +16,10 @@ import pytest
 
 import pycollective as pc
 
-#: LocalGroup::kCandidateWindow
+#: comm/auto_candidates.h kCandidateWindow, and kAcrossModelsWindow for `inline` (priced by a
+#: model of its own) against the algorithms (priced by the links' costs)
 WINDOW = 1.25
+ACROSS_MODELS_WINDOW = 1.5
 #: comm/auto_candidates.h kOnceAfter: calls of a shape before its reserves priced within 2x have
 #: their one check
 ONCE_AFTER = 256
@@ -158,6 +161,74 @@ def test_a_choice_the_model_is_sure_of_is_watched_and_its_nearest_reserves_check
         assert "no other algorithm priced near it: its calls are timed" in explained, explained
     else:  # one was 1.1x faster on this machine, and runs from then on
         assert explained.split()[0] in once, explained
+
+
+def _model_prices(explained: str) -> dict[str, float]:
+    """The model's table in an explain before a shape's first call: every price, `inline` first."""
+    return {a: float(s) for a, s in re.findall(r" (\w+)=([\d.e+]+)us", explained)}
+
+
+def _near_ties(prices: dict[str, float]) -> list[str] | None:
+    """The racers comm/auto_candidates.cc nearCandidates makes of a model table: within 1.25x of
+    the cheapest of its own model (`inline`'s, or the links'), and 1.5x of the cheapest of all;
+    None where a ratio sits too close to a window's edge for the table's six digits to say."""
+    order = sorted(prices, key=lambda a: (prices[a], a == "inline"))
+    cheapest = prices[order[0]]
+    own = {}
+    for a in order:
+        own.setdefault(a == "inline", prices[a])
+    for a in order:
+        for ratio in (prices[a] / own[a == "inline"], prices[a] / cheapest):
+            if any(abs(ratio / edge - 1) < 1e-3 for edge in (WINDOW, ACROSS_MODELS_WINDOW)):
+                return None
+    near = [
+        a
+        for a in order
+        if prices[a] <= WINDOW * own[a == "inline"] and prices[a] <= ACROSS_MODELS_WINDOW * cheapest
+    ]
+    return near[:4]
+
+
+@pytest.mark.timeout(60)
+def test_the_trial_races_what_the_model_prices_near_and_inline_within_the_wider_window():
+    # Before a shape's first call `explain` gives the model's table, `inline`'s price among the
+    # algorithms'; the first call starts the trial, which names its racers. They are the near
+    # ties of that table: `inline` (its own model) and the algorithms (the links' costs) race
+    # within 1.5x of each other, two algorithms within 1.25x.
+    sizes = sorted(
+        {int(256 * 1024 * 1.5**k) // 64 * 64 for k in range(9)} | {1 << k for k in range(18, 24)}
+    )
+    across = None
+    for world in range(2, 9):
+        comm = pc.LocalCommunicator(world)
+        for nbytes in sizes:
+            prices = _model_prices(comm.explain("allreduce", nbytes))
+            assert "inline" in prices and len(prices) >= 3, prices
+            near = _near_ties(prices)
+            comm.allreduce(_inputs(world, nbytes))
+            explained = comm.explain("allreduce", nbytes)
+            if near is None:
+                continue
+            if len(near) == 1:
+                assert "no other algorithm priced near it" in explained, (near, explained)
+                continue
+            assert _candidates(explained) == near, (world, nbytes, prices, explained)
+            threaded = min(prices[a] for a in near if a != "inline") if len(near) > 1 else 0
+            if "inline" in near and max(threaded, prices["inline"]) > WINDOW * prices[near[0]]:
+                across = across or (world, nbytes, comm)
+    if across is None:
+        pytest.skip("the model prices inline and the algorithms 1.25x-1.5x apart nowhere here")
+    # Such a pair's trial times both.
+    world, nbytes, comm = across
+    x = _inputs(world, nbytes)
+    want = np.full(nbytes // 4, world * (world + 1) / 2, np.float32)
+    for step in range(comm.auto_trial_calls):
+        y = comm.allreduce(x)
+        np.testing.assert_array_equal(y[step % world], want, f"call {step}")
+    explained = comm.explain("allreduce", nbytes)
+    assert "(measured," in explained, explained
+    timed = re.findall(r" (\w+)=[\d.]+us \(model", explained)
+    assert "inline" in timed and len(timed) >= 2, explained
 
 
 @pytest.mark.timeout(60)

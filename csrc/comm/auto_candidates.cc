@@ -26,15 +26,28 @@ std::vector<AutoCandidate> nearCandidates(std::vector<AutoCandidate> priced,
   if (priced.empty()) return c;
   std::stable_sort(priced.begin(), priced.end(),
                    [](const auto& a, const auto& b) { return a.modelSeconds < b.modelSeconds; });
-  const double limit = kCandidateWindow * priced.front().modelSeconds;
+  // Near the cheapest of its own model (whose errors it shares), and near the cheapest of all:
+  // within kCandidateWindow where that is of the same model, kAcrossModelsWindow if not.
+  double cheapestOf[2] = {std::numeric_limits<double>::infinity(),
+                          std::numeric_limits<double>::infinity()};
+  for (const AutoCandidate& a : priced)
+    cheapestOf[a.ownModel] = std::min(cheapestOf[a.ownModel], a.modelSeconds);
+  const double cheapest = priced.front().modelSeconds;
+  auto within = [&](const AutoCandidate& a) {
+    return a.modelSeconds <= kCandidateWindow * cheapestOf[a.ownModel] &&
+           a.modelSeconds <= kAcrossModelsWindow * cheapest;
+  };
   if (tuned != nullptr) {
     auto entry = std::find_if(priced.begin(), priced.end(),
                               [tuned](const auto& a) { return a.algo == tuned->algo; });
-    if (entry != priced.end()) c.push_back({entry->algo, entry->modelSeconds, /*tuned=*/true});
+    if (entry != priced.end()) {
+      c.push_back(*entry);
+      c.back().tuned = true;
+    }
   }
   for (const auto& a : priced) {
-    if (c.size() == kMaxCandidates || a.modelSeconds > limit) break;
-    if (c.empty() || a.algo != c.front().algo) c.push_back(a);
+    if (c.size() == kMaxCandidates) break;
+    if (within(a) && (c.empty() || a.algo != c.front().algo)) c.push_back(a);
   }
   return c;
 }

@@ -23,6 +23,10 @@ struct AutoCandidate {
   // usual time, or its first timed calls than its price (in-process auto:
   // local/measured_choice.h).
   bool reserve = false;
+  // Priced by a model of its own (in process, `inline`: one thread streaming through every
+  // replica's buffers) rather than by the link costs that price the algorithms: its price and
+  // theirs carry separate errors, and a near tie across the two takes kAcrossModelsWindow.
+  bool ownModel = false;
 };
 
 // Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth session,
@@ -30,6 +34,15 @@ struct AutoCandidate {
 // window also measured choices the model was sure of (2 x 64 MiB: `direct` against
 // halving-doubling at 1.33x), and watching those slower calls cost 1-2% (docs/benchmarks.md).
 constexpr double kCandidateWindow = 1.25;
+// Two prices from separate models are a near tie within this. Their ratio carries both models'
+// errors: on a Xeon VM the link costs priced `direct` 1.4x-1.6x above its measured time where
+// `inline`'s streaming rates came within 10% of its own (6 replicas x 1 MiB: `direct` priced
+// 630 us, 1.25x `inline`'s 503, and measured at 445-448 against 542-566, thirtieth session),
+// and on an EPYC VM `inline` ran up to 1.43x faster than priced (twenty-second session). A
+// ratio r is a trap when the errors, e, reach 1.15 r; 1.5 covers e up to 1.7, and keeps out
+// the cells priced 1.55x-1.65x apart there and measured 1.2x-1.6x apart the same way (6 and 8
+// replicas x 512 KiB, 7 and 8 x 1 MiB): a trial of the slower one is a few calls lost.
+constexpr double kAcrossModelsWindow = 1.5;
 constexpr size_t kMaxCandidates = 4;
 // A candidate must run this much faster than the current choice to replace it (or the first
 // candidate, in a trial): timed calls on a shared VM differ by a few percent at random, and a
@@ -61,7 +74,8 @@ constexpr double kLevelWeight = 1.0 / 16;
 // once, after the shape's first kOnceAfter calls, then back to waiting like any reserve that
 // lost. The window keeps near ties racing for good, and the model misses by more than its 1.25x:
 // 6 replicas x 1 MiB on a Xeon VM priced `direct` at 630 us, 1.25x `inline`'s 503 and just out
-// of the window, and measured it at 448-513 us against `inline`'s 542-562 (thirtieth session).
+// of the window, and measured it at 448-513 us against `inline`'s 542-562 (thirtieth session;
+// that pair, of two models, races from the trial on since: kAcrossModelsWindow).
 // Not sooner: calls of a reserve up to 2x slower cost most where calls are long and few (with
 // the check at 32 calls, 5-8 replicas x 64 MiB ran 2.1x-2.3x `direct` in the benchmark's
 // second look, which times a handful of calls), and after kOnceAfter calls its five calls are
@@ -70,7 +84,9 @@ constexpr uint64_t kOnceAfter = 256;
 bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i);
 
 // From every algorithm that can run a call, priced by the model: those within kCandidateWindow
-// of the cheapest, the cheapest first, at most kMaxCandidates. Where the tuned table has an
+// of the cheapest -- or, where the cheapest is priced by the other model (`ownModel`), of the
+// cheapest of their own model and within kAcrossModelsWindow of the cheapest --, the cheapest
+// first, at most kMaxCandidates. Where the tuned table has an
 // entry for the call (`tuned`, or nullptr), that algorithm leads (a near tie stays with it) and
 // the model's near ties race it: `pycollective tune` measured one size per row, into given
 // outputs, at another time.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <sstream>
 
 #include "algorithms/registry.h"
 #include "core/cache_probe.h"
@@ -253,8 +254,9 @@ std::vector<MeasuredChoices::Candidate> LocalGroup::autoCandidates(
   std::vector<MeasuredChoices::Candidate> all;
   for (const PricedAlgorithm& p : modelCosts(group, args[0])) all.push_back({p.name, p.seconds});
   // Last, so that on a tie the threaded algorithm comes first (the sort is stable), as
-  // inlineIsBest decides.
+  // inlineIsBest decides. Priced by its own model, whose errors are not the links'.
   all.push_back({kInlineAlgorithm, inlineCost(args, comms_[0]->cacheBytes())});
+  all.back().ownModel = true;
   // The rest wait in reserve, cheapest first (measured_choice.h says when they are timed).
   return candidatesWithReserves(std::move(all), tunedEntry(group, args[0]));
 }
@@ -307,11 +309,24 @@ std::string LocalGroup::explain(const CollectiveArgs& args) {
       measured_.describe(callShape(kMeasuredTrial, Group::world(*comms_[0]), 0, args),
                          comms_[0]->autoChoices().epoch());
   if (!measured.empty()) return measured;
+  const Group group = Group::world(*comms_[0]);
+  const bool tuned = tunedEntry(group, args) != nullptr;
   if (inlineIsBest(all))
     return std::string(kInlineAlgorithm) + " (every replica's buffers on the calling thread; " +
-           (tunedEntry(Group::world(*comms_[0]), args) ? "tuned table, PYCOLLECTIVE_TUNING)"
-                                                       : "model)");
-  return explainChoice(Group::world(*comms_[0]), 0, args);
+           (tuned ? "tuned table, PYCOLLECTIVE_TUNING)" : "model:" + modelTable(all) + ")");
+  if (tuned) return explainChoice(group, 0, args);
+  const std::string choice = explainChoice(group, 0, args);
+  return choice.substr(0, choice.find(' ')) + " (model:" + modelTable(all) + ")";
+}
+
+std::string LocalGroup::modelTable(const std::vector<CollectiveArgs>& args) {
+  // `inline` first: priced by its own model, beside the algorithms the links' costs price.
+  std::ostringstream table;
+  table << " " << kInlineAlgorithm << "=" << inlineCost(args, comms_[0]->cacheBytes()) * 1e6
+        << "us";
+  for (const PricedAlgorithm& p : modelCosts(Group::world(*comms_[0]), args[0]))
+    table << " " << p.name << "=" << p.seconds * 1e6 << "us";
+  return table.str();
 }
 
 }  // namespace pycollective

@@ -44,7 +44,8 @@ class LocalGroup {
   void abort(const std::string& reason) noexcept;
 
   // The algorithm algo="auto" runs (or would pick) for replica 0's call, and why: the trial's
-  // times once this shape has been called, else the model's table.
+  // times once this shape has been called, else the tuned table's entry or the model's table
+  // (`inline`'s price first, then the algorithms').
   std::string explain(const CollectiveArgs& args);
 
   Communicator& communicator(int replica) { return *comms_[replica]; }
@@ -61,6 +62,8 @@ class LocalGroup {
  private:
   // Whether algo="auto" runs this call inline: the tuned table's entry decides, else the model.
   bool inlineIsBest(const std::vector<CollectiveArgs>& args);
+  // " inline=<us>us <algorithm>=<us>us ...": every price the model gives the call.
+  std::string modelTable(const std::vector<CollectiveArgs>& args);
   // What algo="auto" runs for a host call: the measured choice among the tuned table's entry,
   // where there is one, and the model's candidates (measured_choice.h; `*trial` is set, with
   // the shape, when this call's time is to be recorded). "auto" leaves the choice to each

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "expect.h"
 #include "local/inline_collective.h"
 #include "local/measured_choice.h"
@@ -278,9 +279,8 @@ int main() {
     EXPECT(mispriced["direct"] <= MeasuredChoices::kUnfairCalls + kCheckCalls,
            "a mispriced choice had the reserve run %d of 3000 calls", mispriced["direct"]);
     // A reserve priced just outside the window, 1.25x-2x the near ties, has one check, after
-    // the shape's first kOnceAfter calls: the
-    // model misses by that much (6 replicas x 1 MiB: `direct` priced 1.25x over `inline`,
-    // measured 1.1x-1.2x faster). One priced further off waits for a slowdown.
+    // the shape's first kOnceAfter calls: the model misses by that much (here priced 1.26x
+    // over the choice, measured 1.17x faster). One priced further off waits for a slowdown.
     Driver outer;
     outer.shape.count = 1 << 18;
     outer.candidates = {{"inline", 500e-6}, {"direct", 630e-6}, {"ring", 1100e-6}};
@@ -305,6 +305,41 @@ int main() {
     // Nor is its reserve within 2x left racing, never to be checked.
     EXPECT(tiny.choices.describe(tiny.shape, 0).find("nothing to measure") != std::string::npos,
            "%s", tiny.choices.describe(tiny.shape, 0).c_str());
+  }
+  {  // The near ties: within 1.25x of the cheapest, or 1.5x where one of the two is priced by
+     // another model (`inline`'s streaming rates against the links' costs: 6 replicas x 1 MiB,
+     // `direct` priced 1.25x over `inline` and measured 1.2x faster).
+    auto names = [](const std::vector<AutoCandidate>& c, bool reserves) {
+      std::string s;
+      for (const AutoCandidate& a : c)
+        if (a.reserve == reserves) s += (s.empty() ? "" : ",") + a.algo;
+      return s;
+    };
+    std::vector<AutoCandidate> priced = {
+        {"direct", 630e-6}, {"halving_doubling", 760e-6}, {"ring", 800e-6}, {"inline", 503e-6}};
+    priced[3].ownModel = true;
+    auto c = candidatesWithReserves(priced, nullptr);
+    EXPECT(names(c, false) == "inline,direct", "near ties %s", names(c, false).c_str());
+    EXPECT(names(c, true) == "halving_doubling,ring", "reserves %s", names(c, true).c_str());
+    priced[3].ownModel = false;  // one model: 1.25x is the window
+    c = candidatesWithReserves(priced, nullptr);
+    EXPECT(names(c, false) == "inline", "one model, near ties %s", names(c, false).c_str());
+    // The cheapest threaded algorithm against `inline` 1.4x dearer: raced too.
+    priced = {{"direct", 400e-6}, {"ring", 520e-6}, {"inline", 560e-6}, {"reduce_to_one", 900e-6}};
+    priced[2].ownModel = true;
+    c = candidatesWithReserves(priced, nullptr);
+    EXPECT(names(c, false) == "direct,inline", "near ties %s", names(c, false).c_str());
+    // Near `inline` but 1.3x over the cheapest of its own model: not a near tie.
+    priced = {{"direct", 505e-6}, {"ring", 660e-6}, {"inline", 500e-6}};
+    priced[2].ownModel = true;
+    c = candidatesWithReserves(priced, nullptr);
+    EXPECT(names(c, false) == "inline,direct", "near ties %s", names(c, false).c_str());
+    // A tuned entry keeps its model's window for the others.
+    TunedChoice entry;
+    entry.algo = "inline";
+    c = candidatesWithReserves(priced, &entry);
+    EXPECT(names(c, false) == "inline,direct" && c[0].tuned && c[0].ownModel,
+           "tuned inline first: %s", names(c, false).c_str());
   }
   {  // One candidate: nothing to time. No trials: the model's pick, untimed.
     Driver d;
