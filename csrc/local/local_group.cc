@@ -314,8 +314,8 @@ std::string LocalGroup::explain(const CollectiveArgs& args) {
   if (inlineIsBest(all))
     return std::string(kInlineAlgorithm) + " (every replica's buffers on the calling thread; " +
            (tuned ? "tuned table, PYCOLLECTIVE_TUNING)" : "model:" + modelTable(all) + ")");
-  if (tuned) return explainChoice(group, 0, args);
   const std::string choice = explainChoice(group, 0, args);
+  if (tuned) return choice;
   return choice.substr(0, choice.find(' ')) + " (model:" + modelTable(all) + ")";
 }
 
