@@ -25,6 +25,11 @@ ACROSS_MODELS_WINDOW = 1.5
 ONCE_AFTER = 256
 
 
+def _model_prices(explained: str) -> dict[str, float]:
+    """The model's table in an explain before a shape's first call: every price, `inline` first."""
+    return {a: float(s) for a, s in re.findall(r" (\w+)=([\d.e+]+)us", explained)}
+
+
 def _candidates(explained: str) -> list[str]:
     return re.findall(r" (\w+)=[\d.?]", explained.split("(", 1)[1])
 
@@ -132,7 +137,7 @@ def test_a_choice_the_model_is_sure_of_is_watched_and_its_nearest_reserves_check
     world, nbytes = 2, 64 << 20
     comm, table = sure_choice()
     model_best = table.split()[0]
-    priced = {a: float(s) for a, s in re.findall(r" (\w+)=([\d.e+]+)us", table)}
+    priced = _model_prices(table)
     once = {a for a, s in priced.items() if a != model_best and s <= 2 * priced[model_best]}
     x = _inputs(world, nbytes)
     want = np.full(nbytes // 4, world * (world + 1) / 2, np.float32)
@@ -161,11 +166,6 @@ def test_a_choice_the_model_is_sure_of_is_watched_and_its_nearest_reserves_check
         assert "no other algorithm priced near it: its calls are timed" in explained, explained
     else:  # one was 1.1x faster on this machine, and runs from then on
         assert explained.split()[0] in once, explained
-
-
-def _model_prices(explained: str) -> dict[str, float]:
-    """The model's table in an explain before a shape's first call: every price, `inline` first."""
-    return {a: float(s) for a, s in re.findall(r" (\w+)=([\d.e+]+)us", explained)}
 
 
 def _near_ties(prices: dict[str, float]) -> list[str] | None:
@@ -213,7 +213,7 @@ def test_the_trial_races_what_the_model_prices_near_and_inline_within_the_wider_
                 assert "no other algorithm priced near it" in explained, (near, explained)
                 continue
             assert _candidates(explained) == near, (world, nbytes, prices, explained)
-            threaded = min(prices[a] for a in near if a != "inline") if len(near) > 1 else 0
+            threaded = min(prices[a] for a in near if a != "inline")
             if "inline" in near and max(threaded, prices["inline"]) > WINDOW * prices[near[0]]:
                 across = across or (world, nbytes, comm)
     if across is None:
@@ -260,7 +260,7 @@ def test_a_tuned_entry_leads_the_trial_and_the_model_races_it():
     model_best = model.split()[0]
     # An entry the model does not price near its best, so that only the table brings it in
     # (1e36 and more: the model's mark of an algorithm it will never pick).
-    priced = {a: float(s) for a, s in re.findall(r" (\w+)=([\d.e+]+)us", model)}
+    priced = _model_prices(model)
     far = max((a for a in priced if a != model_best and priced[a] < 1e30), key=priced.get)
     comm._group.set_tuned([(KINDS["allreduce"], 1 << 30, far)])
     x = _inputs(world, nbytes)
