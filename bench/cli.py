@@ -21,7 +21,7 @@ COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"
 # Algorithms that need every replica in this process (LocalCommunicator): not run across procs.
 IN_PROCESS_ONLY = ("direct", "inline")
 # Algorithms of processes sharing a host segment: not run on in-process replicas.
-PROCESSES_ONLY = ("slots",)
+PROCESSES_ONLY = ("slots", "staged")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -75,10 +75,11 @@ def build_info() -> dict:
 
 def algorithms() -> list[str]:
     """Names accepted by ``algo=``: ring, halving_doubling, hierarchical, reduce_to_one, direct,
-    slots, inline, auto. ``direct`` and ``inline`` need every replica in this process
+    slots, staged, inline, auto. ``direct`` and ``inline`` need every replica in this process
     (LocalCommunicator); ``inline`` computes the collective on the calling thread. ``slots``
-    needs a process group of exactly one host's ranks and calls of at most
-    ``PYCOLLECTIVE_HOST_SLOT_BYTES`` (16 KiB) per rank: it runs through their host segment."""
+    and ``staged`` need a process group of exactly one host's ranks and run through their host
+    segment: ``slots`` calls of at most ``PYCOLLECTIVE_HOST_SLOT_BYTES`` (16 KiB) per rank,
+    ``staged`` allreduces of any size, in pieces of ``PYCOLLECTIVE_HOST_PIECE_BYTES``."""
     return list(_C.algorithms())
 
 

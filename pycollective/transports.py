@@ -359,7 +359,8 @@ def connect_host_segment(
     comm, rank: int, kinds: list[str], session: str, token: str, timeout: float
 ) -> None:
     """Gives the communicator the segment this rank shares with every rank it reaches over shm
-    (its host's), for small collectives of exactly those ranks (algo ``slots``). None is made
+    (its host's), for small collectives of exactly those ranks (algo ``slots``) and their large
+    allreduces, piece by piece (algo ``staged``). None is made
     for a rank alone on its host, when links are forced to another transport (the user asked
     for that path), or with ``PYCOLLECTIVE_HOST_SEGMENT=0``.
 
@@ -374,6 +375,10 @@ def connect_host_segment(
         name=name,
         ranks=ranks,
         digest=shm_digest(token, name),
-        slot_bytes=config.env_int("PYCOLLECTIVE_HOST_SLOT_BYTES", 16 << 10),
+        # One slot serves both: small calls whole (slots) and large allreduces in pieces (staged).
+        slot_bytes=max(
+            config.env_int("PYCOLLECTIVE_HOST_SLOT_BYTES", 16 << 10),
+            config.env_int("PYCOLLECTIVE_HOST_PIECE_BYTES", 512 << 10),
+        ),
         timeout=timeout,
     )

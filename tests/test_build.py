@@ -21,6 +21,7 @@ def test_algorithm_names():
         "reduce_to_one",
         "direct",
         "slots",
+        "staged",
         "inline",
         "auto",
     ]

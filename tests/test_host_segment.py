@@ -1,5 +1,6 @@
-"""The host segment and the `slots` algorithm (csrc/transport/host_segment.h,
-csrc/algorithms/slots.cc): small collectives of one host's ranks through one shared segment.
+"""The host segment and the algorithms that run through it (csrc/transport/host_segment.h):
+`slots` (csrc/algorithms/slots.cc), small collectives of one host's ranks in one call, and
+`staged` (csrc/algorithms/staged.cc), large allreduces piece by piece.
 Results against numpy, mismatched calls, timeouts, aborting peers, subgroups, and the settings
 that turn it off -- every case in separate processes under a hard deadline. (A peer that dies
 on the segment: tests/test_failures.py.)"""
@@ -14,7 +15,8 @@ import pytest
 from multiproc import expect_error, run_ranks
 from reference import assert_close, make_inputs, reduce_ref
 
-SLOT_BYTES = 16 << 10
+SLOT_BYTES = 16 << 10  # PYCOLLECTIVE_HOST_SLOT_BYTES: the largest call slots runs
+PIECE_BYTES = 512 << 10  # PYCOLLECTIVE_HOST_PIECE_BYTES: the segment's slots hold a piece
 
 
 def _segment():
@@ -23,25 +25,31 @@ def _segment():
     return process_group._default()._world.comm.host_segment
 
 
+def _allreduce_checks(pc, algo, rank, n, dtype, count, ops):
+    """allreduce with `algo` against numpy for each op, then in place to the same bits."""
+    for op in ops:
+        xs = make_inputs(dtype, op, n, count, seed=count + n)
+        y = pc.allreduce(xs[rank], op=op, algo=algo)
+        assert_close(y, reduce_ref(xs, op), op, n, f"{algo} {dtype} {op} {count}")
+        z = xs[rank].copy()
+        pc.allreduce(z, op=op, algo=algo, inplace=True)
+        assert np.asarray(z).tobytes() == np.asarray(y).tobytes()
+    return 2 * len(ops)
+
+
 def _every_collective(rank, n):
     import pycollective as pc
 
     pc.init()
     name, ranks, slot_bytes = _segment()
-    assert ranks == list(range(n)) and slot_bytes == SLOT_BYTES
+    assert ranks == list(range(n)) and slot_bytes == PIECE_BYTES
     assert not any(name[1:] in f for f in os.listdir("/dev/shm")), "the name outlived init"
     checks = 0
     for dtype, itemsize in (("float32", 4), ("float64", 8), ("int32", 4), ("bfloat16", 2)):
         for count in (0, 1, 7, 1000, SLOT_BYTES // itemsize):
-            for op in ("sum", "max", "avg") if dtype != "int32" else ("sum", "min"):
-                xs = make_inputs(dtype, op, n, count, seed=count + n)
-                y = pc.allreduce(xs[rank], op=op, algo="slots")
-                assert_close(y, reduce_ref(xs, op), op, n, f"slots {dtype} {op} {count}")
-                # In place: the input is copied into the slot before anything is written.
-                z = xs[rank].copy()
-                pc.allreduce(z, op=op, algo="slots", inplace=True)
-                assert np.asarray(z).tobytes() == np.asarray(y).tobytes()
-                checks += 2
+            # In place: the input is copied into the slot before anything is written.
+            ops = ("sum", "max", "avg") if dtype != "int32" else ("sum", "min")
+            checks += _allreduce_checks(pc, "slots", rank, n, dtype, count, ops)
             xs = make_inputs(dtype, "sum", n, count, seed=count)
             g = pc.allgather(xs[rank], algo="slots")
             assert np.asarray(g).tobytes() == np.stack(xs).tobytes()
@@ -88,6 +96,51 @@ def test_slots_run_every_collective(n):
     assert len(set(results)) == 1 and results[0] > 0
 
 
+def _staged(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    # Slots of 4 KiB (the settings below): pieces of a little under n / (n + 1) of a slot, so
+    # these counts cover less than a share, part of a piece, about one and a part after many.
+    _, _, slot_bytes = _segment()
+    assert slot_bytes == 4096
+    checks = 0
+    for dtype, itemsize in (("float32", 4), ("float64", 8), ("int32", 4), ("bfloat16", 2)):
+        piece = (4096 // itemsize) * n // (n + 1)
+        for count in (0, 1, n - 1, 7, 1000, piece, 3 * piece, 20_000 + n):
+            # In place: a piece's result is written only after the piece was staged, and this
+            # rank's own share is read from its input before that.
+            ops = ("sum", "max", "avg", "prod") if dtype != "int32" else ("sum", "min")
+            checks += _allreduce_checks(pc, "staged", rank, n, dtype, count, ops)
+    # Every rank's result is the same to the bit (shares reduced in rank order, then copied).
+    x = make_inputs("float32", "sum", n, 30_001, seed=7)[rank]
+    digest = np.frombuffer(pc.allreduce(x, algo="staged").tobytes(), np.uint8).astype(np.int64)
+    gathered = pc.allgather(digest, algo="ring")
+    assert all((gathered[i] == gathered[0]).all() for i in range(n))
+    # Calls back to back, alternating with slots' small calls on the same segment slots.
+    y = np.empty(5000, np.float32)
+    plan = pc.prepare_allreduce(np.full(5000, rank + 1, np.float32), out=y, algo="staged")
+    for i in range(200):
+        plan()
+        assert (y == n * (n + 1) / 2).all()
+        if i % 7 == 0:
+            assert pc.allreduce(np.ones(3, np.float32), algo="slots")[0] == n
+    others = expect_error(lambda: pc.allgather(np.ones(3, np.float32), algo="staged"))
+    pc.barrier()
+    pc.shutdown()
+    return checks, others
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_staged_allreduce_matches_numpy_across_pieces(n):
+    env = {"PYCOLLECTIVE_HOST_PIECE_BYTES": "4096", "PYCOLLECTIVE_HOST_SLOT_BYTES": "4096"}
+    results = run_ranks(_staged, n, timeout=150, env=env)
+    assert len({checks for checks, _ in results}) == 1 and results[0][0] > 0
+    for _, (name, msg, _) in results:
+        assert name == "ValueError" and "allreduce only" in msg, msg
+
+
 def _auto_and_limits(rank, n):
     import pycollective as pc
 
@@ -118,8 +171,9 @@ def test_auto_chooses_slots_for_small_calls_only():
     ):
         assert small.startswith("slots"), small
         assert not large.startswith("slots") and "slots=n/a" in large, large
+        assert "staged=" in large and "staged=n/a" not in large, large
         assert planned == "slots"
-        assert too_big[0] == "ValueError" and "slots hold 16384 bytes" in too_big[1], too_big
+        assert too_big[0] == "ValueError" and "calls of up to 16384 bytes" in too_big[1], too_big
         if rank < 2:
             assert sub_result == 2.0
             assert sub_error[0] == "ValueError" and "not on a subgroup" in sub_error[1], sub_error
@@ -150,11 +204,11 @@ def test_no_segment_when_turned_off_or_links_forced_to_tcp(env):
         assert y == 2.0
 
 
-def _mismatch(rank, n, other_count, algo):
+def _mismatch(rank, n, other_count, algo, other_algo):
     import pycollective as pc
 
     pc.init(timeout=20)
-    count = 10 if rank == 1 else other_count
+    count, algo = (10, algo) if rank == 1 else (other_count, other_algo)
     res = expect_error(lambda: pc.allreduce(np.ones(count, np.float32), algo=algo))
     pc.shutdown(timeout=5)
     return res
@@ -162,17 +216,20 @@ def _mismatch(rank, n, other_count, algo):
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
-    "other_count, algo, says",
+    "other_count, algo, other_algo, says",
     [
         # Both calls on the segment: each rank checks the others' headers.
-        (12, "slots", "element count: here 10, peer 12"),
-        # Rank 1's call fits the slots, the others' goes over links: still found fast, through
+        (12, "slots", "slots", "element count: here 10, peer 12"),
+        (100_000, "auto", "auto", "element count: here 10, peer 100000"),  # slots and staged
+        (100_000, "slots", "staged", "element count: here 10, peer 100000"),
+        # Rank 1's call runs on the segment, the others' over links: still found fast, through
         # the link call's notice in the segment.
-        (100_000, "auto", "over links: "),
+        (100_000, "slots", "ring", "over links: "),
+        (100_000, "staged", "halving_doubling", "over links: "),
     ],
 )
-def test_mismatched_calls_fail_fast_naming_both(other_count, algo, says):
-    res = run_ranks(_mismatch, 3, other_count, algo, timeout=60)
+def test_mismatched_calls_fail_fast_naming_both(other_count, algo, other_algo, says):
+    res = run_ranks(_mismatch, 3, other_count, algo, other_algo, timeout=60)
     # Rank 1 differs; nobody waits out the timeout.
     for name, msg, seconds in res:
         assert name in ("ProtocolError", "RemoteError", "Aborted"), (name, msg)

@@ -24,9 +24,10 @@ namespace {
 // The wire index of an algorithm is its position here: append only.
 const std::vector<const Algorithm*>& registry() {
   static const std::vector<const Algorithm*> all = {
-      &ring::algorithm(),          &halving_doubling::algorithm(), &hierarchical::algorithm(),
-      &reduce_to_one::algorithm(), &direct::algorithm(),           &pairwise::algorithm(),
-      &slots::algorithm()};
+      &ring::algorithm(),         &halving_doubling::algorithm(),
+      &hierarchical::algorithm(), &reduce_to_one::algorithm(),
+      &direct::algorithm(),       &pairwise::algorithm(),
+      &slots::algorithm(),        &staged::algorithm()};
   return all;
 }
 
@@ -179,7 +180,7 @@ Exchange runSchedule(Group& group, int groupId, const CollectiveArgs& args, cons
   Exchange ex(group, args, indexOf(&algo), comm.nextSeq(groupId));
   // The group's host segment learns of calls that go over links, so that a rank waiting there
   // for the same collective fails at once with both calls named (host_segment.h).
-  if (&algo != &slots::algorithm())
+  if (&algo != &slots::algorithm() && &algo != &staged::algorithm())
     if (HostSegment* seg = slots::segmentServing(group)) seg->announceLinkCall(ex.callHeader());
   abortOnFailure(comm, [&] { schedule(ex); });
   return ex;

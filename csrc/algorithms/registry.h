@@ -164,7 +164,12 @@ const Algorithm& algorithm();
 // The host segment whose members are exactly the group's ranks (its barrier and small calls
 // run there), or nullptr.
 HostSegment* segmentServing(const Group& group);
+// Why a call of this group cannot run on its host segment at all, or "".
+std::string whyNotOnSegment(const Group& group, const CollectiveArgs& args);
 void runBarrier(Exchange& ex);
 }  // namespace slots
+namespace staged {
+const Algorithm& algorithm();
+}
 
 }  // namespace pycollective

@@ -7,10 +7,13 @@
 //
 // Reductions run over the slots in rank order on every rank, so every rank's result is the same
 // to the bit. Only calls whose input fits a slot run here; auto chooses it by the cost below.
+#include <algorithm>
+
 #include "algorithms/chunking.h"
 #include "algorithms/exchange.h"
 #include "algorithms/registry.h"
 #include "algorithms/shared_cores.h"
+#include "core/params.h"
 #include "transport/host_segment.h"
 
 namespace pycollective {
@@ -65,21 +68,16 @@ class Slots : public Algorithm {
   const char* name() const override { return "slots"; }
 
   std::string unsupported(const Group& g, const CollectiveArgs& a) const override {
-    const HostSegment* seg = g.comm().hostSegment();
-    if (seg == nullptr)
-      return "this group has no host segment (its ranks are not processes of one host joined "
-             "by shm, or PYCOLLECTIVE_HOST_SEGMENT=0)";
-    if (segmentServing(g) == nullptr)
-      return "it runs on the group of all ranks of one host (the host segment's members), not "
-             "on a subgroup or across hosts";
-    if (a.device >= 0) return "it runs on host buffers, not device buffers";
-    if (a.wire != WireFormat::kNative) return "compressed calls are for network links";
+    const std::string why = whyNotOnSegment(g, a);
+    if (!why.empty()) return why;
+    const HostSegment* seg = segmentServing(g);
     if (a.kind == CollectiveKind::kAllreduceUpdate)
       return "the fused optimizer step runs on the ring's schedule";
     const size_t bytes = a.count * elementSize(a.dtype);
-    if (bytes > seg->slotBytes())
-      return makeMessage("its slots hold ", seg->slotBytes(), " bytes per rank, this call ", bytes,
-                         " (PYCOLLECTIVE_HOST_SLOT_BYTES)");
+    const size_t most = std::min(params::hostSlotBytes(), seg->slotBytes());
+    if (bytes > most)
+      return makeMessage("it runs calls of up to ", most, " bytes per rank, this call ", bytes,
+                         " (PYCOLLECTIVE_HOST_SLOT_BYTES; larger allreduces: staged)");
     return "";
   }
 
@@ -129,6 +127,18 @@ class Slots : public Algorithm {
 const Algorithm& algorithm() {
   static const Slots instance;
   return instance;
+}
+
+std::string whyNotOnSegment(const Group& g, const CollectiveArgs& a) {
+  if (g.comm().hostSegment() == nullptr)
+    return "this group has no host segment (its ranks are not processes of one host joined "
+           "by shm, or PYCOLLECTIVE_HOST_SEGMENT=0)";
+  if (segmentServing(g) == nullptr)
+    return "it runs on the group of all ranks of one host (the host segment's members), not "
+           "on a subgroup or across hosts";
+  if (a.device >= 0) return "it runs on host buffers, not device buffers";
+  if (a.wire != WireFormat::kNative) return "compressed calls are for network links";
+  return "";
 }
 
 HostSegment* segmentServing(const Group& g) {

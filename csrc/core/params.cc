@@ -26,5 +26,11 @@ int reduceThreads() {
   return static_cast<int>(knobs::integer(knobs::kReduceThreads));
 }
 
+size_t hostSlotBytes() {
+  long long v = knobs::integer(knobs::kHostSlotBytes);
+  PC_CHECK(v > 0, "PYCOLLECTIVE_HOST_SLOT_BYTES must be positive, got ", v);
+  return static_cast<size_t>(v);
+}
+
 }  // namespace params
 }  // namespace pycollective

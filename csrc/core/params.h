@@ -15,6 +15,9 @@ size_t deviceSegmentBytes();
 double timeoutSeconds();
 // Threads a single large reduction may use (PYCOLLECTIVE_REDUCE_THREADS, 0 = automatic).
 int reduceThreads();
+// Largest call algo "slots" runs through the host segment, bytes per rank
+// (PYCOLLECTIVE_HOST_SLOT_BYTES).
+size_t hostSlotBytes();
 
 }  // namespace params
 }  // namespace pycollective

@@ -48,7 +48,7 @@ constexpr uint64_t kSegmentMagic = 0x3154534843434f50ull;  // "POCCHST1"
 constexpr uint32_t kLayoutVersion = 2;
 constexpr size_t kControlBytes = 256;
 static_assert(sizeof(HostSegment::Layout) <= kControlBytes, "the layout fits its bytes");
-constexpr size_t kMaxSlotBytes = size_t(1) << 20;
+constexpr size_t kMaxSlotBytes = size_t(16) << 20;
 constexpr auto kLivenessInterval = std::chrono::milliseconds(50);
 constexpr auto kHandshakePoll = std::chrono::microseconds(500);
 
@@ -417,10 +417,11 @@ void* HostSegment::Call::payload() {
          sizeof(SlotHead);
 }
 
-void HostSegment::Call::write(const void* src, size_t bytes) {
-  PC_ASSERT(bytes <= seg_.slotBytes_, "host segment payload of ", bytes, " bytes");
+void HostSegment::Call::write(const void* src, size_t bytes, size_t at) {
+  PC_ASSERT(at + bytes <= seg_.slotBytes_, "host segment payload of ", at + bytes, " bytes");
+  char* dst = static_cast<char*>(payload()) + at;
   if (bytes < kMinStreamedBytes) {
-    hostCopy(payload(), src, bytes);
+    hostCopy(dst, src, bytes);
     return;
   }
   const bool stream = seg_.streamsPayloads();
@@ -433,7 +434,7 @@ void HostSegment::Call::write(const void* src, size_t bytes) {
             " bytes and more now go ",
             stream ? "past the cache (streaming stores)" : "through the cache");
   }
-  (stream ? streamCopy : hostCopy)(payload(), src, bytes);
+  (stream ? streamCopy : hostCopy)(dst, src, bytes);
 }
 
 void HostSegment::Call::publish(size_t bytes) {

@@ -1,8 +1,9 @@
 #pragma once
-// One POSIX shared-memory segment for all ranks of a group on one host, for small collectives.
-// Each member owns two slots (a call header and a payload each); a call writes this member's
-// slot and reads everyone else's, so a small allreduce is one write and one wait instead of
-// log2(n) rounds of point-to-point messages, each of which needs the peer to be running.
+// One POSIX shared-memory segment for all ranks of a group on one host, for small collectives
+// (algorithms/slots.cc) and large allreduces in pieces (algorithms/staged.cc). Each member owns
+// two slots (a call header and a payload each); a call writes this member's slot and reads
+// everyone else's, so a small allreduce is one write and one wait instead of log2(n) rounds of
+// point-to-point messages, each of which needs the peer to be running.
 //
 // Calls alternate between the two slots. A member may write a slot again only two calls later,
 // and by then every member has read it: to finish call k a member waits until every member has
@@ -81,9 +82,10 @@ class HostSegment {
 
     // This member's payload area for the call: slotBytes() bytes, 64-byte aligned.
     void* payload();
-    // Copies this member's payload into payload(): with streaming stores, past this core's
-    // cache, while any member finds the others' cores far and it is kMinStreamedBytes or more.
-    void write(const void* src, size_t bytes);
+    // Copies this member's payload into payload() + at: with streaming stores, past this
+    // core's cache, while any member finds the others' cores far and it is kMinStreamedBytes or
+    // more.
+    void write(const void* src, size_t bytes, size_t at = 0);
     // Makes the first `bytes` of payload() and the call's header visible to the others.
     void publish(size_t bytes);
     // Waits until `member` published this call, checks its header (it must have published
