@@ -417,11 +417,10 @@ void* HostSegment::Call::payload() {
          sizeof(SlotHead);
 }
 
-void HostSegment::Call::write(const void* src, size_t bytes, size_t at) {
-  PC_ASSERT(at + bytes <= seg_.slotBytes_, "host segment payload of ", at + bytes, " bytes");
-  char* dst = static_cast<char*>(payload()) + at;
+void HostSegment::Call::write(const void* src, size_t bytes) {
+  PC_ASSERT(bytes <= seg_.slotBytes_, "host segment payload of ", bytes, " bytes");
   if (bytes < kMinStreamedBytes) {
-    hostCopy(dst, src, bytes);
+    hostCopy(payload(), src, bytes);
     return;
   }
   const bool stream = seg_.streamsPayloads();
@@ -434,7 +433,7 @@ void HostSegment::Call::write(const void* src, size_t bytes, size_t at) {
             " bytes and more now go ",
             stream ? "past the cache (streaming stores)" : "through the cache");
   }
-  (stream ? streamCopy : hostCopy)(dst, src, bytes);
+  (stream ? streamCopy : hostCopy)(payload(), src, bytes);
 }
 
 void HostSegment::Call::publish(size_t bytes) {

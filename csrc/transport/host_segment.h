@@ -82,10 +82,9 @@ class HostSegment {
 
     // This member's payload area for the call: slotBytes() bytes, 64-byte aligned.
     void* payload();
-    // Copies this member's payload into payload() + at: with streaming stores, past this
-    // core's cache, while any member finds the others' cores far and it is kMinStreamedBytes or
-    // more.
-    void write(const void* src, size_t bytes, size_t at = 0);
+    // Copies this member's payload into payload(): with streaming stores, past this core's
+    // cache, while any member finds the others' cores far and it is kMinStreamedBytes or more.
+    void write(const void* src, size_t bytes);
     // Makes the first `bytes` of payload() and the call's header visible to the others.
     void publish(size_t bytes);
     // Waits until `member` published this call, checks its header (it must have published
