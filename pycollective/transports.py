@@ -360,9 +360,9 @@ def connect_host_segment(
 ) -> None:
     """Gives the communicator the segment this rank shares with every rank it reaches over shm
     (its host's), for small collectives of exactly those ranks (algo ``slots``) and their large
-    allreduces, piece by piece (algo ``staged``). None is made
-    for a rank alone on its host, when links are forced to another transport (the user asked
-    for that path), or with ``PYCOLLECTIVE_HOST_SEGMENT=0``.
+    allreduces, piece by piece (algo ``staged``). None is made for a rank alone on its host,
+    when links are forced to another transport (the user asked for that path), or with
+    ``PYCOLLECTIVE_HOST_SEGMENT=0``.
 
     Every rank of the host calls this at the same point of init; the lowest creates the
     segment, named after the session and that rank (unique even when pretend hosts share one

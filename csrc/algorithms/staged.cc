@@ -7,8 +7,9 @@
 // Through the shm rings halving-doubling copies every byte it sends into a ring and out of it
 // again at each step; here each byte of input is copied into the segment once (a rank's own
 // share of its piece not even that: nobody else reads it) and each result byte out of it once.
-// With 4 ranks on 2 cores that is 1.2x-1.4x faster from 64 KiB to 64 MiB, with 2 ranks even
-// from 1 MiB and 1.15x at 64 MiB (docs/benchmarks.md, "Staged through the host segment").
+// With 4 ranks on 2 cores that ran 1.4x-1.8x faster from 16 KiB to 256 MiB, with 2 ranks
+// 1.1x-1.5x from 64 KiB, 1.2x slower at 16-32 KiB (docs/benchmarks.md, "Staged through the host
+// segment").
 //
 // Slots are reused as the segment's calls allow (a member writes a slot again two calls later,
 // after every member has published the call between, which each does only after it is done
@@ -82,10 +83,10 @@ class Staged : public Algorithm {
     // bytes halving-doubling moves, with 4 ranks 1.25 S against its 1.5 S. Each segment call
     // is priced as a message: unlike slots' single call it stands between passes over a piece
     // that cannot start before it, where the links' algorithms overlap their steps in pieces.
-    // So priced, 2 ranks tie halving-doubling in cache (measured 0.94x-1.24x of it, 8-256 KiB)
-    // and are cheaper out of it (0.86x-0.95x, 4-256 MiB); 4 ranks 0.87x of it (measured 0.72x-
-    // 0.81x). Every rank works in every call, at the share of the cores the host gives it
-    // (docs/benchmarks.md, "Staged through the host segment").
+    // So priced, 2 ranks tie halving-doubling in cache (measured 1.2x of it at 16-32 KiB,
+    // 0.87x-0.92x at 64 KiB-1 MiB) and are cheaper past it (0.66x-0.74x at 16-256 MiB); 4
+    // ranks 0.87x of it (measured 0.55x-0.70x). Every rank works in every call, at the share of
+    // the cores the host gives it (docs/benchmarks.md, "Staged through the host segment").
     const double copies = (2 * (n - 1) / n + 1) * S / 2;
     return calls * (c.alpha + parkedPeerWait(g)) +
            crowding(g) * (copies * c.beta + (n - 1) / n * S * c.gamma);
