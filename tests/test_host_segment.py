@@ -238,12 +238,13 @@ def test_mismatched_calls_fail_fast_naming_both(other_count, algo, other_algo, s
     assert says in res[1][1] and f"element count: here 10, peer {other_count}" in res[1][1], res
 
 
-def _timeout(rank, n):
+def _timeout(rank, n, algo, count):
     import pycollective as pc
 
     pc.init()
     if rank == 0:
-        res = expect_error(lambda: pc.allreduce(np.ones(4, np.float32), algo="slots", timeout=1.0))
+        x = np.ones(count, np.float32)
+        res = expect_error(lambda: pc.allreduce(x, algo=algo, timeout=1.0))
     else:
         time.sleep(3)  # never calls the collective
         res = None
@@ -251,10 +252,11 @@ def _timeout(rank, n):
 
 
 @pytest.mark.timeout(60)
-def test_timeout_names_rank_call_and_segment():
-    name, msg, seconds = run_ranks(_timeout, 2, timeout=40)[0]
+@pytest.mark.parametrize("algo, count", [("slots", 4), ("staged", 1 << 20)])
+def test_timeout_names_rank_call_and_segment(algo, count):
+    name, msg, seconds = run_ranks(_timeout, 2, algo, count, timeout=40)[0]
     assert name == "CollectiveTimeout", msg
-    assert "[rank 0/2] allreduce#0 (slots, float32, 4 elems" in msg, msg
+    assert f"[rank 0/2] allreduce#0 ({algo}, float32, {count} elems" in msg, msg
     assert "waiting for rank 1 on the host segment" in msg and "PYCOLLECTIVE_TIMEOUT" in msg, msg
     assert seconds < 5
 
