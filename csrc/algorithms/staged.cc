@@ -36,12 +36,14 @@ namespace {
 struct PieceLayout {
   size_t count = 0;    // elements of a whole piece
   size_t pieceAt = 0;  // byte offset of the piece in the slot
+  bool fits = false;   // whether a piece of n elements and its share fit at all
 
   PieceLayout(size_t slotBytes, int n, size_t es) {
     count = std::max<size_t>(slotBytes / es * n / (n + 1), n);
     for (;;) {
       pieceAt = ((count + n - 1) / n * es + 63) / 64 * 64;
-      if (pieceAt + count * es <= slotBytes || count <= static_cast<size_t>(n)) break;
+      fits = pieceAt + count * es <= slotBytes;
+      if (fits || count <= static_cast<size_t>(n)) break;
       count -= n;
     }
   }
@@ -59,8 +61,7 @@ class Staged : public Algorithm {
     if (!why.empty()) return why;
     if (a.kind != CollectiveKind::kAllreduce) return "it runs allreduce only";
     const HostSegment* seg = slots::segmentServing(g);
-    const PieceLayout layout(seg->slotBytes(), g.size(), elementSize(a.dtype));
-    if (layout.pieceAt + layout.count * elementSize(a.dtype) > seg->slotBytes())
+    if (!PieceLayout(seg->slotBytes(), g.size(), elementSize(a.dtype)).fits)
       return makeMessage("the host segment's slots of ", seg->slotBytes(),
                          " bytes hold no piece for ", g.size(),
                          " ranks (PYCOLLECTIVE_HOST_PIECE_BYTES)");
@@ -110,14 +111,15 @@ class Staged : public Algorithm {
     for (size_t k = 0; k <= pieces; ++k) {
       HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
       char* mine = static_cast<char*>(call.payload());
+      // Piece k - 1: reduced in this call, copied out after its wait.
+      const size_t prevFirst = k > 0 ? (k - 1) * layout.count : 0;
+      const Chunks prevShares(k > 0 ? layout.countOf(k - 1, a.count) : 0, n);
       if (k > 0) {
-        // This rank's share of piece k - 1, from every rank's slot of the last call; its own
-        // part of it never went to its slot.
-        const size_t first = (k - 1) * layout.count;
-        const Chunks shares(layout.countOf(k - 1, a.count), n);
-        const size_t at = shares.offset(r) * es, bytes = shares.size(r) * es;
+        // This rank's share of it, from every rank's slot of the last call; its own part of it
+        // never went to its slot.
+        const size_t at = prevShares.offset(r) * es, bytes = prevShares.size(r) * es;
         auto operand = [&](int m) {
-          return m == r ? in + first * es + at : before[m] + layout.pieceAt + at;
+          return m == r ? in + prevFirst * es + at : before[m] + layout.pieceAt + at;
         };
         ex.reduceLocal(mine, operand(0), operand(1), bytes);
         for (int m = 2; m < n; ++m) ex.reduceLocal(mine, mine, operand(m), bytes);
@@ -141,14 +143,12 @@ class Staged : public Algorithm {
       for (int m = 0; m < n; ++m)
         now[m] = m == r ? mine : static_cast<const char*>(call.await(m, published));
       if (k > 0) {
-        const size_t first = (k - 1) * layout.count;
-        const Chunks shares(layout.countOf(k - 1, a.count), n);
         for (int m = 0; m < n; ++m) {
-          char* to = out + (first + shares.offset(m)) * es;
+          char* to = out + (prevFirst + prevShares.offset(m)) * es;
           if (pastCache)
-            ex.store(to, now[m], shares.size(m) * es);
+            ex.store(to, now[m], prevShares.size(m) * es);
           else
-            ex.copy(to, now[m], shares.size(m) * es);
+            ex.copy(to, now[m], prevShares.size(m) * es);
         }
       }
       before.swap(now);
