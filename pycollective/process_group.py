@@ -494,14 +494,16 @@ class ProcessGroup:
     @property
     def auto_trial_calls(self) -> int:
         """The most calls of one shape ``algo="auto"`` spends on its first trial, where the model
-        prices a near tie (calls of 20 us and more); 0 with ``PYCOLLECTIVE_AUTO_TRIALS=0``."""
+        prices a near tie (calls of 20 us and more, or of any price where the host's ranks
+        outnumber its cores); 0 with ``PYCOLLECTIVE_AUTO_TRIALS=0``."""
         return self._world.comm.auto_trial_calls
 
     def explain(self, collective: str, nbytes: int) -> str:
         """The algorithm algo="auto" runs for a float32 call of this size, and why: where calls
         of this shape are measured (a near tie in the model's prices, or one algorithm alone
-        whose calls are watched, priced at 20 us or more) and have run, the times every rank
-        agreed on; else the model's pick and costs."""
+        whose calls are watched, priced at 20 us or more; any price where the host's ranks
+        outnumber its cores) and have run, the times every rank agreed on; else the model's
+        pick and costs."""
         return self._world.comm.explain(
             _C.CallSpec(kind=KINDS[collective], count=nbytes // 4, dtype=_FLOAT32),
             self._native_members,

@@ -6,10 +6,22 @@ namespace pycollective {
 
 AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int each)
     : candidates(std::move(c)), epoch(e), trialsEach(each) {
-  double cheapest = 0;
-  for (size_t i = 0; i < candidates.size(); ++i)
-    if (i == 0 || candidates[i].modelSeconds < cheapest) cheapest = candidates[i].modelSeconds;
-  if (candidates.size() > 1 && cheapest < kMinModelSeconds) candidates.resize(1);
+  // Calls priced under kMinModelSeconds come here only from a crowded host (agreed_auto.cc).
+  // They are not watched: the watch's agreement every kWatchInterval calls, and the checks that
+  // the scatter of such calls (+-30% with 4 ranks on 2 vCPUs) sets off, cost more than a
+  // choice's drift over a few thousand calls of microseconds, and the checks every kMaxInterval
+  // calls at most follow the machine. The reserves a watch would call up are dropped, and those
+  // checkedOnce race from the trial on: a few calls of 20-40 us cost less there than the choice
+  // that waited kOnceAfter calls for their check (3 processes x 8 KiB on 2 vCPUs: `staged`,
+  // 1.7x `slots`' price, ran 0.7x its time).
+  for (const AutoCandidate& a : candidates) watched = watched && a.modelSeconds >= kMinModelSeconds;
+  if (!watched) {
+    std::vector<AutoCandidate> racers;
+    for (size_t i = 0; i < candidates.size() && racers.size() < kMaxCandidates; ++i)
+      if (!candidates[i].reserve || checkedOnce(candidates, i)) racers.push_back(candidates[i]);
+    for (AutoCandidate& a : racers) a.reserve = false;
+    candidates = std::move(racers);
+  }
   times.resize(candidates.size());
   racing.assign(candidates.size(), false);
   size_t nearTies = 0;
@@ -80,12 +92,12 @@ void AgreedChoices::Schedule::advance(Step* step) {
     // Only the calls the next check or watch reads are counted (their last RecentTimes::kRecent):
     // the others need not pay for two clock reads and a record (a lock and a lookup).
     const bool checkReads = untilCheck <= RecentTimes::kRecent && anotherRaces();
-    step->counted =
-        choiceStreak >= kUnfairCalls && (checkReads || untilWatch <= RecentTimes::kRecent);
+    const bool watchReads = watched && untilWatch <= RecentTimes::kRecent;
+    step->counted = choiceStreak >= kUnfairCalls && (checkReads || watchReads);
     ++choiceStreak;
     if (untilCheck > 0) --untilCheck;
     step->closesRound = false;
-    if (--untilWatch == 0) {
+    if (watched && --untilWatch == 0) {
       untilWatch = kWatchInterval;
       // A check that starts with the next call reads these calls itself.
       if (!(untilCheck == 0 && anotherRaces())) {

@@ -20,8 +20,9 @@
 // - a watch every kWatchInterval calls of the choice between checks: the ranks agree on its last
 //   calls, and when all of them ran kCloseRatio slower than its usual time (the machine changed)
 //   the next call starts a check. Without it a choice that slowed ran on for up to kMaxInterval
-//   calls; the watch costs one agreement per kWatchInterval calls priced at kMinModelSeconds or
-//   more (a few microseconds in a few milliseconds);
+//   calls; the watch costs one agreement per kWatchInterval calls (a few microseconds in a few
+//   milliseconds, at kMinModelSeconds; on a crowded host, where cheaper calls are measured
+//   too, one in 64 calls of 7-20 us);
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve): a
 //   watch that finds the choice kWidenRatio slower than usual (or its first usual time that
 //   much over the model's price) has them join the next check, and a check that finds a reserve
@@ -30,8 +31,10 @@
 //   kWidenRatio of the near ties have one check of their own after the shape's first
 //   kOnceAfter calls (checkedOnce): the model misses by more than its window.
 //
-// The agreement is one allreduce of a few doubles per trial, check or watch. Calls the model
-// prices under kMinModelSeconds (comm/auto_candidates.h) are not measured.
+// The agreement is one allreduce of a few doubles per trial, check or watch. Which calls are
+// measured is the caller's to say, by the candidates it gives: one alone is not (process
+// groups measure calls the model prices under kMinModelSeconds only on a crowded host,
+// algorithms/agreed_auto.cc).
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -62,8 +65,8 @@ class AgreedChoices {
     bool closesRound = false;
   };
 
-  // The next call of this shape: false where there is nothing to measure (the model prices one
-  // algorithm for it and no other, or the call under kMinModelSeconds, or trialsEach <= 0); the
+  // The next call of this shape: false where there is nothing to measure (`candidates()` gave
+  // one algorithm alone, or trialsEach <= 0); the
   // caller runs the model's choice then. A shape first met, or met under other model inputs
   // (`epoch`: ChoiceMemo::epoch()), starts its trial with `candidates()`.
   template <typename CandidatesFn>
@@ -126,6 +129,7 @@ class AgreedChoices {
     std::vector<RecentTimes> times;
     std::vector<bool> racing;    // the near ties; a reserve from a slowdown to a lost check
     bool onceToCome = false;     // the reserves checkedOnce still wait for that check
+    bool watched = true;         // its calls priced at kMinModelSeconds or more
     uint64_t calls = 0;          // of this shape, on every rank alike
     std::vector<double> agreed;  // each candidate's estimate from the last agreed samples
     uint64_t epoch = 0;

@@ -53,9 +53,10 @@ constexpr double kMoveMargin = 1.1;
 // was the faster call, and one lucky call per check moved the choice to a slower rival.
 constexpr int kCheckCalls = 3;
 // Calls the model prices under this are not timed where timing is optional (process groups
-// measure none of them; in process, a lone near tie is not watched): the bookkeeping (a lock,
-// a lookup, two clock reads) would show on a call of a few microseconds, and such calls were
-// never where auto missed.
+// measure none of them unless a host's ranks outnumber its cores, algorithms/agreed_auto.cc;
+// in process, a lone near tie is not watched): the bookkeeping (a lock, a lookup, two clock
+// reads) would show on a call of a few microseconds, and such calls were not where auto
+// missed on cores of their own.
 constexpr double kMinModelSeconds = 20e-6;
 // The choice's calls, once settled, are watched against its usual time: all of its last calls
 // this much slower (its fastest too: not a few calls that paid for other work) and the machine

@@ -27,8 +27,9 @@ namespace knobs {
     "Auto times the algorithms the model prices within 1.25x of its best and the tuned "          \
     "table's entry (at most 4) on this many counted calls each per shape, runs the fastest "      \
     "and keeps timing the others now and then; process groups measure calls the model prices "    \
-    "at 20 us or more and agree on the times across ranks (0: the model's or the table's "        \
-    "choice alone, the same on every run; set it alike on every rank).")                          \
+    "at 20 us or more (all calls where a host's ranks outnumber its cores) and agree on the "     \
+    "times across ranks (0: the model's or the table's choice alone, the same on every run; "     \
+    "set it alike on every rank).")                                                               \
   X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
     "Log level: NONE, WARN, INFO (algorithm choices, links) or TRACE.")                           \
   X(kDebugSubsys, "PYCOLLECTIVE_DEBUG_SUBSYS", "str", "ALL",                                      \

@@ -240,11 +240,27 @@ int main() {
            "the reserve within 2x ran %d of 3000 calls, not one check", calm["direct"]);
     EXPECT(!r.divergent && !slower.divergent, "ranks ran different algorithms");
   }
-  {  // A call of a few microseconds is not measured (the bookkeeping would show), nor one with a
-     // single candidate, nor any without trials.
-    Ranks tiny(2);
-    tiny.candidates = {{"slots", 3e-6}, {"ring", 3.5e-6}};
-    EXPECT(tiny.call().empty(), "a 3 us call was measured");
+  {  // Calls priced under kMinModelSeconds come with several candidates only from a crowded host
+     // (algorithms/agreed_auto.cc): their reserves priced within 2x race from the trial on, the
+     // others never run, and nothing is watched (an agreement a trial or a check, no more).
+    Ranks tiny(3);
+    tiny.candidates = {{"slots", 12e-6},
+                       {"staged", 20e-6, false, /*reserve=*/true},
+                       {"ring", 40e-6, false, /*reserve=*/true}};
+    tiny.setAll("slots", 15e-6);
+    tiny.setAll("staged", 10e-6);
+    tiny.setAll("ring", 5e-6);  // priced over 2x: never run, however fast
+    const int each = AgreedChoices::kUnfairCalls + tiny.trialsEach;
+    auto trial = tiny.calls(2 * each);
+    EXPECT(trial["slots"] == each && trial["staged"] == each, "the trial ran slots %d, staged %d",
+           trial["slots"], trial["staged"]);
+    EXPECT(tiny.settledOn() == "staged", "settled on %s", tiny.settledOn().c_str());
+    auto later = tiny.calls(3000);
+    EXPECT(later["ring"] == 0, "the reserve priced over 2x ran %d calls", later["ring"]);
+    EXPECT(later["staged"] >= 2950, "staged ran %d of 3000 calls", later["staged"]);
+    // The trial's agreement and the checks at 64, 128, ... 2048 calls (and 4096 after them).
+    EXPECT(tiny.rounds <= 7, "%d agreements in 3000 calls", tiny.rounds);
+    EXPECT(!tiny.divergent, "ranks ran different algorithms");
     Ranks one = twoCandidates(2, 100e-6, 60e-6);
     one.candidates.resize(1);
     EXPECT(one.call().empty(), "a single candidate was measured");
