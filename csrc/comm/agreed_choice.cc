@@ -13,7 +13,7 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   // calls at most follow the machine. The reserves a watch would call up are dropped, and those
   // checkedOnce race from the trial on: a few calls of 20-40 us cost less there than the choice
   // that waited kOnceAfter calls for their check (3 processes x 8 KiB on 2 vCPUs: `staged`,
-  // 1.7x `slots`' price, ran 0.7x its time).
+  // priced 1.7x `slots`, ran 0.6x-0.8x its time).
   for (const AutoCandidate& a : candidates) watched = watched && a.modelSeconds >= kMinModelSeconds;
   if (!watched) {
     std::vector<AutoCandidate> racers;

@@ -66,9 +66,9 @@ class AgreedChoices {
   };
 
   // The next call of this shape: false where there is nothing to measure (`candidates()` gave
-  // one algorithm alone, or trialsEach <= 0); the
-  // caller runs the model's choice then. A shape first met, or met under other model inputs
-  // (`epoch`: ChoiceMemo::epoch()), starts its trial with `candidates()`.
+  // one algorithm alone, or trialsEach <= 0); the caller runs the model's choice then. A shape
+  // first met, or met under other model inputs (`epoch`: ChoiceMemo::epoch()), starts its
+  // trial with `candidates()`.
   template <typename CandidatesFn>
   bool next(const CallShape& shape, uint64_t epoch, int trialsEach, CandidatesFn&& candidates,
             Step* step) {

@@ -258,7 +258,7 @@ int main() {
     auto later = tiny.calls(3000);
     EXPECT(later["ring"] == 0, "the reserve priced over 2x ran %d calls", later["ring"]);
     EXPECT(later["staged"] >= 2950, "staged ran %d of 3000 calls", later["staged"]);
-    // The trial's agreement and the checks at 64, 128, ... 2048 calls (and 4096 after them).
+    // The trial's agreement and the checks, 64, 128, 256, ... calls apart: 6 in all.
     EXPECT(tiny.rounds <= 7, "%d agreements in 3000 calls", tiny.rounds);
     EXPECT(!tiny.divergent, "ranks ran different algorithms");
     Ranks one = twoCandidates(2, 100e-6, 60e-6);
