@@ -7,9 +7,9 @@
 // Through the shm rings halving-doubling copies every byte it sends into a ring and out of it
 // again at each step; here each byte of input is copied into the segment once (a rank's own
 // share of its piece not even that: nobody else reads it) and each result byte out of it once.
-// With 4 ranks on 2 cores that ran 1.4x-1.8x faster from 16 KiB to 256 MiB, with 2 ranks
-// 1.1x-1.5x from 64 KiB, 1.2x slower at 16-32 KiB (docs/benchmarks.md, "Staged through the host
-// segment").
+// With 4 ranks on 2 cores that ran 1.4x-1.9x faster from 16 KiB to 256 MiB, with 2 ranks
+// 1.1x-1.6x from 64 KiB, 1.2x slower at 16-32 KiB (docs/benchmarks.md, "Staged through the host
+// segment" and the thirty-third session's point 2).
 //
 // Slots are reused as the segment's calls allow (a member writes a slot again two calls later,
 // after every member has published the call between, which each does only after it is done
