@@ -155,8 +155,33 @@ class GlooBackend:
             "min": dist.ReduceOp.MIN,
             "prod": dist.ReduceOp.PRODUCT,
         }
-        if collective != "allreduce" or op not in ops:
-            raise ValueError("the gloo peer runs allreduce with sum/min/max/prod only")
+        if collective not in ("allreduce", "reduce_scatter", "allgather") or (
+            collective != "allgather" and op not in ops
+        ):
+            raise ValueError(
+                "the gloo peer runs allreduce and reduce_scatter with sum/min/max/prod, "
+                "and allgather"
+            )
+        if collective == "reduce_scatter":
+            if t.numel() % self.size:
+                raise ValueError("the gloo peer's reduce_scatter needs equal shares")
+            result = torch.empty(t.numel() // self.size, dtype=t.dtype)
+
+            def reduce_scatter():
+                dist.reduce_scatter_tensor(result, t, op=ops[op])
+                return result.numpy()
+
+            return reduce_scatter
+        if collective == "allgather":
+            # all_gather_single is the name all_gather_into_tensor took in PyTorch 2.13.
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            result = torch.empty(t.numel() * self.size, dtype=t.dtype)
+
+            def allgather():
+                gather(result, t)
+                return result.numpy()
+
+            return allgather
         # gloo reduces in place; copy the input first, as our out= calls leave it untouched.
         work = t.clone()
 
@@ -193,8 +218,28 @@ class MpiBackend:
 
     def call(self, collective: str, x: np.ndarray, out, algo: str, op: str):
         ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN, "prod": self.MPI.PROD}
-        if collective != "allreduce" or op not in ops:
-            raise ValueError("the MPI peer runs allreduce with sum/min/max/prod only")
+        if collective == "allgather":
+
+            def allgather():
+                self.comm.Allgather(x, out)
+                return out
+
+            return allgather
+        if collective not in ("allreduce", "reduce_scatter") or op not in ops:
+            raise ValueError(
+                "the MPI peer runs allreduce and reduce_scatter with sum/min/max/prod, "
+                "and allgather"
+            )
+        if collective == "reduce_scatter":
+            # Our shares: the first count % n ranks hold one element more (patterns.expected).
+            base, extra = divmod(x.size, self.size)
+            counts = [base + (r < extra) for r in range(self.size)]
+
+            def reduce_scatter():
+                self.comm.Reduce_scatter(x, out, counts, op=ops[op])
+                return out
+
+            return reduce_scatter
 
         def run():
             self.comm.Allreduce(x, out, op=ops[op])

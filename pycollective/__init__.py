@@ -79,7 +79,8 @@ def algorithms() -> list[str]:
     (LocalCommunicator); ``inline`` computes the collective on the calling thread. ``slots``
     and ``staged`` need a process group of exactly one host's ranks and run through their host
     segment: ``slots`` calls of at most ``PYCOLLECTIVE_HOST_SLOT_BYTES`` (16 KiB) per rank,
-    ``staged`` allreduces of any size, in pieces of ``PYCOLLECTIVE_HOST_PIECE_BYTES``."""
+    ``staged`` allreduces, reduce-scatters and allgathers of any size, in pieces of
+    ``PYCOLLECTIVE_HOST_PIECE_BYTES``."""
     return list(_C.algorithms())
 
 

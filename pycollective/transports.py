@@ -360,7 +360,7 @@ def connect_host_segment(
 ) -> None:
     """Gives the communicator the segment this rank shares with every rank it reaches over shm
     (its host's), for small collectives of exactly those ranks (algo ``slots``) and their large
-    allreduces, piece by piece (algo ``staged``). None is made for a rank alone on its host,
+    allreduces, reduce-scatters and allgathers, piece by piece (algo ``staged``). None is made for a rank alone on its host,
     when links are forced to another transport (the user asked for that path), or with
     ``PYCOLLECTIVE_HOST_SEGMENT=0``.
 
@@ -375,7 +375,7 @@ def connect_host_segment(
         name=name,
         ranks=ranks,
         digest=shm_digest(token, name),
-        # One slot serves both: small calls whole (slots) and large allreduces in pieces (staged).
+        # One slot serves both: small calls whole (slots) and large ones in pieces (staged).
         slot_bytes=max(
             config.env_int("PYCOLLECTIVE_HOST_SLOT_BYTES", 16 << 10),
             config.env_int("PYCOLLECTIVE_HOST_PIECE_BYTES", 512 << 10),

@@ -1,6 +1,7 @@
 """The host segment and the algorithms that run through it (csrc/transport/host_segment.h):
 `slots` (csrc/algorithms/slots.cc), small collectives of one host's ranks in one call, and
-`staged` (csrc/algorithms/staged.cc), large allreduces piece by piece.
+`staged` (csrc/algorithms/staged.cc), large allreduces, reduce-scatters and allgathers piece by
+piece.
 Results against numpy, mismatched calls, timeouts, aborting peers, subgroups, and the settings
 that turn it off -- every case in separate processes under a hard deadline. (A peer that dies
 on the segment: tests/test_failures.py.)"""
@@ -125,7 +126,7 @@ def _staged(rank, n):
         assert (y == n * (n + 1) / 2).all()
         if i % 7 == 0:
             assert pc.allreduce(np.ones(3, np.float32), algo="slots")[0] == n
-    others = expect_error(lambda: pc.allgather(np.ones(3, np.float32), algo="staged"))
+    others = expect_error(lambda: pc.broadcast(np.ones(3, np.float32), algo="staged"))
     pc.barrier()
     pc.shutdown()
     return checks, others
@@ -138,7 +139,48 @@ def test_staged_allreduce_matches_numpy_across_pieces(n):
     results = run_ranks(_staged, n, timeout=150, env=env)
     assert len({checks for checks, _ in results}) == 1 and results[0][0] > 0
     for _, (name, msg, _) in results:
-        assert name == "ValueError" and "allreduce only" in msg, msg
+        assert name == "ValueError" and "reduce_scatter and allgather only" in msg, msg
+
+
+def _staged_shares(rank, n):
+    import pycollective as pc
+
+    pc.init()
+    assert _segment()[2] == 4096
+    checks = 0
+    for dtype, itemsize in (("float32", 4), ("float64", 8), ("int32", 4), ("bfloat16", 2)):
+        part = 4096 // n // 64 * 64 // itemsize  # reduce_scatter's part of a share per call
+        # Less than a share each, shares of one part and of a little more, many parts, and
+        # counts that n does not divide (the first ranks' shares one element longer).
+        for count in (0, 1, n - 1, 7, n * part, n * part + 1, 3 * n * part - 1, 20_000 + n):
+            ops = ("sum", "max", "avg") if dtype != "int32" else ("sum", "min")
+            for op in ops:
+                xs = make_inputs(dtype, op, n, count, seed=count + n)
+                ref = reduce_ref(xs, op)
+                base, extra = divmod(count, n)
+                start = rank * base + min(rank, extra)
+                share = ref[start : start + base + (rank < extra)]
+                y = pc.reduce_scatter(xs[rank], op=op, algo="staged")
+                assert_close(y, share, op, n, f"reduce_scatter {dtype} {op} {count}")
+                checks += 1
+            x = make_inputs(dtype, "sum", n, count, seed=count)
+            out = np.full((n, count), 7, x[rank].dtype)  # every rank's input in a row
+            got = pc.allgather(x[rank], algo="staged", out=out)
+            assert np.array_equal(np.asarray(got).reshape(-1), np.concatenate(x)), (dtype, count)
+            # An allreduce between them: the slots it writes are the next calls' to write.
+            assert pc.allreduce(np.ones(3, np.float32), algo="staged")[0] == n
+            checks += 1
+    pc.barrier()
+    pc.shutdown()
+    return checks
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_staged_reduce_scatter_and_allgather_match_numpy_across_pieces(n):
+    env = {"PYCOLLECTIVE_HOST_PIECE_BYTES": "4096", "PYCOLLECTIVE_HOST_SLOT_BYTES": "4096"}
+    results = run_ranks(_staged_shares, n, timeout=150, env=env)
+    assert len(set(results)) == 1 and results[0] > 0
 
 
 def _auto_and_limits(rank, n):

@@ -167,6 +167,10 @@ HostSegment* segmentServing(const Group& group);
 // Why a call of this group cannot run on its host segment at all, or "".
 std::string whyNotOnSegment(const Group& group, const CollectiveArgs& args);
 void runBarrier(Exchange& ex);
+// acc = slot[0] OP slot[1] OP ... over `bytes` at `offset` of every slot, in rank order: the
+// same to the bit on every rank that reduces the same slots.
+void reduceInRankOrder(Exchange& ex, const std::vector<const char*>& slot, size_t offset,
+                       size_t bytes, void* acc);
 }  // namespace slots
 namespace staged {
 const Algorithm& algorithm();

@@ -36,17 +36,6 @@ size_t publishedBytes(const CollectiveArgs& a, int groupRank) {
   return bytes;
 }
 
-// acc = slot[0] OP slot[1] OP ... over `bytes` at `offset` of every slot, in rank order.
-void reduceSlots(Exchange& ex, const std::vector<const char*>& slot, size_t offset, size_t bytes,
-                 void* acc) {
-  if (slot.size() == 1) {
-    ex.copy(acc, slot[0] + offset, bytes);
-    return;
-  }
-  ex.reduceLocal(acc, slot[0] + offset, slot[1] + offset, bytes);
-  for (size_t m = 2; m < slot.size(); ++m) ex.reduceLocal(acc, acc, slot[m] + offset, bytes);
-}
-
 // Publishes this rank's part of the call and waits for every rank's: returns each rank's slot.
 // Every rank waits for all, whatever it reads: that is what lets a slot be written again two
 // calls later (host_segment.h).
@@ -104,13 +93,13 @@ class Slots : public Algorithm {
     const int n = ex.size(), r = ex.rank();
     const size_t es = ex.elemSize(), bytes = a.count * es;
     switch (a.kind) {
-      case CollectiveKind::kAllreduce: reduceSlots(ex, slot, 0, bytes, a.out); break;
+      case CollectiveKind::kAllreduce: reduceInRankOrder(ex, slot, 0, bytes, a.out); break;
       case CollectiveKind::kReduce:
-        if (r == a.root) reduceSlots(ex, slot, 0, bytes, a.out);
+        if (r == a.root) reduceInRankOrder(ex, slot, 0, bytes, a.out);
         break;
       case CollectiveKind::kReduceScatter: {
         const Chunks chunks(a.count, n);
-        reduceSlots(ex, slot, chunks.offset(r) * es, chunks.size(r) * es, a.out);
+        reduceInRankOrder(ex, slot, chunks.offset(r) * es, chunks.size(r) * es, a.out);
         break;
       }
       case CollectiveKind::kAllgather:
@@ -147,6 +136,16 @@ HostSegment* segmentServing(const Group& g) {
   for (int i = 0; i < g.size(); ++i)
     if (seg->ranks()[i] != g.globalRank(i)) return nullptr;
   return seg;
+}
+
+void reduceInRankOrder(Exchange& ex, const std::vector<const char*>& slot, size_t offset,
+                       size_t bytes, void* acc) {
+  if (slot.size() == 1) {
+    ex.copy(acc, slot[0] + offset, bytes);
+    return;
+  }
+  ex.reduceLocal(acc, slot[0] + offset, slot[1] + offset, bytes);
+  for (size_t m = 2; m < slot.size(); ++m) ex.reduceLocal(acc, acc, slot[m] + offset, bytes);
 }
 
 void runBarrier(Exchange& ex) {

@@ -1,8 +1,10 @@
-// Staged: a large allreduce of the ranks of one host through their host segment
-// (transport/host_segment.h), piece by piece. Each segment call carries, in every rank's slot,
-// its next piece of input and its share of the previous piece reduced: every rank reduces its
-// share of a piece from all ranks' slots into its next slot, and copies every rank's reduced
-// share of the piece before into its output. One segment call per piece, plus one.
+// Staged: large collectives of the ranks of one host through their host segment
+// (transport/host_segment.h), piece by piece: allreduce, reduce-scatter and allgather.
+//
+// Allreduce: each segment call carries, in every rank's slot, its next piece of input and its
+// share of the previous piece reduced: every rank reduces its share of a piece from all ranks'
+// slots into its next slot, and copies every rank's reduced share of the piece before into its
+// output. One segment call per piece, plus one.
 //
 // Through the shm rings halving-doubling copies every byte it sends into a ring and out of it
 // again at each step; here each byte of input is copied into the segment once (a rank's own
@@ -10,6 +12,11 @@
 // With 4 ranks on 2 cores that ran 1.4x-1.9x faster from 16 KiB to 256 MiB, with 2 ranks
 // 1.1x-1.6x from 64 KiB, 1.2x slower at 16-32 KiB (docs/benchmarks.md, "Staged through the host
 // segment" and the thirty-third session's point 2).
+//
+// Reduce-scatter: piece k is the k-th part of every rank's share of the input; each rank copies
+// the others' parts into its slot and reduces its own share's part from every slot (its own from
+// its input) straight into its output. Allgather: piece k is the k-th part of every rank's
+// input, copied into its slot and from every slot into every output. One segment call a piece.
 //
 // Slots are reused as the segment's calls allow (a member writes a slot again two calls later,
 // after every member has published the call between, which each does only after it is done
@@ -52,6 +59,140 @@ struct PieceLayout {
   size_t countOf(size_t k, size_t total) const { return std::min(count, total - k * count); }
 };
 
+// Reduce-scatter's and allgather's slots: `parts` parts of `count` elements each, every part on
+// its own cache lines.
+struct PartLayout {
+  size_t stride = 0;  // bytes from one part to the next
+  size_t count = 0;   // elements of a whole part
+
+  PartLayout(size_t slotBytes, int parts, size_t es)
+      : stride(slotBytes / parts / 64 * 64), count(stride / es) {}
+  // Segment calls for `total` elements a part; one at least, so that every rank checks every
+  // other's call even when there is nothing to move.
+  size_t pieces(size_t total) const {
+    return count == 0 ? 0 : std::max<size_t>(1, (total + count - 1) / count);
+  }
+  // Elements of part k of `total`.
+  size_t countOf(size_t k, size_t total) const {
+    return k * count >= total ? 0 : std::min(count, total - k * count);
+  }
+};
+
+void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
+  const int n = ex.size(), r = ex.rank();
+  const size_t es = ex.elemSize();
+  const PieceLayout layout(seg.slotBytes(), n, es);
+  const size_t pieces = layout.pieces(a.count);
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
+  // A call whose buffers leave the cache writes its output with streaming stores, which skip
+  // reading each line before writing it: 2 ranks x 64 MiB 14.6-15.2 ms against 18.9, 4 ranks
+  // x 16 MiB 8.5-8.6 against 10.3-10.6; in cache they cost (4 x 4 MiB 1.92-1.96 ms against
+  // 1.80-1.87; docs/benchmarks.md, "Staged through the host segment").
+  const bool pastCache = !callStaysInCache(ex.group().comm(), n, static_cast<double>(a.count * es));
+  std::vector<const char*> before(n), now(n);  // every rank's slot of the last call, this one
+  std::vector<const char*> operands(n);
+  for (size_t k = 0; k <= pieces; ++k) {
+    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+    char* mine = static_cast<char*>(call.payload());
+    // Piece k - 1: reduced in this call, copied out after its wait.
+    const size_t prevFirst = k > 0 ? (k - 1) * layout.count : 0;
+    const Chunks prevShares(k > 0 ? layout.countOf(k - 1, a.count) : 0, n);
+    if (k > 0) {
+      // This rank's share of it, from every rank's slot of the last call; its own part of it
+      // never went to its slot.
+      for (int m = 0; m < n; ++m)
+        operands[m] = m == r ? in + prevFirst * es : before[m] + layout.pieceAt;
+      slots::reduceInRankOrder(ex, operands, prevShares.offset(r) * es, prevShares.size(r) * es,
+                               mine);
+    }
+    size_t published = layout.pieceAt;
+    if (k < pieces) {
+      const size_t first = k * layout.count, count = layout.countOf(k, a.count);
+      const Chunks shares(count, n);
+      const size_t skip = shares.offset(r) * es, skipEnd = skip + shares.size(r) * es;
+      // Through the cache, whatever the segment's distance vote says (Call::write streams
+      // slots' payloads while the cores are far): the others read their shares of it within
+      // this call, and past the cache it measured 1.1x-1.3x slower with 2 and 4 ranks at
+      // 256 KiB-64 MiB (docs/benchmarks.md, "Staged through the host segment").
+      const char* piece = in + first * es;
+      char* slot = mine + layout.pieceAt;
+      ex.copy(slot, piece, skip);
+      ex.copy(slot + skipEnd, piece + skipEnd, count * es - skipEnd);
+      published += count * es;
+    }
+    call.publish(published);
+    for (int m = 0; m < n; ++m)
+      now[m] = m == r ? mine : static_cast<const char*>(call.await(m, published));
+    if (k > 0) {
+      for (int m = 0; m < n; ++m) {
+        char* to = out + (prevFirst + prevShares.offset(m)) * es;
+        if (pastCache)
+          ex.store(to, now[m], prevShares.size(m) * es);
+        else
+          ex.copy(to, now[m], prevShares.size(m) * es);
+      }
+    }
+    before.swap(now);
+  }
+}
+
+void reduceScatter(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
+  const int n = ex.size(), r = ex.rank();
+  const size_t es = ex.elemSize();
+  const PartLayout layout(seg.slotBytes(), n, es);
+  const Chunks shares(a.count, n);
+  const size_t pieces = layout.pieces(shares.size(0)), published = n * layout.stride;
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
+  std::vector<const char*> operands(n);
+  for (size_t k = 0; k < pieces; ++k) {
+    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+    char* mine = static_cast<char*>(call.payload());
+    const size_t first = k * layout.count;
+    // Through the cache, as allreduce's pieces: the others read their parts within this call.
+    for (int m = 0; m < n; ++m)
+      if (m != r)
+        ex.copy(mine + m * layout.stride, in + (shares.offset(m) + first) * es,
+                layout.countOf(k, shares.size(m)) * es);
+    call.publish(published);
+    for (int m = 0; m < n; ++m)
+      operands[m] = m == r ? in + (shares.offset(r) + first) * es
+                           : static_cast<const char*>(call.await(m, published)) + r * layout.stride;
+    slots::reduceInRankOrder(ex, operands, 0, layout.countOf(k, shares.size(r)) * es,
+                             out + first * es);
+  }
+}
+
+void allgather(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
+  const int n = ex.size(), r = ex.rank();
+  const size_t es = ex.elemSize(), total = a.count * es;
+  const PartLayout layout(seg.slotBytes(), 1, es);
+  const size_t pieces = layout.pieces(a.count);
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
+  // The output is n inputs: past the cache it is written with streaming stores, as allreduce's.
+  const bool pastCache =
+      !callStaysInCache(ex.group().comm(), n, (n + 1) / 2.0 * static_cast<double>(total));
+  auto place = [&](char* to, const char* from, size_t bytes) {
+    if (pastCache)
+      ex.store(to, from, bytes);
+    else
+      ex.copy(to, from, bytes);
+  };
+  for (size_t k = 0; k < pieces; ++k) {
+    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+    const size_t at = k * layout.count * es, bytes = layout.countOf(k, a.count) * es;
+    ex.copy(call.payload(), in + at, bytes);
+    call.publish(bytes);
+    // This rank's own part goes straight from its input, while the others write theirs.
+    place(out + r * total + at, in + at, bytes);
+    for (int m = 0; m < n; ++m)
+      if (m != r)
+        place(out + m * total + at, static_cast<const char*>(call.await(m, bytes)), bytes);
+  }
+}
+
 class Staged : public Algorithm {
  public:
   const char* name() const override { return "staged"; }
@@ -59,9 +200,20 @@ class Staged : public Algorithm {
   std::string unsupported(const Group& g, const CollectiveArgs& a) const override {
     const std::string why = slots::whyNotOnSegment(g, a);
     if (!why.empty()) return why;
-    if (a.kind != CollectiveKind::kAllreduce) return "it runs allreduce only";
     const HostSegment* seg = slots::segmentServing(g);
-    if (!PieceLayout(seg->slotBytes(), g.size(), elementSize(a.dtype)).fits)
+    const size_t es = elementSize(a.dtype);
+    bool fits = false;
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce:
+        fits = PieceLayout(seg->slotBytes(), g.size(), es).fits;
+        break;
+      case CollectiveKind::kReduceScatter:
+        fits = PartLayout(seg->slotBytes(), g.size(), es).count > 0;
+        break;
+      case CollectiveKind::kAllgather: fits = PartLayout(seg->slotBytes(), 1, es).count > 0; break;
+      default: return "it runs allreduce, reduce_scatter and allgather only";
+    }
+    if (!fits)
       return makeMessage("the host segment's slots of ", seg->slotBytes(),
                          " bytes hold no piece for ", g.size(),
                          " ranks (PYCOLLECTIVE_HOST_PIECE_BYTES)");
@@ -71,87 +223,60 @@ class Staged : public Algorithm {
   double cost(const Group& g, const CollectiveArgs& a) const override {
     const LinkCost c = costOf(g, a);
     const double n = g.size();
-    const double S = a.count * elementSize(a.dtype);
+    const size_t es = elementSize(a.dtype);
+    const double S = a.count * es;
     const HostSegment* seg = slots::segmentServing(g);
-    const double calls =
-        seg == nullptr
-            ? 2
-            : PieceLayout(seg->slotBytes(), g.size(), elementSize(a.dtype)).pieces(a.count) + 1;
     // beta prices a byte exchanged over a link: copied into a ring by one rank and out of it by
-    // the other (LinkCost::bothSidesCopy), half a beta a copy. Here a rank copies (n - 1) / n
-    // of its input into its slot, pulls as much from the others' slots into its reduction (as
-    // a ring's receiver does from the ring), and copies its whole output out: with 2 ranks the
-    // bytes halving-doubling moves, with 4 ranks 1.25 S against its 1.5 S. Each segment call
-    // is priced as a message: unlike slots' single call it stands between passes over a piece
-    // that cannot start before it, where the links' algorithms overlap their steps in pieces.
-    // So priced, 2 ranks tie halving-doubling in cache (measured 1.2x of it at 16-32 KiB,
-    // 0.87x-0.92x at 64 KiB-1 MiB) and are cheaper past it (0.66x-0.74x at 16-256 MiB); 4
-    // ranks 0.87x of it (measured 0.55x-0.70x). Every rank works in every call, at the share of
-    // the cores the host gives it (docs/benchmarks.md, "Staged through the host segment").
-    const double copies = (2 * (n - 1) / n + 1) * S / 2;
+    // the other (LinkCost::bothSidesCopy). Each segment call is priced as a message: unlike
+    // slots' single call it stands between passes over a piece that cannot start before it,
+    // where the links' algorithms overlap their steps in pieces. Every rank works in every
+    // call, at the share of the cores the host gives it.
+    double calls = 2, copied = 0, reduced = 0, copyBeta = 0;
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce:
+        if (seg != nullptr) calls = PieceLayout(seg->slotBytes(), g.size(), es).pieces(a.count) + 1;
+        // A rank copies (n - 1) / n of its input into its slot, pulls as much from the others'
+        // slots into its reduction (as a ring's receiver does from the ring), and copies its
+        // whole output out: with 2 ranks the bytes halving-doubling moves, with 4 ranks 1.25 S
+        // against its 1.5 S, at half a beta a copy, the ring's share. So priced, 2 ranks tie
+        // halving-doubling in cache (measured 1.2x of it at 16-32 KiB, 0.87x-0.92x at 64 KiB-1
+        // MiB) and are cheaper past it (0.66x-0.74x at 16-256 MiB); 4 ranks 0.87x of it
+        // (measured 0.55x-0.70x; docs/benchmarks.md, "Staged through the host segment").
+        copied = (2 * (n - 1) / n + 1) * S;
+        reduced = (n - 1) / n * S;
+        copyBeta = c.beta / 2;
+        break;
+      case CollectiveKind::kReduceScatter:
+        if (seg != nullptr)
+          calls =
+              PartLayout(seg->slotBytes(), g.size(), es).pieces(Chunks(a.count, g.size()).size(0));
+        copied = 2 * (n - 1) / n * S;  // the others' shares in, and out into the reduction
+        reduced = (n - 1) / n * S;
+        copyBeta = c.beta / 4;
+        break;
+      case CollectiveKind::kAllgather:
+        if (seg != nullptr) calls = PartLayout(seg->slotBytes(), 1, es).pieces(a.count);
+        copied = (n + 1) * S;  // the input in, n inputs out
+        copyBeta = c.beta / 4;
+        break;
+      default: return 1e30;
+    }
+    // Reduce-scatter's and allgather's copies are priced at a quarter of a beta: measured, one
+    // took 0.24-0.4 of a beta (2 and 4 ranks, 4-64 MiB), and they ran 1.1x-2.4x faster than the
+    // rings from 256 KiB, which the ring's half would price slower (docs/benchmarks.md, "Staged
+    // reduce-scatter and allgather"). Allreduce keeps the ring's half, whose ties in cache
+    // match its measured 1.2x slower at 16-32 KiB with 2 ranks.
     return calls * (c.alpha + parkedPeerWait(g)) +
-           crowding(g) * (copies * c.beta + (n - 1) / n * S * c.gamma);
+           crowding(g) * (copied * copyBeta + reduced * c.gamma);
   }
 
   void run(Exchange& ex, const CollectiveArgs& a) const override {
     HostSegment& seg = *slots::segmentServing(ex.group());
-    const int n = ex.size(), r = ex.rank();
-    const size_t es = ex.elemSize();
-    const PieceLayout layout(seg.slotBytes(), n, es);
-    const size_t pieces = layout.pieces(a.count);
-    const char* in = static_cast<const char*>(a.in);
-    char* out = static_cast<char*>(a.out);
-    // A call whose buffers leave the cache writes its output with streaming stores, which skip
-    // reading each line before writing it: 2 ranks x 64 MiB 14.6-15.2 ms against 18.9, 4 ranks
-    // x 16 MiB 8.5-8.6 against 10.3-10.6; in cache they cost (4 x 4 MiB 1.92-1.96 ms against
-    // 1.80-1.87; docs/benchmarks.md, "Staged through the host segment").
-    const bool pastCache =
-        !callStaysInCache(ex.group().comm(), n, static_cast<double>(a.count * es));
-    std::vector<const char*> before(n), now(n);  // every rank's slot of the last call, this one
-    for (size_t k = 0; k <= pieces; ++k) {
-      HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
-      char* mine = static_cast<char*>(call.payload());
-      // Piece k - 1: reduced in this call, copied out after its wait.
-      const size_t prevFirst = k > 0 ? (k - 1) * layout.count : 0;
-      const Chunks prevShares(k > 0 ? layout.countOf(k - 1, a.count) : 0, n);
-      if (k > 0) {
-        // This rank's share of it, from every rank's slot of the last call; its own part of it
-        // never went to its slot.
-        const size_t at = prevShares.offset(r) * es, bytes = prevShares.size(r) * es;
-        auto operand = [&](int m) {
-          return m == r ? in + prevFirst * es + at : before[m] + layout.pieceAt + at;
-        };
-        ex.reduceLocal(mine, operand(0), operand(1), bytes);
-        for (int m = 2; m < n; ++m) ex.reduceLocal(mine, mine, operand(m), bytes);
-      }
-      size_t published = layout.pieceAt;
-      if (k < pieces) {
-        const size_t first = k * layout.count, count = layout.countOf(k, a.count);
-        const Chunks shares(count, n);
-        const size_t skip = shares.offset(r) * es, skipEnd = skip + shares.size(r) * es;
-        // Through the cache, whatever the segment's distance vote says (Call::write streams
-        // slots' payloads while the cores are far): the others read their shares of it within
-        // this call, and past the cache it measured 1.1x-1.3x slower with 2 and 4 ranks at
-        // 256 KiB-64 MiB (docs/benchmarks.md, "Staged through the host segment").
-        const char* piece = in + first * es;
-        char* slot = mine + layout.pieceAt;
-        ex.copy(slot, piece, skip);
-        ex.copy(slot + skipEnd, piece + skipEnd, count * es - skipEnd);
-        published += count * es;
-      }
-      call.publish(published);
-      for (int m = 0; m < n; ++m)
-        now[m] = m == r ? mine : static_cast<const char*>(call.await(m, published));
-      if (k > 0) {
-        for (int m = 0; m < n; ++m) {
-          char* to = out + (prevFirst + prevShares.offset(m)) * es;
-          if (pastCache)
-            ex.store(to, now[m], prevShares.size(m) * es);
-          else
-            ex.copy(to, now[m], prevShares.size(m) * es);
-        }
-      }
-      before.swap(now);
+    switch (a.kind) {
+      case CollectiveKind::kAllreduce: allreduce(ex, seg, a); return;
+      case CollectiveKind::kReduceScatter: reduceScatter(ex, seg, a); return;
+      case CollectiveKind::kAllgather: allgather(ex, seg, a); return;
+      default: PC_ASSERT(false, "staged cannot run ", collectiveName(a.kind));
     }
   }
 };

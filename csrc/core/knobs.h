@@ -76,12 +76,13 @@ namespace knobs {
     "Size of each shared-memory link's ring, bytes.")                                             \
   X(kHostSegment, "PYCOLLECTIVE_HOST_SEGMENT", "int", "1",                                        \
     "1: the ranks of a host share one segment, through which their small collectives (algo "      \
-    "'slots') and large allreduces (algo 'staged') run; 0: none, every collective over links.")   \
+    "'slots') and large allreduces, reduce-scatters and allgathers (algo 'staged') run; 0: "      \
+    "none, every collective over links.")                                                         \
   X(kHostSlotBytes, "PYCOLLECTIVE_HOST_SLOT_BYTES", "int", "16384",                               \
     "Largest call (bytes per rank) algo 'slots' runs through the host segment; a multiple of "    \
     "64, the same on every rank.")                                                                \
   X(kHostPieceBytes, "PYCOLLECTIVE_HOST_PIECE_BYTES", "int", "524288",                            \
-    "Bytes per rank of each piece in which algo 'staged' moves a large allreduce through the "    \
+    "Bytes per rank of each piece in which algo 'staged' moves a large collective through the "   \
     "host segment; a multiple of 64, the same on every rank. The segment keeps two slots of the " \
     "larger of this and PYCOLLECTIVE_HOST_SLOT_BYTES per rank.")                                  \
   X(kBind, "PYCOLLECTIVE_BIND", "str", "auto",                                                    \

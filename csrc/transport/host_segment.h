@@ -1,6 +1,6 @@
 #pragma once
 // One POSIX shared-memory segment for all ranks of a group on one host, for small collectives
-// (algorithms/slots.cc) and large allreduces in pieces (algorithms/staged.cc). Each member owns
+// (algorithms/slots.cc) and large ones in pieces (algorithms/staged.cc). Each member owns
 // two slots (a call header and a payload each); a call writes this member's slot and reads
 // everyone else's, so a small allreduce is one write and one wait instead of log2(n) rounds of
 // point-to-point messages, each of which needs the peer to be running.
