@@ -62,7 +62,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--transports",
         default="shm",
-        help="procs mode: comma-separated transports among shm, tcp, grpc",
+        help="procs mode: comma-separated transports among shm, tcp, grpc, and auto (each "
+        "peer's own: shm on its host, tcp across hosts, as with --hosts)",
     )
     p.add_argument(
         "--peers",

@@ -285,7 +285,7 @@ def plot(rows: list[Row], ceilings: dict, path: str, command: str = "") -> None:
     palette = plt.get_cmap("tab10").colors
     algos = sorted({k[1] for k in lines if not k[3]})
     color = {a: palette[i % len(palette)] for i, a in enumerate(algos)}
-    style = {"shm": "-", "inproc": "-", "tcp": "--", "grpc": ":"}
+    style = {"shm": "-", "inproc": "-", "tcp": "--", "grpc": ":", "auto": "-."}
     peers = sorted({k[1] for k in lines if k[3]})
     for key, rs in sorted(lines.items()):
         collective, algo, transport, peer = key

@@ -46,7 +46,9 @@ class PycollectiveBackend:
         import pycollective as pc
 
         self.pc = pc
-        self.group = pc.init(transport=job["transport"])
+        # "auto": each peer's own (shm on its host, tcp across: with --hosts, hierarchical's).
+        transport = job["transport"]
+        self.group = pc.init(transport=None if transport == "auto" else transport)
         self.new_outputs = job.get("new_outputs", False)
         self.rank, self.size = pc.rank(), pc.world_size()
         # The auto+new row's calls go through a group of their own: auto keeps a measured

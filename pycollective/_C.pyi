@@ -201,6 +201,11 @@ class Communicator:
         (name, ranks, slot bytes) of the host segment, or None.
         """
     @property
+    def host_segment_calls(self) -> int:
+        """
+        Calls this rank made on its host segment so far (0 without one).
+        """
+    @property
     def rank(self) -> int:
         ...
     @property

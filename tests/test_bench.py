@@ -218,6 +218,30 @@ def test_peers_run_reduce_scatter_and_allgather(collective):
             assert (f"{peer} (peer)" in res.stdout) != unequal, res.stdout
 
 
+@pytest.mark.timeout(240)
+def test_pretend_hosts_over_each_peers_own_transport():
+    """--hosts with --transports auto: shm inside each pretend host (its host segment), tcp
+    between them, where hierarchical runs; a forced shm transport cannot span the hosts."""
+    res = run(
+        [
+            "--world",
+            "4",
+            "--hosts",
+            "2",
+            *TINY,
+            "--transports",
+            "auto",
+            "--algos",
+            "ring,hierarchical,auto",
+            "--peers",
+            "",
+        ]
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "allreduce over auto:" in res.stdout and "all results correct" in res.stdout
+    assert " hierarchical " in res.stdout
+
+
 @pytest.mark.timeout(120)
 def test_corrupted_result_fails_the_command(monkeypatch, capsys):
     import pycollective

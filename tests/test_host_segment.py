@@ -183,6 +183,50 @@ def test_staged_reduce_scatter_and_allgather_match_numpy_across_pieces(n):
     assert len(set(results)) == 1 and results[0] > 0
 
 
+def _hierarchical(rank, n):
+    import pycollective as pc
+    from pycollective import process_group
+
+    pc.init()
+    comm = process_group._default()._world.comm
+    checks, segment_calls = 0, []
+    for dtype in ("float32", "float64", "int32"):
+        for count in (0, 1, 5, 1000, 20_000 + n):
+            op = "sum" if dtype != "int32" else "max"
+            xs = make_inputs(dtype, op, n, count, seed=count)
+            before = comm.host_segment_calls
+            y = pc.allreduce(xs[rank], op=op, algo="hierarchical")
+            assert_close(y, reduce_ref(xs, op), op, n, f"hierarchical {dtype} {count}")
+            # In place: the host's reduce-scatter writes this rank's share over its own input.
+            z = xs[rank].copy()
+            pc.allreduce(z, op=op, algo="hierarchical", out=z)
+            assert_close(z, reduce_ref(xs, op), op, n, f"in place {dtype} {count}")
+            segment_calls.append(comm.host_segment_calls - before)
+            checks += 1
+    pc.barrier()
+    pc.shutdown()
+    return checks, segment_calls
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("per_host", [2, 3])
+@pytest.mark.parametrize("segment", ["1", "0"])
+def test_hierarchical_runs_each_hosts_phases_through_its_segment(per_host, segment):
+    """Two pretend hosts: the reduce-scatter and allgather inside each run through its host
+    segment (staged's, in pieces of 4 KiB), the ring between hosts over tcp; with
+    PYCOLLECTIVE_HOST_SEGMENT=0 around rings of shm links, to the same results."""
+    n = 2 * per_host
+    env = {"PYCOLLECTIVE_HOST_PIECE_BYTES": "4096", "PYCOLLECTIVE_HOST_SEGMENT": segment}
+    hosts = [{"PYCOLLECTIVE_HOST_ID": "ab"[r // per_host]} for r in range(n)]
+    results = run_ranks(_hierarchical, n, timeout=150, env=env, per_rank_env=hosts)
+    assert len({checks for checks, _ in results}) == 1
+    for _, calls in results:
+        if segment == "0":
+            assert set(calls) == {0}, calls
+        else:  # two pieces' calls at least per phase; many for 20 000 elements
+            assert min(calls) >= 2 and max(calls) > 20, calls
+
+
 def _auto_and_limits(rank, n):
     import pycollective as pc
 

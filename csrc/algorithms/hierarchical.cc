@@ -2,7 +2,8 @@
 // of each rank's shard across hosts (every local rank drives its own cross-host ring, so all
 // inter-host links work at once), allgather among the ranks of one host. Inter-host traffic is
 // 1/local_size of a flat ring's. In-process replicas form groups of `hierarchicalGroupSize`
-// consecutive ranks instead of hosts.
+// consecutive ranks instead of hosts. Where the ranks of a host share a host segment, the
+// phases inside it run through the segment (staged's), else around a ring of their links.
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -65,6 +66,15 @@ Layout layoutOf(const Group& g) {
   return l;
 }
 
+// The global ranks of the calling rank's host (its group in `l`).
+std::vector<int> hostRanks(const Group& g, const Layout& l) {
+  std::vector<int> ranks;
+  for (const auto& grp : l.groups)
+    if (std::find(grp.begin(), grp.end(), g.rank()) != grp.end())
+      for (int m : grp) ranks.push_back(g.globalRank(m));
+  return ranks;
+}
+
 class Hierarchical : public Algorithm {
  public:
   const char* name() const override { return "hierarchical"; }
@@ -103,6 +113,17 @@ class Hierarchical : public Algorithm {
     const double crowd = crowding(g), wait = parkedPeerWait(g);
     double local = 2 * (L - 1) * (lc.alpha + wait) +
                    crowd * (2 * (L - 1) / L * S * localBeta + (L - 1) / L * S * lc.gamma);
+    // Through the host's segment: staged's price of the two phases on this rank's host.
+    // (Group needs a communicator it may use; the cost only reads it.)
+    const Group host(const_cast<Communicator&>(g.comm()), hostRanks(g, l));
+    if (staged::segmentFor(host, a) != nullptr) {
+      CollectiveArgs phase = a;
+      phase.kind = CollectiveKind::kReduceScatter;
+      local = staged::algorithm().cost(host, phase);
+      phase.kind = CollectiveKind::kAllgather;
+      phase.count = Chunks(a.count, l.groups[0].size()).size(0);
+      local += staged::algorithm().cost(host, phase);
+    }
     double shard = S / L;
     double cross = 2 * (H - 1) * (rc.alpha + wait) +
                    crowd * (2 * (H - 1) / H * shard * crossBeta + (H - 1) / H * shard * rc.gamma);
@@ -113,17 +134,14 @@ class Hierarchical : public Algorithm {
     Layout l = layoutOf(ex.group());
     PC_ASSERT(l.problem.empty(), l.problem);
     const int me = ex.rank();
-    std::vector<int> local, cross;
+    const std::vector<int> local = hostRanks(ex.group(), l);
+    std::vector<int> cross;
     int localIndex = -1;
     for (const auto& grp : l.groups) {
       auto it = std::find(grp.begin(), grp.end(), me);
       if (it != grp.end()) localIndex = static_cast<int>(it - grp.begin());
     }
-    for (const auto& grp : l.groups) {
-      if (std::find(grp.begin(), grp.end(), me) != grp.end())
-        for (int m : grp) local.push_back(ex.group().globalRank(m));
-      cross.push_back(ex.group().globalRank(grp[localIndex]));
-    }
+    for (const auto& grp : l.groups) cross.push_back(ex.group().globalRank(grp[localIndex]));
     Communicator& comm = ex.group().comm();
     Exchange localEx = ex.on(Group(comm, local));
     Exchange crossEx = ex.on(Group(comm, cross));
@@ -133,9 +151,21 @@ class Hierarchical : public Algorithm {
     char* out = static_cast<char*>(a.out);
     Chunks shards(a.count, local.size());
     char* shard = out + shards.offset(localIndex) * es;
-    ring::reduceScatter(localEx, in, out, shard, a.count);
+    // Across hosts only: on one host `staged` runs the whole allreduce, and `auto` never picks
+    // this algorithm there (its cost above), so its explicit calls keep the rings they had.
+    // (There the segment's two phases ran 1.15x-1.19x faster than staged's allreduce with 2
+    // ranks at 256 KiB-1 MiB and up to 1.25x slower at 32-64 MiB: docs/benchmarks.md, "Staged
+    // reduce-scatter and allgather".)
+    HostSegment* seg = cross.size() > 1 ? staged::segmentFor(localEx.group(), a) : nullptr;
+    if (seg != nullptr)
+      staged::reduceScatter(localEx, *seg, in, shard, a.count);
+    else
+      ring::reduceScatter(localEx, in, out, shard, a.count);
     ring::allreduce(crossEx, shard, shard, shards.size(localIndex));
-    ring::allgather(localEx, out, a.count);
+    if (seg != nullptr)
+      staged::allgather(localEx, *seg, shard, out, shards);
+    else
+      ring::allgather(localEx, out, a.count);
     // The cross-host ring rounded every shard of a compressed call where it was finished, and
     // the local allgather copied those values.
     if (cross.size() > 1) ex.markOutputRounded();

@@ -11,6 +11,7 @@
 namespace pycollective {
 
 class HostSegment;
+struct Chunks;
 
 // Names users can pass as algo=, "inline" (in-process replicas only, local/inline_collective.h)
 // and "auto" included, in a stable order.
@@ -174,6 +175,16 @@ void reduceInRankOrder(Exchange& ex, const std::vector<const char*>& slot, size_
 }  // namespace slots
 namespace staged {
 const Algorithm& algorithm();
-}
+// The host segment serving exactly the group's ranks, if this call's reduce-scatter and
+// allgather can run through it (host buffers, no wire format, a slot with room for a part of
+// every rank's share), or nullptr.
+HostSegment* segmentFor(const Group& group, const CollectiveArgs& args);
+// Reduce-scatter through the segment: this rank's share (Chunks(count, n)) of the sum of every
+// rank's `count` elements at `in`, into `share` (which may be that share of `in` itself).
+void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, size_t count);
+// Allgather through the segment: every rank's share (`shares`) into `out` at its offset, this
+// rank's from `mine` (which may be its share of `out` itself).
+void allgather(Exchange& ex, HostSegment& seg, const char* mine, char* out, const Chunks& shares);
+}  // namespace staged
 
 }  // namespace pycollective

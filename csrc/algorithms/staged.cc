@@ -137,14 +137,14 @@ void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
   }
 }
 
-void reduceScatter(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
+}  // namespace
+
+void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, size_t count) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
   const PartLayout layout(seg.slotBytes(), n, es);
-  const Chunks shares(a.count, n);
+  const Chunks shares(count, n);
   const size_t pieces = layout.pieces(shares.size(0)), published = n * layout.stride;
-  const char* in = static_cast<const char*>(a.in);
-  char* out = static_cast<char*>(a.out);
   std::vector<const char*> operands(n);
   for (size_t k = 0; k < pieces; ++k) {
     HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
@@ -159,21 +159,28 @@ void reduceScatter(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
     for (int m = 0; m < n; ++m)
       operands[m] = m == r ? in + (shares.offset(r) + first) * es
                            : static_cast<const char*>(call.await(m, published)) + r * layout.stride;
-    slots::reduceInRankOrder(ex, operands, 0, layout.countOf(k, shares.size(r)) * es,
-                             out + first * es);
+    // In place (`share` is this rank's share of `in`: hierarchical's phase) the reduction
+    // would write its first two operands' sum over its own operand before reading it, when
+    // that is third or later: it then sums in this rank's own part of its slot, which nobody
+    // reads, and copies the result over.
+    const size_t bytes = layout.countOf(k, shares.size(r)) * es;
+    char* result = share + first * es;
+    const bool overwritesOwn = r >= 2 && result == operands[r];
+    char* acc = overwritesOwn ? mine + r * layout.stride : result;
+    slots::reduceInRankOrder(ex, operands, 0, bytes, acc);
+    if (overwritesOwn) ex.copy(result, acc, bytes);
   }
 }
 
-void allgather(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
+void allgather(Exchange& ex, HostSegment& seg, const char* mine, char* out, const Chunks& shares) {
   const int n = ex.size(), r = ex.rank();
-  const size_t es = ex.elemSize(), total = a.count * es;
+  const size_t es = ex.elemSize();
   const PartLayout layout(seg.slotBytes(), 1, es);
-  const size_t pieces = layout.pieces(a.count);
-  const char* in = static_cast<const char*>(a.in);
-  char* out = static_cast<char*>(a.out);
-  // The output is n inputs: past the cache it is written with streaming stores, as allreduce's.
-  const bool pastCache =
-      !callStaysInCache(ex.group().comm(), n, (n + 1) / 2.0 * static_cast<double>(total));
+  const size_t pieces = layout.pieces(shares.size(0));
+  char* const own = out + shares.offset(r) * es;
+  // The output is n shares: past the cache it is written with streaming stores, as allreduce's.
+  const bool pastCache = !callStaysInCache(
+      ex.group().comm(), n, (n + 1) / 2.0 * static_cast<double>(shares.size(0) * es));
   auto place = [&](char* to, const char* from, size_t bytes) {
     if (pastCache)
       ex.store(to, from, bytes);
@@ -182,16 +189,27 @@ void allgather(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
   };
   for (size_t k = 0; k < pieces; ++k) {
     HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
-    const size_t at = k * layout.count * es, bytes = layout.countOf(k, a.count) * es;
-    ex.copy(call.payload(), in + at, bytes);
-    call.publish(bytes);
+    const size_t at = k * layout.count * es;
+    auto bytesOf = [&](int m) { return layout.countOf(k, shares.size(m)) * es; };
+    ex.copy(call.payload(), mine + at, bytesOf(r));
+    call.publish(bytesOf(r));
     // This rank's own part goes straight from its input, while the others write theirs.
-    place(out + r * total + at, in + at, bytes);
+    if (mine != own) place(own + at, mine + at, bytesOf(r));
     for (int m = 0; m < n; ++m)
       if (m != r)
-        place(out + m * total + at, static_cast<const char*>(call.await(m, bytes)), bytes);
+        place(out + shares.offset(m) * es + at, static_cast<const char*>(call.await(m, bytesOf(m))),
+              bytesOf(m));
   }
 }
+
+HostSegment* segmentFor(const Group& g, const CollectiveArgs& a) {
+  if (!slots::whyNotOnSegment(g, a).empty()) return nullptr;
+  HostSegment* seg = slots::segmentServing(g);
+  // A reduce-scatter's slot holds a part for every rank (an allgather's one part fits then).
+  return PartLayout(seg->slotBytes(), g.size(), elementSize(a.dtype)).count > 0 ? seg : nullptr;
+}
+
+namespace {
 
 class Staged : public Algorithm {
  public:
@@ -274,8 +292,13 @@ class Staged : public Algorithm {
     HostSegment& seg = *slots::segmentServing(ex.group());
     switch (a.kind) {
       case CollectiveKind::kAllreduce: allreduce(ex, seg, a); return;
-      case CollectiveKind::kReduceScatter: reduceScatter(ex, seg, a); return;
-      case CollectiveKind::kAllgather: allgather(ex, seg, a); return;
+      case CollectiveKind::kReduceScatter:
+        reduceScatter(ex, seg, static_cast<const char*>(a.in), static_cast<char*>(a.out), a.count);
+        return;
+      case CollectiveKind::kAllgather:
+        allgather(ex, seg, static_cast<const char*>(a.in), static_cast<char*>(a.out),
+                  Chunks(ex.size() * a.count, ex.size()));
+        return;
       default: PC_ASSERT(false, "staged cannot run ", collectiveName(a.kind));
     }
   }

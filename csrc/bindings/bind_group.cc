@@ -202,6 +202,13 @@ void bindGroup(py::module_& m) {
             return py::make_tuple(s->name(), s->ranks(), s->slotBytes());
           },
           "(name, ranks, slot bytes) of the host segment, or None.")
+      .def_property_readonly(
+          "host_segment_calls",
+          [](const Communicator& c) -> uint64_t {
+            const HostSegment* s = c.hostSegment();
+            return s == nullptr ? 0 : s->calls();
+          },
+          "Calls this rank made on its host segment so far (0 without one).")
       .def_property_readonly("size", &Communicator::size)
       .def(
           "set_costs",

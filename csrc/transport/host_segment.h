@@ -56,6 +56,8 @@ class HostSegment {
   const std::vector<int>& ranks() const { return ranks_; }
   size_t slotBytes() const { return slotBytes_; }
   const std::string& name() const { return name_; }
+  // Calls this member made on the segment so far.
+  uint64_t calls() const { return calls_; }
 
   // Fails every present and future call of every member, with this reason. Never throws.
   void abort(const std::string& reason) noexcept;
