@@ -17,6 +17,7 @@
 // the others' parts into its slot and reduces its own share's part from every slot (its own from
 // its input) straight into its output. Allgather: piece k is the k-th part of every rank's
 // input, copied into its slot and from every slot into every output. One segment call a piece.
+// hierarchical runs its phases inside each host with these two, in place (registry.h).
 //
 // Slots are reused as the segment's calls allow (a member writes a slot again two calls later,
 // after every member has published the call between, which each does only after it is done
