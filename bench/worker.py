@@ -233,9 +233,10 @@ class MpiBackend:
                 "and allgather"
             )
         if collective == "reduce_scatter":
-            # Our shares: the first count % n ranks hold one element more (patterns.expected).
-            base, extra = divmod(x.size, self.size)
-            counts = [base + (r < extra) for r in range(self.size)]
+            from pycollective._calls import chunk_bounds  # our shares, by the native rule
+
+            bounds = [chunk_bounds(x.size, self.size, r) for r in range(self.size)]
+            counts = [stop - start for start, stop in bounds]
 
             def reduce_scatter():
                 self.comm.Reduce_scatter(x, out, counts, op=ops[op])

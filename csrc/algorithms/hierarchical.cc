@@ -111,11 +111,11 @@ class Hierarchical : public Algorithm {
     // Every rank works in both phases: on crowded hosts each step waits for parked ranks and
     // runs at the ranks' share of the cores (shared_cores.h), as the ring's do.
     const double crowd = crowding(g), wait = parkedPeerWait(g);
-    double local = 2 * (L - 1) * (lc.alpha + wait) +
-                   crowd * (2 * (L - 1) / L * S * localBeta + (L - 1) / L * S * lc.gamma);
-    // Through the host's segment: staged's price of the two phases on this rank's host.
-    // (Group needs a communicator it may use; the cost only reads it.)
+    // The two phases inside this rank's host: through its segment at staged's price, else
+    // around a ring of its links. (Group needs a communicator it may use; the cost only reads
+    // it.)
     const Group host(const_cast<Communicator&>(g.comm()), hostRanks(g, l));
+    double local = 0;
     if (staged::segmentFor(host, a) != nullptr) {
       CollectiveArgs phase = a;
       phase.kind = CollectiveKind::kReduceScatter;
@@ -123,6 +123,9 @@ class Hierarchical : public Algorithm {
       phase.kind = CollectiveKind::kAllgather;
       phase.count = Chunks(a.count, l.groups[0].size()).size(0);
       local += staged::algorithm().cost(host, phase);
+    } else {
+      local = 2 * (L - 1) * (lc.alpha + wait) +
+              crowd * (2 * (L - 1) / L * S * localBeta + (L - 1) / L * S * lc.gamma);
     }
     double shard = S / L;
     double cross = 2 * (H - 1) * (rc.alpha + wait) +
