@@ -133,9 +133,14 @@ class Progress:
     def __init__(self, total: int) -> None:
         self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
         self.start = time.time()
+        # "skip <algo> ...: why" lines, the first for each row name: a row missing from the
+        # table says why under its header instead of silently.
+        self.skipped: dict[str, str] = {}
 
     def __call__(self, text: str) -> None:
         if text.startswith("skip"):
+            name = text.split()[1] if len(text.split()) > 1 else ""
+            self.skipped.setdefault(name.rstrip(":"), text)
             return
         self.done += 1
         if self.tty:
@@ -329,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
             new_outputs=args.new_outputs,
         )
     progress.close()
+    notes.extend(progress.skipped.values())
     for name, samples in per_round.items():
         ceilings[name] = statistics.median(samples)
     for line in per_round_lines(per_round, cpu_pair or (0, 1)):

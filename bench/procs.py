@@ -96,6 +96,8 @@ def _run_ranks(
             log.append(line.rstrip())
             if line.startswith("done"):
                 progress(line[5:].strip())
+            elif line.startswith("skip"):  # a row that cannot run: the table's notes say why
+                progress(line.strip())
         else:
             time.sleep(0.02)
     for p in procs:
