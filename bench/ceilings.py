@@ -32,33 +32,42 @@ def cache_line_round_trip_ns(cpu_a: int, cpu_b: int) -> float | None:
     return ns if ns > 0 else None
 
 
-def loopback_tcp_bandwidth(nbytes: int = 256 << 20, chunk: int = 4 << 20) -> float:
-    """One TCP stream over loopback, bytes per second (what a single tcp link can carry)."""
+def loopback_tcp_bandwidth(nbytes: int = 256 << 20, chunk: int = 4 << 20, span: int = 0) -> float:
+    """One TCP stream over loopback, bytes per second (what a single tcp link can carry).
+
+    The sender sends `chunk` bytes at a time from, and the receiver receives them into, buffers
+    of `span` bytes (`chunk` when 0), going round them. Over loopback the kernel copies every
+    byte out of the sender's buffer and into the receiver's: with 4 MiB buffers both copies stay
+    in cache, and past the cache (span = a large collective's message) one stream moved about
+    half as much on the 2-vCPU VM (docs/benchmarks.md, "TCP from and into large buffers")."""
+    span = max(span, chunk)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     received = [0]
+    # Both written first: a never-written buffer reads as the kernel's one zero page, in cache.
+    payload = memoryview(bytearray(b"\1" * span))
 
     def sink() -> None:
         conn, _ = server.accept()
-        buf = bytearray(chunk)
-        view = memoryview(buf)
+        view = memoryview(bytearray(b"\0" * span))
         with conn:
             while received[0] < nbytes:
-                n = conn.recv_into(view)
+                at = received[0] % span
+                n = conn.recv_into(view[at : at + min(chunk, span - at)])
                 if n == 0:
                     break
                 received[0] += n
 
     t = threading.Thread(target=sink, daemon=True)
     t.start()
-    payload = bytes(chunk)
     with socket.create_connection(server.getsockname()) as c:
         start = time.perf_counter()
         sent = 0
         while sent < nbytes:
-            c.sendall(payload)
-            sent += chunk
+            at = sent % span
+            c.sendall(payload[at : at + min(chunk, span - at, nbytes - sent)])
+            sent += min(chunk, span - at, nbytes - sent)
         t.join(60)
         elapsed = time.perf_counter() - start
     server.close()

@@ -175,6 +175,11 @@ def _command_line() -> str:
 _PER_ROUND = {
     "cache_line_round_trip_ns": ("a cache line from CPU {a} to CPU {b} and back", "ns", 1.0),
     "loopback_tcp_Bps": ("loopback TCP, one stream", "GB/s", 1e-9),
+    "loopback_tcp_span_Bps": (
+        "loopback TCP, one stream from and into {span} buffers",
+        "GB/s",
+        1e-9,
+    ),
     "loopback_tcp_exchange_Bps": (
         "loopback TCP, two endpoints sending and receiving at once",
         "GB/s each way",
@@ -183,15 +188,18 @@ _PER_ROUND = {
 }
 
 
-def per_round_lines(samples: dict[str, list[float]], cpus: tuple[int, int] = (0, 1)) -> list[str]:
-    """The header lines of what each round measured: the median of the rounds, and their range."""
+def per_round_lines(
+    samples: dict[str, list[float]], cpus: tuple[int, int] = (0, 1), span: int = 0
+) -> list[str]:
+    """The header lines of what each round measured: the median of the rounds, and their range
+    (`span`: the buffers of the large-buffer TCP stream)."""
     lines = []
     for name, values in samples.items():
         label, unit, scale = _PER_ROUND[name]
         kind = "machine" if name == "cache_line_round_trip_ns" else "ceiling"
         digits = 0 if scale == 1.0 else 2
         text = (
-            f"# {kind}: {label.format(a=cpus[0], b=cpus[1])}: "
+            f"# {kind}: {label.format(a=cpus[0], b=cpus[1], span=human_bytes(span))}: "
             f"{statistics.median(values) * scale:.{digits}f} {unit}"
         )
         if len(values) > 1:
@@ -255,6 +263,11 @@ def run(args: argparse.Namespace) -> int:
     # they would describe another moment than the rows.
     per_round: dict[str, list[float]] = {}
     wants_tcp = procs_mode and ("tcp" in transports or "gloo" in peers)
+    # One stream from and into buffers of the largest message, where those leave the cache
+    # (past the probes' 4 MiB chunks): what one tcp link carries for such a call.
+    tcp_span = min(sweep[-1], 256 << 20) if sweep[-1] > (4 << 20) else 0
+    if wants_tcp and tcp_span:
+        ceilings["loopback_tcp_span_bytes"] = tcp_span
     cpu_pair = measure.two_cpus()
 
     def measure_round() -> None:
@@ -268,6 +281,9 @@ def run(args: argparse.Namespace) -> int:
                 ("loopback_tcp_exchange_Bps", measure.loopback_tcp_exchange_bandwidth),
             ):
                 per_round.setdefault(name, []).append(probe())
+            if tcp_span:
+                span_Bps = measure.loopback_tcp_bandwidth(span=tcp_span)
+                per_round.setdefault("loopback_tcp_span_Bps", []).append(span_Bps)
 
     where = (
         f"{world} processes over {','.join(transports)}"
@@ -337,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
     notes.extend(progress.skipped.values())
     for name, samples in per_round.items():
         ceilings[name] = statistics.median(samples)
-    for line in per_round_lines(per_round, cpu_pair or (0, 1)):
+    for line in per_round_lines(per_round, cpu_pair or (0, 1), tcp_span):
         print(line)
     if "cache_resident_bytes" in ceilings:
         print(

@@ -183,8 +183,10 @@ def tcp_against_ceiling(rows: list[Row], ceilings: dict) -> list[str]:
     """Per size, `auto` over tcp (the call a user makes) as a fraction of one loopback TCP stream
     measured in the same run: its busbw (the GB/s the table prints; with 2 ranks equal to algbw)
     over the stream's bytes per second; as a fraction of the two-way exchange ceiling (each rank
-    of a ring sends and receives busbw at once, which is the most that ceiling allows); and its
-    speed against gloo (torch.distributed, also tcp) at the same size."""
+    of a ring sends and receives busbw at once, which is the most that ceiling allows); at the
+    size whose buffers the large-buffer stream used, as a fraction of that stream (the call's
+    own buffers leave the cache as that stream's do); and its speed against gloo
+    (torch.distributed, also tcp) at the same size."""
     stream = ceilings.get("loopback_tcp_Bps")
     if not stream:
         return []
@@ -199,6 +201,12 @@ def tcp_against_ceiling(rows: list[Row], ceilings: dict) -> list[str]:
         )
         if exchange:
             text += f", {r.busbw / exchange:.2f}x the two-way exchange"
+        span_stream = ceilings.get("loopback_tcp_span_Bps")
+        if span_stream and r.nbytes == ceilings.get("loopback_tcp_span_bytes"):
+            text += (
+                f", {r.busbw / span_stream:.2f}x one stream from and into "
+                f"{human_bytes(r.nbytes)} buffers"
+            )
         gloo = next(
             (
                 p

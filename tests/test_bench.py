@@ -562,6 +562,12 @@ def test_summary_puts_tcp_against_one_loopback_stream_and_gloo():
         "0.80x the two-way exchange; 2.00x gloo"
     )
     assert want in report.summary(rows, ceilings)
+    # One stream from and into buffers of the row's size: named at that size only.
+    ceilings.update(loopback_tcp_span_Bps=2e9, loopback_tcp_span_bytes=64 << 20)
+    want = want.replace("exchange;", "exchange, 1.25x one stream from and into 64 MiB buffers;")
+    assert want in report.summary(rows, ceilings)
+    ceilings["loopback_tcp_span_bytes"] = 256 << 20
+    assert not any("buffers" in line for line in report.summary(rows, ceilings))
 
 
 def test_per_round_measures_are_taken_every_round_and_reported_as_their_median(monkeypatch):
@@ -580,13 +586,17 @@ def test_per_round_measures_are_taken_every_round_and_reported_as_their_median(m
             "cache_line_round_trip_ns": [52.4, 340.0, 55.0],
             "loopback_tcp_Bps": [3e9, 4.5e9, 4e9],
             "loopback_tcp_exchange_Bps": [2.5e9],
+            "loopback_tcp_span_Bps": [1.8e9, 1.9e9],
         },
         (0, 1),
+        64 << 20,
     )
     assert lines == [
         "# machine: a cache line from CPU 0 to CPU 1 and back: 55 ns (median of 3 rounds, 52-340)",
         "# ceiling: loopback TCP, one stream: 4.00 GB/s (median of 3 rounds, 3.00-4.50)",
         "# ceiling: loopback TCP, two endpoints sending and receiving at once: 2.50 GB/s each way",
+        "# ceiling: loopback TCP, one stream from and into 64 MiB buffers: 1.85 GB/s "
+        "(median of 2 rounds, 1.80-1.90)",
     ]
 
 
