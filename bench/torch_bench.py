@@ -5,10 +5,12 @@
 
 For each world size, one set of rank processes (under a hard deadline) forms the default group
 on "pycollective" and a gloo group over the same ranks, then times, in interleaved rounds so
-both share the machine's noise: ``torch.distributed.all_reduce`` (float32 sum, in place) at
-each size, and DistributedDataParallel training steps of an ~11M-parameter MLP. Times are the
-slowest rank's per iteration (median); busbw follows nccl-tests. Every all_reduce result is
-checked first. The summary compares with the goals of issue #14.
+both share the machine's noise: ``torch.distributed.all_reduce`` (float32 sum, in place),
+``reduce_scatter_tensor`` and ``all_gather_into_tensor`` (FSDP's two collectives; a size is the
+larger side, the input of a reduce-scatter and the output of an all-gather) at each size, and
+DistributedDataParallel training steps of an ~11M-parameter MLP. Times are the slowest rank's
+per iteration (median); busbw follows nccl-tests. Every result is checked against numpy first.
+The summary compares all_reduce with the goals of issue #14, and the other two with gloo.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from .rows import Row
 from .timing import summarize, time_interleaved
 
 BACKENDS = ("pycollective", "gloo")
+# Our collectives' names (the rows' and the JSON's) and the torch.distributed call each times.
+COLLECTIVES = {
+    "allreduce": "all_reduce",
+    "reduce_scatter": "reduce_scatter_tensor",
+    "allgather": "all_gather_into_tensor",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument(
+        "-c",
+        "--collectives",
+        default=",".join(COLLECTIVES),
+        help=f"comma-separated, from {','.join(COLLECTIVES)}",
+    )
     p.add_argument("-n", "--iters", type=int, default=200)
     p.add_argument(
         "--budget",
@@ -76,6 +90,69 @@ def mlp(width: int = 2048):
     )
 
 
+def _rank_input(collective: str, count: int, rank: int, world: int):
+    """Rank `rank`'s input (float32; `count` is the larger side): a different value at every
+    position and rank, small integers, so that sums are exact."""
+    import numpy as np
+
+    n = count // world if collective == "allgather" else count
+    return (np.arange(n) % 13 + rank + 1).astype(np.float32)
+
+
+def _expected(collective: str, count: int, rank: int, world: int):
+    import numpy as np
+
+    inputs = [_rank_input(collective, count, q, world) for q in range(world)]
+    if collective == "allgather":
+        return np.concatenate(inputs)
+    total = np.sum(inputs, axis=0)
+    return total if collective == "allreduce" else np.split(total, world)[rank]
+
+
+def _call(collective: str, x, out, group):
+    """The torch.distributed call of `collective` on these tensors (allreduce: in place, on x)."""
+    import torch.distributed as dist
+
+    if collective == "allreduce":
+        return lambda: dist.all_reduce(x, group=group)
+    # torch 2.13 renamed both (the old names warn); the calls are the same.
+    if collective == "reduce_scatter":
+        run = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        return lambda: run(out, x, group=group)
+    run = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    return lambda: run(out, x, group=group)
+
+
+def _output(collective: str, count: int, world: int):
+    import torch
+
+    return (
+        None
+        if collective == "allreduce"
+        else torch.empty(count // world if collective == "reduce_scatter" else count)
+    )
+
+
+def _check(collective: str, count: int, rank: int, world: int, group) -> int:
+    """One call on `group`; the number of its result's elements that differ from numpy's."""
+    import torch
+
+    x = torch.from_numpy(_rank_input(collective, count, rank, world))
+    out = _output(collective, count, world)
+    _call(collective, x, out, group)()
+    got = (x if out is None else out).numpy()
+    return int((got != _expected(collective, count, rank, world)).sum())
+
+
+def _timed(collective: str, count: int, world: int, group):
+    """The call to time: zeros, so that the in-place all_reduce, called again and again, never
+    overflows."""
+    import torch
+
+    n = count // world if collective == "allgather" else count
+    return _call(collective, torch.zeros(n), _output(collective, count, world), group)
+
+
 def _worker(job_path: str) -> None:
     import numpy as np
     import torch
@@ -99,37 +176,42 @@ def _worker(job_path: str) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
         return t.numpy()
 
-    out: dict = {"allreduce": [], "ddp": {}}
-    for nbytes in job["sizes"]:
-        count = nbytes // 4
-        wrong = {}
-        for name, group in groups.items():  # the result first: rank r contributes r + 1
-            t = torch.full((count,), float(rank + 1))
-            dist.all_reduce(t, group=group)
-            wrong[name] = int((t != world * (world + 1) / 2).sum())
-        # Zeros: the timed loop reduces the same buffer again and again without overflowing.
-        bufs = {name: torch.zeros(count) for name in groups}
-        calls = {
-            name: (lambda b=bufs[name], g=group: dist.all_reduce(b, group=g))
-            for name, group in groups.items()
-        }
-        samples = time_interleaved(calls, job["iters"], 3, job["budget"], max_over_ranks=slowest)
-        for name in groups:
-            s = summarize(samples[name])
-            out["allreduce"].append(
-                {
-                    "backend": name,
-                    "nbytes": nbytes,
-                    "count": count,
-                    "median_s": s.median,
-                    "p10_s": s.p10,
-                    "p90_s": s.p90,
-                    "iters": s.iters,
-                    "wrong": wrong[name],
-                }
+    settle_calls = dist.group.WORLD.pycollective_group.auto_trial_calls
+    out: dict = {c: [] for c in job["collectives"]}
+    out["ddp"] = {}
+    for collective in job["collectives"]:
+        for nbytes in job["sizes"]:
+            count = max(world, nbytes // 4 // world * world)  # a whole share for every rank
+            wrong = {
+                name: _check(collective, count, rank, world, group)
+                for name, group in groups.items()
+            }
+            calls = {
+                name: _timed(collective, count, world, group) for name, group in groups.items()
+            }
+            # auto's trial, where it measures (a training loop's first calls of a shape): timed
+            # from its settled choice on, as `pycollective bench` times it.
+            for _ in range(settle_calls):
+                calls["pycollective"]()
+            samples = time_interleaved(
+                calls, job["iters"], 3, job["budget"], max_over_ranks=slowest
             )
-        if rank == 0:
-            print(f"done allreduce {human_bytes(nbytes)} on {world} ranks", flush=True)
+            for name in groups:
+                s = summarize(samples[name])
+                out[collective].append(
+                    {
+                        "backend": name,
+                        "nbytes": count * 4,
+                        "count": count,
+                        "median_s": s.median,
+                        "p10_s": s.p10,
+                        "p90_s": s.p90,
+                        "iters": s.iters,
+                        "wrong": wrong[name],
+                    }
+                )
+            if rank == 0:
+                print(f"done {collective} {human_bytes(nbytes)} on {world} ranks", flush=True)
 
     if job["ddp_steps"] > 0:
         g = torch.Generator().manual_seed(rank)
@@ -215,11 +297,10 @@ def _run_ranks(world: int, job: dict, deadline_s: float) -> dict:
         return json.load(f)
 
 
-def report(results: dict[int, dict]) -> list[str]:
-    """The table of all_reduce rows, the DDP lines, and each goal of issue #14: met or not."""
-    rows = [
+def _rows(world: int, collective: str, measured: list[dict]) -> list[Row]:
+    return [
         Row(
-            "allreduce",
+            collective,
             d["nbytes"],
             d["count"],
             "float32",
@@ -232,43 +313,49 @@ def report(results: dict[int, dict]) -> list[str]:
             d["wrong"],
             peer=d["backend"] == "gloo",
         )
-        for world, res in results.items()
-        for d in res["allreduce"]
+        for d in measured
     ]
-    table(rows, sys.stdout)
+
+
+def report(results: dict[int, dict]) -> list[str]:
+    """A table a collective; all_reduce's lines against each goal of issue #14 (met or not) and
+    the DDP line; the other collectives' speed against gloo at the smallest and largest size."""
+    collectives = [c for c in COLLECTIVES if any(c in res for res in results.values())]
+    for collective in collectives:
+        print(f"torch.distributed.{COLLECTIVES[collective]}:")
+        table(
+            [r for w, res in results.items() for r in _rows(w, collective, res[collective])],
+            sys.stdout,
+        )
     lines = []
     for world, res in results.items():
-        by = {
-            (d["backend"], d["nbytes"]): Row(
-                "allreduce",
-                d["nbytes"],
-                d["count"],
-                "float32",
-                d["backend"],
-                "",
-                world,
-                d["median_s"],
-                d["p10_s"],
-                d["p90_s"],
+        for collective in collectives:
+            by = {(r.algo, r.nbytes): r for r in _rows(world, collective, res[collective])}
+            sizes = sorted({n for _, n in by})
+            big, small = sizes[-1], sizes[0]
+            pc, gloo = by["pycollective", big], by["gloo", big]
+            if collective != "allreduce":
+                for size in sorted({small, big}):
+                    pc, gloo = by["pycollective", size], by["gloo", size]
+                    lines.append(
+                        f"{world} ranks, {COLLECTIVES[collective]} {human_bytes(size)}: "
+                        f"{pc.median_s * 1e6:.1f} us vs gloo {gloo.median_s * 1e6:.1f} us = "
+                        f"{gloo.median_s / pc.median_s:.2f}x gloo's speed"
+                    )
+                continue
+            ratio = pc.busbw / gloo.busbw
+            lines.append(
+                f"{world} ranks, all_reduce {human_bytes(big)}: busbw "
+                f"{pc.busbw / 1e9:.2f} GB/s vs gloo {gloo.busbw / 1e9:.2f} GB/s = {ratio:.2f}x "
+                f"(goal >= 3x: {'met' if ratio >= 3 else 'not met'})"
             )
-            for d in res["allreduce"]
-        }
-        sizes = sorted({n for _, n in by})
-        big, small = sizes[-1], sizes[0]
-        ratio = by["pycollective", big].busbw / by["gloo", big].busbw
-        lines.append(
-            f"{world} ranks, all_reduce {human_bytes(big)}: busbw "
-            f"{by['pycollective', big].busbw / 1e9:.2f} GB/s vs gloo "
-            f"{by['gloo', big].busbw / 1e9:.2f} GB/s = {ratio:.2f}x (goal >= 3x: "
-            f"{'met' if ratio >= 3 else 'not met'})"
-        )
-        lat = by["pycollective", small].median_s / by["gloo", small].median_s
-        lines.append(
-            f"{world} ranks, all_reduce {human_bytes(small)}: "
-            f"{by['pycollective', small].median_s * 1e6:.1f} us vs gloo "
-            f"{by['gloo', small].median_s * 1e6:.1f} us = {lat:.3f}x (goal <= 0.1x: "
-            f"{'met' if lat <= 0.1 else 'not met'})"
-        )
+            pc, gloo = by["pycollective", small], by["gloo", small]
+            lat = pc.median_s / gloo.median_s
+            lines.append(
+                f"{world} ranks, all_reduce {human_bytes(small)}: "
+                f"{pc.median_s * 1e6:.1f} us vs gloo {gloo.median_s * 1e6:.1f} us = {lat:.3f}x "
+                f"(goal <= 0.1x: {'met' if lat <= 0.1 else 'not met'})"
+            )
         ddp = res.get("ddp") or {}
         if ddp:
             p, g = ddp["pycollective"], ddp["gloo"]
@@ -291,25 +378,29 @@ def main(argv: list[str] | None = None) -> int:
     while s <= args.maxbytes:
         sizes.append(s)
         s *= args.stepfactor
+    collectives = [c for c in args.collectives.split(",") if c]
+    unknown = set(collectives) - set(COLLECTIVES)
+    if unknown or not collectives:
+        raise SystemExit(f"unknown collectives {sorted(unknown)}; choose from {list(COLLECTIVES)}")
     ddp_worlds = {int(w) for w in args.ddp_worlds.split(",") if w}
     results = {}
     for world in (int(w) for w in args.worlds.split(",")):
         job = {
+            "collectives": collectives,
             "sizes": sizes,
             "iters": args.iters,
             "budget": args.budget,
             "ddp_steps": args.ddp_steps if world in ddp_worlds else 0,
             "batch": args.batch,
         }
-        results[world] = run_world(
-            world, job, 120 + 4 * args.budget * len(sizes) * 2 + (60 + 10 * args.ddp_steps) * world
-        )
+        timing_s = 4 * args.budget * len(sizes) * len(BACKENDS) * len(collectives)
+        results[world] = run_world(world, job, 120 + timing_s + (60 + 10 * args.ddp_steps) * world)
     lines = report(results)
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "summary": lines}, f, indent=1)
-    wrong = sum(d["wrong"] for res in results.values() for d in res["allreduce"])
+    wrong = sum(d["wrong"] for res in results.values() for c in collectives for d in res[c])
     return 1 if wrong else 0
 
 

@@ -529,10 +529,17 @@ def test_torch_bench_runs_and_checks(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     summary = json.loads(out.read_text())["summary"]
-    assert len(summary) == 3 and all("goal" in line for line in summary), summary
-    rows = json.loads(out.read_text())["results"]["2"]["allreduce"]
-    assert {r["backend"] for r in rows} == {"pycollective", "gloo"}
-    assert all(r["wrong"] == 0 for r in rows)
+    # all_reduce's two goals and DDP's; reduce_scatter_tensor and all_gather_into_tensor against
+    # gloo at the smallest and largest size.
+    assert len(summary) == 7, summary
+    assert sum("goal" in line for line in summary) == 3, summary
+    for name in ("reduce_scatter_tensor 4 KiB", "all_gather_into_tensor 64 KiB"):
+        assert any(name in line and "gloo's speed" in line for line in summary), summary
+    results = json.loads(out.read_text())["results"]["2"]
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        rows = results[collective]
+        assert {r["backend"] for r in rows} == {"pycollective", "gloo"}, collective
+        assert all(r["wrong"] == 0 for r in rows), rows  # against numpy, in the ranks
 
 
 def test_summary_puts_tcp_against_one_loopback_stream_and_gloo():
