@@ -206,6 +206,11 @@ class Communicator:
         Calls this rank made on its host segment so far (0 without one).
         """
     @property
+    def host_segment_reads_peers(self) -> typing.Any:
+        """
+        Whether the host segment's members read each other's buffers directly (agreed at the first allgather that would: PYCOLLECTIVE_CROSS_MEMORY); None before, or without a segment.
+        """
+    @property
     def rank(self) -> int:
         ...
     @property

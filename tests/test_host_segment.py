@@ -183,6 +183,62 @@ def test_staged_reduce_scatter_and_allgather_match_numpy_across_pieces(n):
     assert len(set(results)) == 1 and results[0] > 0
 
 
+def _allgather_by_reads(rank, n):
+    import pycollective as pc
+    from pycollective import process_group
+
+    pc.init()
+    comm = process_group._default()._world.comm
+    asked_before = comm.host_segment_reads_peers
+    calls = []
+    # 4 KB a rank (one piece, never read), 4 MiB a rank twice (8 pieces of 512 KiB, or read).
+    for count in (1000, 1 << 20, 1 << 20):
+        x = make_inputs("float32", "sum", n, count, seed=count + 1)
+        before = comm.host_segment_calls
+        got = pc.allgather(x[rank], algo="staged")
+        calls.append(comm.host_segment_calls - before)
+        assert np.array_equal(np.asarray(got).reshape(-1), np.concatenate(x)), count
+    pc.barrier()
+    reads = comm.host_segment_reads_peers
+    pc.shutdown()
+    return asked_before, reads, calls
+
+
+def _yama_restricts_tracing() -> bool:
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read()) > 0
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cross_memory", ["1", "0", "mixed"])
+def test_two_ranks_allgather_by_reading_each_others_inputs(cross_memory):
+    """2 ranks: allgathers of 16 KiB-16 MiB a rank read the other rank's input straight into the
+    output (process_vm_readv) in two segment calls, after two calls in which the members agree
+    that they can; with PYCOLLECTIVE_CROSS_MEMORY=0 on either rank they agree that they cannot,
+    and every call goes through the segment in pieces, to the same results."""
+    per_rank = [
+        {
+            "PYCOLLECTIVE_CROSS_MEMORY": "0"
+            if cross_memory == "0" or (cross_memory, r) == ("mixed", 1)
+            else "1"
+        }
+        for r in range(2)
+    ]
+    results = run_ranks(_allgather_by_reads, 2, timeout=90, per_rank_env=per_rank)
+    reads = cross_memory == "1" and not _yama_restricts_tracing()
+    for asked_before, agreed, calls in results:
+        assert asked_before is None
+        if cross_memory == "1" and _yama_restricts_tracing():
+            reads = agreed  # the kernel may refuse: then both ranks must have agreed so
+        assert agreed is reads, (cross_memory, agreed)
+        # The agreement's two calls once, at the first allgather large enough; then two calls
+        # a read, or a call a piece.
+        assert calls == ([1, 2 + 2, 2] if reads else [1, 2 + 8, 8]), calls
+
+
 def _hierarchical(rank, n):
     import pycollective as pc
     from pycollective import process_group

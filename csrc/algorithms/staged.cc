@@ -17,6 +17,9 @@
 // the others' parts into its slot and reduces its own share's part from every slot (its own from
 // its input) straight into its output. Allgather: piece k is the k-th part of every rank's
 // input, copied into its slot and from every slot into every output. One segment call a piece.
+// Two ranks whose processes may read each other's memory (HostSegment::membersReadEachOther)
+// skip the slots for parts of 16 KiB-16 MiB: each reads the other's input straight into its
+// output (allgatherByReads), one copy a byte, in two segment calls.
 // hierarchical runs its phases inside each host with these two, in place (registry.h).
 //
 // Slots are reused as the segment's calls allow (a member writes a slot again two calls later,
@@ -24,6 +27,8 @@
 // with the slots it read): the reads of call k end before this rank publishes call k + 1.
 // Shares are reduced in rank order, so every rank's output is the same to the bit.
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,12 +37,29 @@
 #include "algorithms/exchange.h"
 #include "algorithms/registry.h"
 #include "algorithms/shared_cores.h"
+#include "core/error.h"
+#include "transport/cross_memory.h"
 #include "transport/host_segment.h"
 
 namespace pycollective {
 namespace staged {
 
 namespace {
+
+// Which allgathers read the other ranks' inputs (allgatherByReads), where the members may: 2
+// ranks, parts of 16 KiB to 16 MiB a rank. Measured against the pieces through the segment (2
+// ranks, outputs of 8 KiB-64 MiB): 8 KiB a rank tied, 4 KiB lost (2.5-2.7 us against 2.2);
+// 16 KiB-16 MiB won 1.2x-1.9x; 32 MiB lost 1.14x-1.16x, where the pieces write the output
+// past the cache and the kernel's copy reads each line of it first. With 4 ranks each input is
+// read by three ranks, each from memory past the cache, where the segment takes it from memory
+// once: 4 ranks x 64 MiB took 22.1 ms against 13.8 (docs/benchmarks.md, "Allgather by reads").
+constexpr size_t kMinReadBytes = size_t(16) << 10;
+constexpr size_t kMaxReadBytes = size_t(16) << 20;
+
+bool readsPeers(const HostSegment& seg, int ranks, size_t partBytes) {
+  return ranks == 2 && partBytes >= kMinReadBytes && partBytes <= kMaxReadBytes &&
+         seg.mayReadEachOther();
+}
 
 // Where things lie in a slot of `slotBytes`: a reduced share of the previous piece first (room
 // for the largest share, padded to a cache line), then this piece.
@@ -173,9 +195,51 @@ void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, 
   }
 }
 
+namespace {
+
+// Allgather by reads, where the members read each other's memory: each rank publishes where its
+// input lies, copies its own part, and reads every other rank's input straight into its output
+// (transport/cross_memory.h), one copy a byte where the pieces take two; a second call keeps
+// every input in place until the last reader is done with it. Two segment calls whatever the
+// size.
+void allgatherByReads(Exchange& ex, HostSegment& seg, const char* mine, char* out,
+                      const Chunks& shares) {
+  const int n = ex.size(), r = ex.rank();
+  const size_t es = ex.elemSize();
+  char* const own = out + shares.offset(r) * es;
+  {
+    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+    *static_cast<uint64_t*>(call.payload()) = reinterpret_cast<uintptr_t>(mine);
+    call.publish(sizeof(uint64_t));
+    if (mine != own) ex.copy(own, mine, shares.size(r) * es);
+    for (int m = 1; m < n; ++m) {
+      const int from = (r + m) % n;  // each rank starts with a different peer's input
+      const void* theirs = reinterpret_cast<const void*>(
+          *static_cast<const uint64_t*>(call.await(from, sizeof(uint64_t))));
+      const int err = cross_memory::read(seg.pidOf(from), theirs, out + shares.offset(from) * es,
+                                         shares.size(from) * es);
+      if (err != 0)
+        throw RemoteError(makeMessage("[rank ", seg.ranks()[r], "] allgather: reading rank ",
+                                      seg.ranks()[from], "'s input (pid ", seg.pidOf(from),
+                                      ") failed: ", std::strerror(err),
+                                      "; it exited or crashed, or the kernel stopped allowing it "
+                                      "(PYCOLLECTIVE_CROSS_MEMORY=0 copies through the segment)"));
+    }
+  }
+  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
+  done.publish(0);
+  for (int m = 0; m < n; ++m)
+    if (m != r) done.await(m, 0);
+}
+
+}  // namespace
+
 void allgather(Exchange& ex, HostSegment& seg, const char* mine, char* out, const Chunks& shares) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
+  if (readsPeers(seg, n, shares.size(0) * es) &&
+      seg.membersReadEachOther(ex.callHeader(), ex.deadline()))
+    return allgatherByReads(ex, seg, mine, out, shares);
   const PartLayout layout(seg.slotBytes(), 1, es);
   const size_t pieces = layout.pieces(shares.size(0));
   char* const own = out + shares.offset(r) * es;
@@ -274,9 +338,14 @@ class Staged : public Algorithm {
         copyBeta = c.beta / 4;
         break;
       case CollectiveKind::kAllgather:
+        copyBeta = c.beta / 4;
+        if (seg != nullptr && readsPeers(*seg, g.size(), a.count * es)) {
+          calls = 2;
+          copied = n * S;  // its own input out, the others' read straight into the output
+          break;
+        }
         if (seg != nullptr) calls = PartLayout(seg->slotBytes(), 1, es).pieces(a.count);
         copied = (n + 1) * S;  // the input in, n inputs out
-        copyBeta = c.beta / 4;
         break;
       default: return 1e30;
     }

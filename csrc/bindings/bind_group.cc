@@ -209,6 +209,16 @@ void bindGroup(py::module_& m) {
             return s == nullptr ? 0 : s->calls();
           },
           "Calls this rank made on its host segment so far (0 without one).")
+      .def_property_readonly(
+          "host_segment_reads_peers",
+          [](const Communicator& c) -> py::object {
+            const HostSegment* s = c.hostSegment();
+            if (s == nullptr || !s->readsEachOther()) return py::none();
+            return py::bool_(*s->readsEachOther());
+          },
+          "Whether the host segment's members read each other's buffers directly (agreed at "
+          "the first allgather that would: PYCOLLECTIVE_CROSS_MEMORY); None before, or "
+          "without a segment.")
       .def_property_readonly("size", &Communicator::size)
       .def(
           "set_costs",

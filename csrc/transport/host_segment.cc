@@ -15,9 +15,11 @@
 
 #include "core/error.h"
 #include "core/host_copy.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "core/stream_copy.h"
 #include "core/wait_policy.h"
+#include "transport/cross_memory.h"
 #include "transport/shm_common.h"
 
 namespace pycollective {
@@ -319,6 +321,62 @@ HostSegment::~HostSegment() {
   if (me.state.load(std::memory_order_acquire) != kAborted)
     me.state.store(kClosed, std::memory_order_release);
   ::munmap(base_, mapBytes_);
+}
+
+int HostSegment::pidOf(int member) const {
+  return watchPid_[member] ? blocks(base_)[member].pid : -1;
+}
+
+bool HostSegment::membersReadEachOther(const FrameHeader& header, const Deadline& deadline) {
+  if (readsEachOther_ >= 0) return readsEachOther_ == 1;
+  // Each member's word names its rank: a read of the wrong process or address shows.
+  constexpr uint64_t kProbe = 0x7063636d61000000ull;  // "pccma"
+  probeWord_ = kProbe ^ static_cast<uint64_t>(ranks_[member_]);
+  bool ok = knobs::integer(knobs::kCrossMemory) != 0;
+  std::string why = ok ? "" : "PYCOLLECTIVE_CROSS_MEMORY=0 here";
+  {
+    Call offer(*this, header, deadline);
+    auto* mine = static_cast<uint64_t*>(offer.payload());
+    mine[0] = reinterpret_cast<uintptr_t>(&probeWord_);
+    mine[1] = ok ? 1 : 0;
+    offer.publish(2 * sizeof(uint64_t));
+    for (int m = 0; m < members(); ++m) {
+      if (m == member_) continue;
+      const auto* theirs = static_cast<const uint64_t*>(offer.await(m, 2 * sizeof(uint64_t)));
+      if (!ok) continue;
+      if (theirs[1] == 0) {
+        ok = false, why = makeMessage("rank ", ranks_[m], " has PYCOLLECTIVE_CROSS_MEMORY=0");
+        continue;
+      }
+      if (pidOf(m) < 0) {
+        ok = false, why = makeMessage("rank ", ranks_[m], " runs in another pid namespace");
+        continue;
+      }
+      uint64_t word = 0;
+      const int err = cross_memory::read(pidOf(m), reinterpret_cast<const void*>(theirs[0]), &word,
+                                         sizeof(word));
+      if (err != 0 || word != (kProbe ^ static_cast<uint64_t>(ranks_[m])))
+        ok = false,
+        why = makeMessage("reading rank ", ranks_[m], " (pid ", pidOf(m),
+                          ") failed: ", err != 0 ? std::strerror(err) : "another word came back");
+    }
+  }
+  {
+    Call verdict(*this, header, deadline);
+    *static_cast<uint64_t*>(verdict.payload()) = ok ? 1 : 0;
+    verdict.publish(sizeof(uint64_t));
+    for (int m = 0; m < members(); ++m) {
+      if (m == member_) continue;
+      const bool theirs = *static_cast<const uint64_t*>(verdict.await(m, sizeof(uint64_t))) != 0;
+      if (ok && !theirs) why = makeMessage("rank ", ranks_[m], " could not read another member");
+      ok = ok && theirs;
+    }
+  }
+  readsEachOther_ = ok ? 1 : 0;
+  PC_INFO(kTransport, who(), " host segment ", name_, ": members ",
+          ok ? "read each other's buffers directly (process_vm_readv)"
+             : "copy through the segment: " + why);
+  return ok;
 }
 
 bool HostSegment::streamsPayloads() const {

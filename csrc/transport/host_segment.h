@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,21 @@ class HostSegment {
   const std::string& name() const { return name_; }
   // Calls this member made on the segment so far.
   uint64_t calls() const { return calls_; }
+
+  // Whether every member can read every other member's memory (transport/cross_memory.h).
+  // Every member asks at the same point (in the first collective that would rely on it, whose
+  // header it passes); the first time they agree in two calls of the segment, each reading a
+  // word of every other member's, and the answer is remembered. False where a member has
+  // PYCOLLECTIVE_CROSS_MEMORY=0, sits in another pid namespace, or the kernel refuses a read.
+  bool membersReadEachOther(const FrameHeader& header, const Deadline& deadline);
+  // What the members agreed, once they asked.
+  std::optional<bool> readsEachOther() const {
+    return readsEachOther_ < 0 ? std::nullopt : std::optional<bool>(readsEachOther_ == 1);
+  }
+  // False once the members agreed that they cannot; true before they asked (for prices).
+  bool mayReadEachOther() const { return readsEachOther().value_or(true); }
+  // The process of `member` as this one names it; -1 where another pid namespace hides it.
+  int pidOf(int member) const;
 
   // Fails every present and future call of every member, with this reason. Never throws.
   void abort(const std::string& reason) noexcept;
@@ -150,6 +166,8 @@ class HostSegment {
   bool farVoted_ = false;                   // counted in Layout::farMembers
   bool streaming_ = false;                  // how the last long payload was written
   std::vector<bool> watchPid_;
+  int readsEachOther_ = -1;  // membersReadEachOther(): -1 not agreed yet, else 0 or 1
+  uint64_t probeWord_ = 0;   // the word the others read to find out
   std::atomic<bool> abortClaimed_{false};
 };
 
