@@ -49,7 +49,7 @@ namespace {
 // Which allgathers read the other ranks' inputs (allgatherByReads), where the members may: 2
 // ranks, parts of 16 KiB to 16 MiB a rank. Measured against the pieces through the segment (2
 // ranks, outputs of 8 KiB-64 MiB): 8 KiB a rank tied, 4 KiB lost (2.5-2.7 us against 2.2);
-// 16 KiB-16 MiB won 1.2x-1.9x; 32 MiB lost 1.14x-1.16x, where the pieces write the output
+// 16 KiB-16 MiB won 1.15x-1.9x; 32 MiB lost 1.14x-1.16x, where the pieces write the output
 // past the cache and the kernel's copy reads each line of it first. With 4 ranks each input is
 // read by three ranks, each from memory past the cache, where the segment takes it from memory
 // once: 4 ranks x 64 MiB took 22.1 ms against 13.8 (docs/benchmarks.md, "Allgather by reads").
@@ -219,7 +219,7 @@ void allgatherByReads(Exchange& ex, HostSegment& seg, const char* mine, char* ou
       const int err = cross_memory::read(seg.pidOf(from), theirs, out + shares.offset(from) * es,
                                          shares.size(from) * es);
       if (err != 0)
-        throw RemoteError(makeMessage("[rank ", seg.ranks()[r], "] allgather: reading rank ",
+        throw RemoteError(makeMessage(ex.group().comm().who(), " allgather: reading rank ",
                                       seg.ranks()[from], "'s input (pid ", seg.pidOf(from),
                                       ") failed: ", std::strerror(err),
                                       "; it exited or crashed, or the kernel stopped allowing it "

@@ -345,20 +345,18 @@ bool HostSegment::membersReadEachOther(const FrameHeader& header, const Deadline
       const auto* theirs = static_cast<const uint64_t*>(offer.await(m, 2 * sizeof(uint64_t)));
       if (!ok) continue;
       if (theirs[1] == 0) {
-        ok = false, why = makeMessage("rank ", ranks_[m], " has PYCOLLECTIVE_CROSS_MEMORY=0");
-        continue;
-      }
-      if (pidOf(m) < 0) {
-        ok = false, why = makeMessage("rank ", ranks_[m], " runs in another pid namespace");
-        continue;
-      }
-      uint64_t word = 0;
-      const int err = cross_memory::read(pidOf(m), reinterpret_cast<const void*>(theirs[0]), &word,
-                                         sizeof(word));
-      if (err != 0 || word != (kProbe ^ static_cast<uint64_t>(ranks_[m])))
-        ok = false,
+        why = makeMessage("rank ", ranks_[m], " has PYCOLLECTIVE_CROSS_MEMORY=0");
+      } else if (pidOf(m) < 0) {
+        why = makeMessage("rank ", ranks_[m], " runs in another pid namespace");
+      } else {
+        uint64_t word = 0;
+        const int err = cross_memory::read(pidOf(m), reinterpret_cast<const void*>(theirs[0]),
+                                           &word, sizeof(word));
+        if (err == 0 && word == (kProbe ^ static_cast<uint64_t>(ranks_[m]))) continue;
         why = makeMessage("reading rank ", ranks_[m], " (pid ", pidOf(m),
                           ") failed: ", err != 0 ? std::strerror(err) : "another word came back");
+      }
+      ok = false;
     }
   }
   {
