@@ -183,25 +183,44 @@ def test_staged_reduce_scatter_and_allgather_match_numpy_across_pieces(n):
     assert len(set(results)) == 1 and results[0] > 0
 
 
-def _allgather_by_reads(rank, n):
+def _by_reads(rank, n):
     import pycollective as pc
     from pycollective import process_group
 
     pc.init()
     comm = process_group._default()._world.comm
     asked_before = comm.host_segment_reads_peers
-    calls = []
+
+    def calls_of(call):
+        before = comm.host_segment_calls
+        result = call()
+        return result, comm.host_segment_calls - before
+
+    gather_calls = []
     # 4 KB a rank (one piece, never read), 4 MiB a rank twice (8 pieces of 512 KiB, or read).
     for count in (1000, 1 << 20, 1 << 20):
         x = make_inputs("float32", "sum", n, count, seed=count + 1)
-        before = comm.host_segment_calls
-        got = pc.allgather(x[rank], algo="staged")
-        calls.append(comm.host_segment_calls - before)
+        got, calls = calls_of(lambda: pc.allgather(x[rank], algo="staged"))
+        gather_calls.append(calls)
         assert np.array_equal(np.asarray(got).reshape(-1), np.concatenate(x)), count
+    reduce_calls = []
+    # 64 KiB a rank (one piece, never read), 1 and 4 MiB (pieces of 341 KiB, or read).
+    for count in (1 << 14, 1 << 18, 1 << 20):
+        xs = make_inputs("float32", "sum", n, count, seed=count)
+        got, calls = calls_of(lambda: pc.allreduce(xs[rank], algo="staged"))
+        reduce_calls.append(calls)
+        assert_close(got, reduce_ref(xs, "sum"), "sum", n, f"allreduce {count}")
+    # Every dtype and op, out of place and in place, shares of unequal length (odd counts): the
+    # reads' results are the pieces' to the bit (both reduce in rank order).
+    checks = 0
+    for dtype in ("float32", "float64", "int32", "bfloat16"):
+        ops = ("sum", "max", "avg", "prod") if dtype != "int32" else ("sum", "min")
+        for count in (70_001, 300_001):
+            checks += _allreduce_checks(pc, "staged", rank, n, dtype, count, ops)
     pc.barrier()
     reads = comm.host_segment_reads_peers
     pc.shutdown()
-    return asked_before, reads, calls
+    return asked_before, reads, gather_calls, reduce_calls, checks
 
 
 def _yama_restricts_tracing() -> bool:
@@ -212,13 +231,14 @@ def _yama_restricts_tracing() -> bool:
         return False
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("cross_memory", ["1", "0", "mixed"])
-def test_two_ranks_allgather_by_reading_each_others_inputs(cross_memory):
-    """2 ranks: allgathers of 16 KiB-16 MiB a rank read the other rank's input straight into the
-    output (process_vm_readv) in two segment calls, after two calls in which the members agree
-    that they can; with PYCOLLECTIVE_CROSS_MEMORY=0 on either rank they agree that they cannot,
-    and every call goes through the segment in pieces, to the same results."""
+def test_two_ranks_read_each_others_buffers(cross_memory):
+    """2 ranks: allgathers of 16 KiB-16 MiB a rank and allreduces of 256 KiB-16 MiB read the other
+    rank's buffers (process_vm_readv): two and three segment calls whatever the size, after two
+    calls in which the members agree that they can. With PYCOLLECTIVE_CROSS_MEMORY=0 on either
+    rank they agree that they cannot, and the calls go through the segment in pieces. The
+    results match numpy either way."""
     per_rank = [
         {
             "PYCOLLECTIVE_CROSS_MEMORY": "0"
@@ -227,16 +247,21 @@ def test_two_ranks_allgather_by_reading_each_others_inputs(cross_memory):
         }
         for r in range(2)
     ]
-    results = run_ranks(_allgather_by_reads, 2, timeout=90, per_rank_env=per_rank)
+    results = run_ranks(_by_reads, 2, timeout=120, per_rank_env=per_rank)
     reads = cross_memory == "1" and not _yama_restricts_tracing()
-    for asked_before, agreed, calls in results:
+    assert len({checks for *_, checks in results}) == 1
+    for asked_before, agreed, gather_calls, reduce_calls, _ in results:
         assert asked_before is None
         if cross_memory == "1" and _yama_restricts_tracing():
             reads = agreed  # the kernel may refuse: then both ranks must have agreed so
         assert agreed is reads, (cross_memory, agreed)
         # The agreement's two calls once, at the first allgather large enough; then two calls
-        # a read, or a call a piece.
-        assert calls == ([1, 2 + 2, 2] if reads else [1, 2 + 8, 8]), calls
+        # an allgather by reads, or one a piece.
+        assert gather_calls == ([1, 2 + 2, 2] if reads else [1, 2 + 8, 8]), gather_calls
+        if reads:
+            assert reduce_calls == [2, 3, 3], reduce_calls
+        else:
+            assert reduce_calls[0] == 2 and 3 < reduce_calls[1] < reduce_calls[2], reduce_calls
 
 
 def _hierarchical(rank, n):

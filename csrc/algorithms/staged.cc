@@ -4,7 +4,11 @@
 // Allreduce: each segment call carries, in every rank's slot, its next piece of input and its
 // share of the previous piece reduced: every rank reduces its share of a piece from all ranks'
 // slots into its next slot, and copies every rank's reduced share of the piece before into its
-// output. One segment call per piece, plus one.
+// output. One segment call per piece, plus one. Two ranks whose processes may read each other's
+// memory (HostSegment::membersReadEachOther) skip the slots from 256 KiB to 16 MiB a rank
+// (allreduceByReads): each reads the other's part of its share into the cache and reduces it
+// with its own into its output, then reads the other's share from the other's output; three
+// segment calls, each byte of input and of result copied once.
 //
 // Through the shm rings halving-doubling copies every byte it sends into a ring and out of it
 // again at each step; here each byte of input is copied into the segment once (a rank's own
@@ -46,19 +50,114 @@ namespace staged {
 
 namespace {
 
-// Which allgathers read the other ranks' inputs (allgatherByReads), where the members may: 2
-// ranks, parts of 16 KiB to 16 MiB a rank. Measured against the pieces through the segment (2
-// ranks, outputs of 8 KiB-64 MiB): 8 KiB a rank tied, 4 KiB lost (2.5-2.7 us against 2.2);
-// 16 KiB-16 MiB won 1.15x-1.9x; 32 MiB lost 1.14x-1.16x, where the pieces write the output
-// past the cache and the kernel's copy reads each line of it first. With 4 ranks each input is
+// Which calls read the other rank's buffers (allgatherByReads, allreduceByReads) where the
+// members may: calls of 2 ranks with this many bytes a rank, measured against the pieces
+// through the segment (docs/benchmarks.md, "Allgather by reads" and "Allreduce by reads").
+// Past 16 MiB the pieces win or tie: they write the output past the cache (streaming stores)
+// where the kernel's copy reads each line of it before writing it. With 4 ranks every input is
 // read by three ranks, each from memory past the cache, where the segment takes it from memory
-// once: 4 ranks x 64 MiB took 22.1 ms against 13.8 (docs/benchmarks.md, "Allgather by reads").
-constexpr size_t kMinReadBytes = size_t(16) << 10;
-constexpr size_t kMaxReadBytes = size_t(16) << 20;
+// once (allgather, 4 x 64 MiB: 22.1 ms against 13.8).
+struct ReadWindow {
+  size_t minBytes, maxBytes;
+};
+// A rank's part of the output: 4 KiB lost (2.5-2.7 us against 2.2), 8 KiB tied, 16 KiB-16 MiB
+// won 1.15x-1.9x, 32 MiB lost 1.14x-1.16x.
+constexpr ReadWindow kAllgatherReads{size_t(16) << 10, size_t(16) << 20};
+// A rank's input: 64 KiB lost 1.25x (14.0 us against 11.2), 128 KiB 1.1x; 256 KiB-16 MiB won
+// 1.13x-1.5x; 32 MiB tied, 64-128 MiB lost 1.03x-1.07x.
+constexpr ReadWindow kAllreduceReads{size_t(256) << 10, size_t(16) << 20};
 
-bool readsPeers(const HostSegment& seg, int ranks, size_t partBytes) {
-  return ranks == 2 && partBytes >= kMinReadBytes && partBytes <= kMaxReadBytes &&
+bool readsPeers(const HostSegment& seg, int ranks, size_t bytes, const ReadWindow& window) {
+  return ranks == 2 && bytes >= window.minBytes && bytes <= window.maxBytes &&
          seg.mayReadEachOther();
+}
+
+// Copies `bytes` at `theirs` in member `from`'s process into `local` (transport/cross_memory.h).
+void readFrom(Exchange& ex, const HostSegment& seg, int from, const void* theirs, void* local,
+              size_t bytes) {
+  const int err = cross_memory::read(seg.pidOf(from), theirs, local, bytes);
+  if (err != 0)
+    throw RemoteError(makeMessage(ex.group().comm().who(), " ",
+                                  collectiveName(static_cast<CollectiveKind>(ex.callHeader().kind)),
+                                  ": reading rank ", seg.ranks()[from], "'s buffer (pid ",
+                                  seg.pidOf(from), ") failed: ", std::strerror(err),
+                                  "; it exited or crashed, or the kernel stopped allowing it "
+                                  "(PYCOLLECTIVE_CROSS_MEMORY=0 copies through the segment)"));
+}
+
+// Allgather by reads, where the members read each other's memory: each rank publishes where its
+// input lies, copies its own part, and reads every other rank's input straight into its output
+// (transport/cross_memory.h), one copy a byte where the pieces take two; a second call keeps
+// every input in place until the last reader is done with it. Two segment calls whatever the
+// size.
+void allgatherByReads(Exchange& ex, HostSegment& seg, const char* mine, char* out,
+                      const Chunks& shares) {
+  const int n = ex.size(), r = ex.rank();
+  const size_t es = ex.elemSize();
+  char* const own = out + shares.offset(r) * es;
+  {
+    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+    *static_cast<uint64_t*>(call.payload()) = reinterpret_cast<uintptr_t>(mine);
+    call.publish(sizeof(uint64_t));
+    if (mine != own) ex.copy(own, mine, shares.size(r) * es);
+    for (int m = 1; m < n; ++m) {
+      const int from = (r + m) % n;  // each rank starts with a different peer's input
+      const void* theirs = reinterpret_cast<const void*>(
+          *static_cast<const uint64_t*>(call.await(from, sizeof(uint64_t))));
+      readFrom(ex, seg, from, theirs, out + shares.offset(from) * es, shares.size(from) * es);
+    }
+  }
+  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
+  done.publish(0);
+  for (int m = 0; m < n; ++m)
+    if (m != r) done.await(m, 0);
+}
+
+// The peer's part of this rank's share is read this many bytes at a time into scratch, where
+// the reduction finds it in cache.
+constexpr size_t kReadChunkBytes = size_t(256) << 10;
+
+// Allreduce by reads, 2 ranks: each publishes where its input and output lie, reads the other's
+// part of its own share of the input a chunk at a time and reduces it with its own part into its
+// output (in rank order), then, once the other's share is reduced too, reads that share straight
+// from the other's output into its own; a third call keeps each output in place until its reader
+// is done. In place (out == in) nothing is overwritten before its reader is done with it: a
+// rank writes its share over its own part of its input, which the other never reads, and the
+// other's share over the part the other read before it published the second call.
+void allreduceByReads(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
+  const int r = ex.rank(), peer = 1 - r;
+  const size_t es = ex.elemSize();
+  const Chunks shares(a.count, 2);
+  const size_t mineAt = shares.offset(r) * es, mineBytes = shares.size(r) * es;
+  const size_t theirsAt = shares.offset(peer) * es;
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
+  const char *peerIn = nullptr, *peerOut = nullptr;
+  {
+    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+    auto* where = static_cast<uint64_t*>(call.payload());
+    where[0] = reinterpret_cast<uintptr_t>(in);
+    where[1] = reinterpret_cast<uintptr_t>(out);
+    call.publish(2 * sizeof(uint64_t));
+    const auto* theirs = static_cast<const uint64_t*>(call.await(peer, 2 * sizeof(uint64_t)));
+    peerIn = reinterpret_cast<const char*>(theirs[0]);
+    peerOut = reinterpret_cast<const char*>(theirs[1]);
+  }
+  char* chunk = static_cast<char*>(ex.scratch(0, std::min(kReadChunkBytes, mineBytes)));
+  for (size_t at = mineAt; at < mineAt + mineBytes; at += kReadChunkBytes) {
+    const size_t bytes = std::min(kReadChunkBytes, mineAt + mineBytes - at);
+    readFrom(ex, seg, peer, peerIn + at, chunk, bytes);
+    ex.reduceLocal(out + at, r == 0 ? in + at : chunk, r == 0 ? chunk : in + at, bytes);
+  }
+  {
+    HostSegment::Call reduced(seg, ex.callHeader(), ex.deadline());
+    reduced.publish(0);
+    reduced.await(peer, 0);
+  }
+  readFrom(ex, seg, peer, peerOut + theirsAt, out + theirsAt, shares.size(peer) * es);
+  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
+  done.publish(0);
+  done.await(peer, 0);
 }
 
 // Where things lie in a slot of `slotBytes`: a reduced share of the previous piece first (room
@@ -104,6 +203,9 @@ struct PartLayout {
 void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
+  if (readsPeers(seg, n, a.count * es, kAllreduceReads) &&
+      seg.membersReadEachOther(ex.callHeader(), ex.deadline()))
+    return allreduceByReads(ex, seg, a);
   const PieceLayout layout(seg.slotBytes(), n, es);
   const size_t pieces = layout.pieces(a.count);
   const char* in = static_cast<const char*>(a.in);
@@ -195,49 +297,10 @@ void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, 
   }
 }
 
-namespace {
-
-// Allgather by reads, where the members read each other's memory: each rank publishes where its
-// input lies, copies its own part, and reads every other rank's input straight into its output
-// (transport/cross_memory.h), one copy a byte where the pieces take two; a second call keeps
-// every input in place until the last reader is done with it. Two segment calls whatever the
-// size.
-void allgatherByReads(Exchange& ex, HostSegment& seg, const char* mine, char* out,
-                      const Chunks& shares) {
-  const int n = ex.size(), r = ex.rank();
-  const size_t es = ex.elemSize();
-  char* const own = out + shares.offset(r) * es;
-  {
-    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
-    *static_cast<uint64_t*>(call.payload()) = reinterpret_cast<uintptr_t>(mine);
-    call.publish(sizeof(uint64_t));
-    if (mine != own) ex.copy(own, mine, shares.size(r) * es);
-    for (int m = 1; m < n; ++m) {
-      const int from = (r + m) % n;  // each rank starts with a different peer's input
-      const void* theirs = reinterpret_cast<const void*>(
-          *static_cast<const uint64_t*>(call.await(from, sizeof(uint64_t))));
-      const int err = cross_memory::read(seg.pidOf(from), theirs, out + shares.offset(from) * es,
-                                         shares.size(from) * es);
-      if (err != 0)
-        throw RemoteError(makeMessage(ex.group().comm().who(), " allgather: reading rank ",
-                                      seg.ranks()[from], "'s input (pid ", seg.pidOf(from),
-                                      ") failed: ", std::strerror(err),
-                                      "; it exited or crashed, or the kernel stopped allowing it "
-                                      "(PYCOLLECTIVE_CROSS_MEMORY=0 copies through the segment)"));
-    }
-  }
-  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
-  done.publish(0);
-  for (int m = 0; m < n; ++m)
-    if (m != r) done.await(m, 0);
-}
-
-}  // namespace
-
 void allgather(Exchange& ex, HostSegment& seg, const char* mine, char* out, const Chunks& shares) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
-  if (readsPeers(seg, n, shares.size(0) * es) &&
+  if (readsPeers(seg, n, shares.size(0) * es, kAllgatherReads) &&
       seg.membersReadEachOther(ex.callHeader(), ex.deadline()))
     return allgatherByReads(ex, seg, mine, out, shares);
   const PartLayout layout(seg.slotBytes(), 1, es);
@@ -317,6 +380,15 @@ class Staged : public Algorithm {
     double calls = 2, copied = 0, reduced = 0, copyBeta = 0;
     switch (a.kind) {
       case CollectiveKind::kAllreduce:
+        copyBeta = c.beta / 2;
+        if (seg != nullptr && readsPeers(*seg, g.size(), S, kAllreduceReads)) {
+          // Three synchronisations, each slots' one; the other's part of this rank's share
+          // read and reduced, the other's share read into the output.
+          calls = 1.5;
+          copied = S;
+          reduced = S / 2;
+          break;
+        }
         if (seg != nullptr) calls = PieceLayout(seg->slotBytes(), g.size(), es).pieces(a.count) + 1;
         // A rank copies (n - 1) / n of its input into its slot, pulls as much from the others'
         // slots into its reduction (as a ring's receiver does from the ring), and copies its
@@ -327,7 +399,6 @@ class Staged : public Algorithm {
         // (measured 0.55x-0.70x; docs/benchmarks.md, "Staged through the host segment").
         copied = (2 * (n - 1) / n + 1) * S;
         reduced = (n - 1) / n * S;
-        copyBeta = c.beta / 2;
         break;
       case CollectiveKind::kReduceScatter:
         if (seg != nullptr)
@@ -339,7 +410,7 @@ class Staged : public Algorithm {
         break;
       case CollectiveKind::kAllgather:
         copyBeta = c.beta / 4;
-        if (seg != nullptr && readsPeers(*seg, g.size(), a.count * es)) {
+        if (seg != nullptr && readsPeers(*seg, g.size(), a.count * es, kAllgatherReads)) {
           // Two synchronisations priced as one message: each is slots' one (half an alpha),
           // no pass over a piece between them. As pieces (one call, 1.5 S copied), 2 ranks x
           // 32 KiB priced dearer than a ring's exchange and `auto` ran that, 1.6x slower.
