@@ -203,6 +203,15 @@ def _by_reads(rank, n):
         got, calls = calls_of(lambda: pc.allgather(x[rank], algo="staged"))
         gather_calls.append(calls)
         assert np.array_equal(np.asarray(got).reshape(-1), np.concatenate(x)), count
+    scatter_calls = []
+    # 64 KiB a rank (one piece, never read), 4 MiB (shares of 2 MiB in parts of 256 KiB, or read).
+    for count in (1 << 14, 1 << 20):
+        for op in ("sum", "max"):
+            xs = make_inputs("float32", op, n, count, seed=count)
+            got, calls = calls_of(lambda: pc.reduce_scatter(xs[rank], op=op, algo="staged"))
+            scatter_calls.append(calls)
+            share = np.split(reduce_ref(xs, op), n)[rank]
+            assert_close(got, share, op, n, f"reduce_scatter {op} {count}")
     reduce_calls = []
     # 64 KiB a rank (one piece, never read), 1 and 4 MiB (pieces of 341 KiB, or read).
     for count in (1 << 14, 1 << 18, 1 << 20):
@@ -220,7 +229,7 @@ def _by_reads(rank, n):
     pc.barrier()
     reads = comm.host_segment_reads_peers
     pc.shutdown()
-    return asked_before, reads, gather_calls, reduce_calls, checks
+    return asked_before, reads, gather_calls, scatter_calls, reduce_calls, checks
 
 
 def _yama_restricts_tracing() -> bool:
@@ -234,8 +243,9 @@ def _yama_restricts_tracing() -> bool:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("cross_memory", ["1", "0", "mixed"])
 def test_two_ranks_read_each_others_buffers(cross_memory):
-    """2 ranks: allgathers of 16 KiB-16 MiB a rank and allreduces of 256 KiB-16 MiB read the other
-    rank's buffers (process_vm_readv): two and three segment calls whatever the size, after two
+    """2 ranks: allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 256 KiB and allreduces of
+    256 KiB-16 MiB read the other rank's buffers (process_vm_readv): two, two and three segment
+    calls whatever the size, after two
     calls in which the members agree that they can. With PYCOLLECTIVE_CROSS_MEMORY=0 on either
     rank they agree that they cannot, and the calls go through the segment in pieces. The
     results match numpy either way."""
@@ -250,7 +260,7 @@ def test_two_ranks_read_each_others_buffers(cross_memory):
     results = run_ranks(_by_reads, 2, timeout=120, per_rank_env=per_rank)
     reads = cross_memory == "1" and not _yama_restricts_tracing()
     assert len({checks for *_, checks in results}) == 1
-    for asked_before, agreed, gather_calls, reduce_calls, _ in results:
+    for asked_before, agreed, gather_calls, scatter_calls, reduce_calls, _ in results:
         assert asked_before is None
         if cross_memory == "1" and _yama_restricts_tracing():
             reads = agreed  # the kernel may refuse: then both ranks must have agreed so
@@ -259,8 +269,10 @@ def test_two_ranks_read_each_others_buffers(cross_memory):
         # an allgather by reads, or one a piece.
         assert gather_calls == ([1, 2 + 2, 2] if reads else [1, 2 + 8, 8]), gather_calls
         if reads:
+            assert scatter_calls == [1, 1, 2, 2], scatter_calls
             assert reduce_calls == [2, 3, 3], reduce_calls
         else:
+            assert scatter_calls == [1, 1, 8, 8], scatter_calls
             assert reduce_calls[0] == 2 and 3 < reduce_calls[1] < reduce_calls[2], reduce_calls
 
 
@@ -272,7 +284,8 @@ def _hierarchical(rank, n):
     comm = process_group._default()._world.comm
     checks, segment_calls = 0, []
     for dtype in ("float32", "float64", "int32"):
-        for count in (0, 1, 5, 1000, 20_000 + n):
+        # 100 003: a reduce-scatter and an allgather of two ranks that read each other's input.
+        for count in (0, 1, 5, 1000, 20_000 + n, 100_003):
             op = "sum" if dtype != "int32" else "max"
             xs = make_inputs(dtype, op, n, count, seed=count)
             before = comm.host_segment_calls

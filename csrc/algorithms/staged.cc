@@ -50,13 +50,14 @@ namespace staged {
 
 namespace {
 
-// Which calls read the other rank's buffers (allgatherByReads, allreduceByReads) where the
-// members may: calls of 2 ranks with this many bytes a rank, measured against the pieces
-// through the segment (docs/benchmarks.md, "Allgather by reads" and "Allreduce by reads").
-// Past 16 MiB the pieces win or tie: they write the output past the cache (streaming stores)
-// where the kernel's copy reads each line of it before writing it. With 4 ranks every input is
-// read by three ranks, each from memory past the cache, where the segment takes it from memory
-// once (allgather, 4 x 64 MiB: 22.1 ms against 13.8).
+// Which calls read the other rank's buffers (allgatherByReads, reduceScatterByReads,
+// allreduceByReads) where the members may: calls of 2 ranks with this many bytes a rank, each
+// window measured against the pieces through the segment (docs/benchmarks.md, "Allgather by
+// reads" and "Allreduce by reads"). Past 16 MiB the pieces' allgather and allreduce win or tie:
+// they write the output past the cache (streaming stores) where the kernel's copy reads each
+// line of it before writing it; a reduce-scatter reads into the cache and writes half as much.
+// With 4 ranks every input is read by three ranks, each from memory past the cache, where the
+// segment takes it from memory once (allgather, 4 x 64 MiB: 22.1 ms against 13.8).
 struct ReadWindow {
   size_t minBytes, maxBytes;
 };
@@ -66,6 +67,9 @@ constexpr ReadWindow kAllgatherReads{size_t(16) << 10, size_t(16) << 20};
 // A rank's input: 64 KiB lost 1.25x (14.0 us against 11.2), 128 KiB 1.1x; 256 KiB-16 MiB won
 // 1.13x-1.5x; 32 MiB tied, 64-128 MiB lost 1.03x-1.07x.
 constexpr ReadWindow kAllreduceReads{size_t(256) << 10, size_t(16) << 20};
+// A rank's input: 16 KiB tied or lost (in some runs 20-24 us against 3-7 at 16-64 KiB, not
+// understood); 256 KiB-256 MiB won 1.1x-1.4x.
+constexpr ReadWindow kReduceScatterReads{size_t(256) << 10, SIZE_MAX};
 
 bool readsPeers(const HostSegment& seg, int ranks, size_t bytes, const ReadWindow& window) {
   return ranks == 2 && bytes >= window.minBytes && bytes <= window.maxBytes &&
@@ -117,6 +121,42 @@ void allgatherByReads(Exchange& ex, HostSegment& seg, const char* mine, char* ou
 // the reduction finds it in cache.
 constexpr size_t kReadChunkBytes = size_t(256) << 10;
 
+// This rank's share of 2 ranks' inputs (`bytes` from `at`) reduced into `dst`, in rank order:
+// its own part from `in`, the other's read a chunk at a time from `peerIn` into scratch.
+void reduceShareByReads(Exchange& ex, const HostSegment& seg, const char* in, const char* peerIn,
+                        size_t at, size_t bytes, char* dst) {
+  const int r = ex.rank();
+  char* chunk = static_cast<char*>(ex.scratch(0, std::min(kReadChunkBytes, bytes)));
+  for (size_t done = 0; done < bytes; done += kReadChunkBytes) {
+    const size_t n = std::min(kReadChunkBytes, bytes - done);
+    readFrom(ex, seg, 1 - r, peerIn + at + done, chunk, n);
+    const char* own = in + at + done;
+    ex.reduceLocal(dst + done, r == 0 ? own : chunk, r == 0 ? chunk : own, n);
+  }
+}
+
+// Reduce-scatter by reads, 2 ranks: each publishes where its input lies and reduces its share
+// from its own part and the other's, read into the cache (reduceShareByReads); a second call
+// keeps each input in place until its reader is done. In place (`share` within `in`) the
+// result goes over this rank's own part, which the other never reads.
+void reduceScatterByReads(Exchange& ex, HostSegment& seg, const char* in, char* share,
+                          size_t count) {
+  const int r = ex.rank(), peer = 1 - r;
+  const size_t es = ex.elemSize();
+  const Chunks shares(count, 2);
+  {
+    HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+    *static_cast<uint64_t*>(call.payload()) = reinterpret_cast<uintptr_t>(in);
+    call.publish(sizeof(uint64_t));
+    const char* peerIn = reinterpret_cast<const char*>(
+        *static_cast<const uint64_t*>(call.await(peer, sizeof(uint64_t))));
+    reduceShareByReads(ex, seg, in, peerIn, shares.offset(r) * es, shares.size(r) * es, share);
+  }
+  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
+  done.publish(0);
+  done.await(peer, 0);
+}
+
 // Allreduce by reads, 2 ranks: each publishes where its input and output lie, reads the other's
 // part of its own share of the input a chunk at a time and reduces it with its own part into its
 // output (in rank order), then, once the other's share is reduced too, reads that share straight
@@ -143,12 +183,7 @@ void allreduceByReads(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
     peerIn = reinterpret_cast<const char*>(theirs[0]);
     peerOut = reinterpret_cast<const char*>(theirs[1]);
   }
-  char* chunk = static_cast<char*>(ex.scratch(0, std::min(kReadChunkBytes, mineBytes)));
-  for (size_t at = mineAt; at < mineAt + mineBytes; at += kReadChunkBytes) {
-    const size_t bytes = std::min(kReadChunkBytes, mineAt + mineBytes - at);
-    readFrom(ex, seg, peer, peerIn + at, chunk, bytes);
-    ex.reduceLocal(out + at, r == 0 ? in + at : chunk, r == 0 ? chunk : in + at, bytes);
-  }
+  reduceShareByReads(ex, seg, in, peerIn, mineAt, mineBytes, out + mineAt);
   {
     HostSegment::Call reduced(seg, ex.callHeader(), ex.deadline());
     reduced.publish(0);
@@ -267,6 +302,9 @@ void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
 void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, size_t count) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
+  if (readsPeers(seg, n, count * es, kReduceScatterReads) &&
+      seg.membersReadEachOther(ex.callHeader(), ex.deadline()))
+    return reduceScatterByReads(ex, seg, in, share, count);
   const PartLayout layout(seg.slotBytes(), n, es);
   const Chunks shares(count, n);
   const size_t pieces = layout.pieces(shares.size(0)), published = n * layout.stride;
@@ -401,6 +439,14 @@ class Staged : public Algorithm {
         reduced = (n - 1) / n * S;
         break;
       case CollectiveKind::kReduceScatter:
+        if (seg != nullptr && readsPeers(*seg, g.size(), S, kReduceScatterReads)) {
+          // Two synchronisations, each slots' one; the other's part of this rank's share read.
+          calls = 1;
+          copied = S / 2;
+          reduced = S / 2;
+          copyBeta = c.beta / 4;
+          break;
+        }
         if (seg != nullptr)
           calls =
               PartLayout(seg->slotBytes(), g.size(), es).pieces(Chunks(a.count, g.size()).size(0));
