@@ -208,7 +208,7 @@ class Communicator:
     @property
     def host_segment_reads_peers(self) -> typing.Any:
         """
-        Whether the host segment's members read each other's buffers directly (agreed at the first allgather that would: PYCOLLECTIVE_CROSS_MEMORY); None before, or without a segment.
+        Whether the host segment's members read each other's buffers directly, as they agreed when they connected (PYCOLLECTIVE_CROSS_MEMORY); None without a segment.
         """
     @property
     def rank(self) -> int:

@@ -73,7 +73,7 @@ constexpr ReadWindow kReduceScatterReads{size_t(256) << 10, SIZE_MAX};
 
 bool readsPeers(const HostSegment& seg, int ranks, size_t bytes, const ReadWindow& window) {
   return ranks == 2 && bytes >= window.minBytes && bytes <= window.maxBytes &&
-         seg.mayReadEachOther();
+         seg.membersReadEachOther();
 }
 
 // Copies `bytes` at `theirs` in member `from`'s process into `local` (transport/cross_memory.h).
@@ -238,9 +238,7 @@ struct PartLayout {
 void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
-  if (readsPeers(seg, n, a.count * es, kAllreduceReads) &&
-      seg.membersReadEachOther(ex.callHeader(), ex.deadline()))
-    return allreduceByReads(ex, seg, a);
+  if (readsPeers(seg, n, a.count * es, kAllreduceReads)) return allreduceByReads(ex, seg, a);
   const PieceLayout layout(seg.slotBytes(), n, es);
   const size_t pieces = layout.pieces(a.count);
   const char* in = static_cast<const char*>(a.in);
@@ -302,8 +300,7 @@ void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
 void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, size_t count) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
-  if (readsPeers(seg, n, count * es, kReduceScatterReads) &&
-      seg.membersReadEachOther(ex.callHeader(), ex.deadline()))
+  if (readsPeers(seg, n, count * es, kReduceScatterReads))
     return reduceScatterByReads(ex, seg, in, share, count);
   const PartLayout layout(seg.slotBytes(), n, es);
   const Chunks shares(count, n);
@@ -338,8 +335,7 @@ void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, 
 void allgather(Exchange& ex, HostSegment& seg, const char* mine, char* out, const Chunks& shares) {
   const int n = ex.size(), r = ex.rank();
   const size_t es = ex.elemSize();
-  if (readsPeers(seg, n, shares.size(0) * es, kAllgatherReads) &&
-      seg.membersReadEachOther(ex.callHeader(), ex.deadline()))
+  if (readsPeers(seg, n, shares.size(0) * es, kAllgatherReads))
     return allgatherByReads(ex, seg, mine, out, shares);
   const PartLayout layout(seg.slotBytes(), 1, es);
   const size_t pieces = layout.pieces(shares.size(0));

@@ -213,12 +213,11 @@ void bindGroup(py::module_& m) {
           "host_segment_reads_peers",
           [](const Communicator& c) -> py::object {
             const HostSegment* s = c.hostSegment();
-            if (s == nullptr || !s->readsEachOther()) return py::none();
-            return py::bool_(*s->readsEachOther());
+            if (s == nullptr) return py::none();
+            return py::bool_(s->membersReadEachOther());
           },
-          "Whether the host segment's members read each other's buffers directly (agreed at "
-          "the first allgather that would: PYCOLLECTIVE_CROSS_MEMORY); None before, or "
-          "without a segment.")
+          "Whether the host segment's members read each other's buffers directly, as they "
+          "agreed when they connected (PYCOLLECTIVE_CROSS_MEMORY); None without a segment.")
       .def_property_readonly("size", &Communicator::size)
       .def(
           "set_costs",

@@ -296,6 +296,7 @@ std::unique_ptr<HostSegment> HostSegment::connect(const HostSegmentOptions& opti
           o.slotBytes, " bytes");
   std::unique_ptr<HostSegment> seg(new HostSegment(o, a.addr, a.bytes));
   a.addr = MAP_FAILED;
+  seg->agreeOnReads(deadline);
   return seg;
 }
 
@@ -327,8 +328,8 @@ int HostSegment::pidOf(int member) const {
   return watchPid_[member] ? blocks(base_)[member].pid : -1;
 }
 
-bool HostSegment::membersReadEachOther(const FrameHeader& header, const Deadline& deadline) {
-  if (readsEachOther_ >= 0) return readsEachOther_ == 1;
+void HostSegment::agreeOnReads(const Deadline& deadline) {
+  const FrameHeader header;  // the same on every member: nothing to tell apart yet
   // Each member's word names its rank: a read of the wrong process or address shows.
   constexpr uint64_t kProbe = 0x7063636d61000000ull;  // "pccma"
   probeWord_ = kProbe ^ static_cast<uint64_t>(ranks_[member_]);
@@ -370,11 +371,10 @@ bool HostSegment::membersReadEachOther(const FrameHeader& header, const Deadline
       ok = ok && theirs;
     }
   }
-  readsEachOther_ = ok ? 1 : 0;
+  readsEachOther_ = ok;
   PC_INFO(kTransport, who(), " host segment ", name_, ": members ",
           ok ? "read each other's buffers directly (process_vm_readv)"
              : "copy through the segment: " + why);
-  return ok;
 }
 
 bool HostSegment::streamsPayloads() const {

@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,18 +59,11 @@ class HostSegment {
   // Calls this member made on the segment so far.
   uint64_t calls() const { return calls_; }
 
-  // Whether every member can read every other member's memory (transport/cross_memory.h).
-  // Every member asks at the same point (in the first collective that would rely on it, whose
-  // header it passes); the first time they agree in two calls of the segment, each reading a
-  // word of every other member's, and the answer is remembered. False where a member has
-  // PYCOLLECTIVE_CROSS_MEMORY=0, sits in another pid namespace, or the kernel refuses a read.
-  bool membersReadEachOther(const FrameHeader& header, const Deadline& deadline);
-  // What the members agreed, once they asked.
-  std::optional<bool> readsEachOther() const {
-    return readsEachOther_ < 0 ? std::nullopt : std::optional<bool>(readsEachOther_ == 1);
-  }
-  // False once the members agreed that they cannot; true before they asked (for prices).
-  bool mayReadEachOther() const { return readsEachOther().value_or(true); }
+  // Whether every member can read every other member's memory (transport/cross_memory.h),
+  // as the members agreed when they connected: in two calls of the segment, each reading a word
+  // of every other member's. False where a member has PYCOLLECTIVE_CROSS_MEMORY=0, sits in
+  // another pid namespace, or the kernel refuses a read (Yama, seccomp).
+  bool membersReadEachOther() const { return readsEachOther_; }
   // The process of `member` as this one names it; -1 where another pid namespace hides it.
   int pidOf(int member) const;
 
@@ -143,6 +135,8 @@ class HostSegment {
 
  private:
   HostSegment(const HostSegmentOptions& options, void* base, size_t mapBytes);
+  // Every member, once all attached: sets readsEachOther_ (membersReadEachOther()).
+  void agreeOnReads(const Deadline& deadline);
   [[noreturn]] void fail(int member, const std::string& what, const FrameHeader& call);
   void checkPeers(int waitingFor, const FrameHeader& call);
   void checkLinkCall(int member, uint64_t position, const FrameHeader& call);
@@ -166,8 +160,8 @@ class HostSegment {
   bool farVoted_ = false;                   // counted in Layout::farMembers
   bool streaming_ = false;                  // how the last long payload was written
   std::vector<bool> watchPid_;
-  int readsEachOther_ = -1;  // membersReadEachOther(): -1 not agreed yet, else 0 or 1
-  uint64_t probeWord_ = 0;   // the word the others read to find out
+  bool readsEachOther_ = false;  // membersReadEachOther()
+  uint64_t probeWord_ = 0;       // the word the others read to find out
   std::atomic<bool> abortClaimed_{false};
 };
 
