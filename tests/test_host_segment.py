@@ -214,8 +214,8 @@ def _by_reads(rank, n):
             share = np.split(reduce_ref(xs, op), n)[rank]
             assert_close(got, share, op, n, f"reduce_scatter {op} {count}")
     reduce_calls = []
-    # 64 KiB a rank (one piece, never read), 1 and 4 MiB (pieces of 341 KiB, or read).
-    for count in (1 << 14, 1 << 18, 1 << 20):
+    # 64 KiB a rank (one piece, never read), 2 and 4 MiB (pieces of 341 KiB, or read).
+    for count in (1 << 14, 1 << 19, 1 << 20):
         xs = make_inputs("float32", "sum", n, count, seed=count)
         got, calls = calls_of(lambda: pc.allreduce(xs[rank], algo="staged"))
         reduce_calls.append(calls)
@@ -225,7 +225,7 @@ def _by_reads(rank, n):
     checks = 0
     for dtype in ("float32", "float64", "int32", "bfloat16"):
         ops = ("sum", "max", "avg", "prod") if dtype != "int32" else ("sum", "min")
-        for count in (70_001, 300_001):
+        for count in (70_001, 600_001):
             checks += _allreduce_checks(pc, "staged", rank, n, dtype, count, ops)
     pc.barrier()
     pc.shutdown()
@@ -279,8 +279,8 @@ def _siblings_read_each_other() -> bool:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("cross_memory", ["1", "0", "mixed"])
 def test_two_ranks_read_each_others_buffers(cross_memory):
-    """2 ranks: allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 256 KiB and allreduces of
-    256 KiB-16 MiB read the other rank's buffers (process_vm_readv): two, two and three segment
+    """2 ranks: allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 2 MiB and allreduces of
+    2-16 MiB read the other rank's buffers (process_vm_readv): two, two and three segment
     calls whatever the size, where the members agreed, in two calls when they connected the
     segment, that they can. With PYCOLLECTIVE_CROSS_MEMORY=0 on either rank they agree that they
     cannot, and the calls go through the segment in pieces. The
@@ -317,8 +317,9 @@ def _hierarchical(rank, n):
     comm = process_group._default()._world.comm
     checks, segment_calls = 0, []
     for dtype in ("float32", "float64", "int32"):
-        # 100 003: a reduce-scatter and an allgather of two ranks that read each other's input.
-        for count in (0, 1, 5, 1000, 20_000 + n, 100_003):
+        # 600 003: a reduce-scatter and an allgather of two ranks that read each other's input
+        # (in place).
+        for count in (0, 1, 5, 1000, 20_000 + n, 600_003):
             op = "sum" if dtype != "int32" else "max"
             xs = make_inputs(dtype, op, n, count, seed=count)
             before = comm.host_segment_calls

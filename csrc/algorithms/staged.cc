@@ -5,7 +5,7 @@
 // share of the previous piece reduced: every rank reduces its share of a piece from all ranks'
 // slots into its next slot, and copies every rank's reduced share of the piece before into its
 // output. One segment call per piece, plus one. Two ranks whose processes may read each other's
-// memory (HostSegment::membersReadEachOther) skip the slots from 256 KiB to 16 MiB a rank
+// memory (HostSegment::membersReadEachOther) skip the slots from 2 MiB to 16 MiB a rank
 // (allreduceByReads): each reads the other's part of its share into the cache and reduces it
 // with its own into its output, then reads the other's share from the other's output; three
 // segment calls, each byte of input and of result copied once.
@@ -65,11 +65,14 @@ struct ReadWindow {
 // won 1.15x-1.9x, 32 MiB lost 1.14x-1.16x.
 constexpr ReadWindow kAllgatherReads{size_t(16) << 10, size_t(16) << 20};
 // A rank's input: 64 KiB lost 1.25x (14.0 us against 11.2), 128 KiB 1.1x; 256 KiB-16 MiB won
-// 1.13x-1.5x; 32 MiB tied, 64-128 MiB lost 1.03x-1.07x.
-constexpr ReadWindow kAllreduceReads{size_t(256) << 10, size_t(16) << 20};
-// A rank's input: 16 KiB tied or lost (in some runs 20-24 us against 3-7 at 16-64 KiB, not
-// understood); 256 KiB-256 MiB won 1.1x-1.4x.
-constexpr ReadWindow kReduceScatterReads{size_t(256) << 10, SIZE_MAX};
+// 1.13x-1.5x in a quiet run; 32 MiB tied, 64-128 MiB lost 1.03x-1.07x. But some runs stall the
+// reads by tens of microseconds a call, not understood: 2 x 256 KiB took 73-83 us against the
+// pieces' 35-45 (the first CI runs of this change, and one run of four beside them). From 2 MiB
+// (450 us and more, 1.3x-1.5x faster) such a stall cannot undo the gain.
+constexpr ReadWindow kAllreduceReads{size_t(2) << 20, size_t(16) << 20};
+// A rank's input: 16-64 KiB tied or lost (some runs stall those reads too: 20-24 us against
+// 3-7); 256 KiB-256 MiB won 1.1x-1.4x. From 2 MiB, as allreduce's.
+constexpr ReadWindow kReduceScatterReads{size_t(2) << 20, SIZE_MAX};
 
 bool readsPeers(const HostSegment& seg, int ranks, size_t bytes, const ReadWindow& window) {
   return ranks == 2 && bytes >= window.minBytes && bytes <= window.maxBytes &&
