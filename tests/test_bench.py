@@ -679,3 +679,9 @@ def test_tune_fits_link_costs_without_the_models_crowding():
     assert crowded[1] == pytest.approx(own[1], rel=0.05)  # beta: the shared cores taken out
     naive = fit_costs(ring_rows(4, 2), 4, local[2], cores=0)  # what tune fitted before
     assert naive[0] > 2 * own[0] and naive[1] > 1.5 * own[1]
+    # Three rounds, the first slowed 3.3x at the smallest size (as one tune's was): the median
+    # of the rounds is fitted, not the first round's row.
+    rounds = ring_rows(4, 0) + ring_rows(4, 0) + ring_rows(4, 0)
+    first_small = next(r for r in rounds if r.nbytes == 8)
+    first_small.median_s *= 3.3
+    assert fit_costs(rounds, 4, local[2], cores=0)[0] == pytest.approx(own[0], rel=0.01)
