@@ -22,8 +22,9 @@
 // its input) straight into its output. Allgather: piece k is the k-th part of every rank's
 // input, copied into its slot and from every slot into every output. One segment call a piece.
 // Two ranks whose processes may read each other's memory (HostSegment::membersReadEachOther)
-// skip the slots for parts of 16 KiB-16 MiB: each reads the other's input straight into its
-// output (allgatherByReads), one copy a byte, in two segment calls.
+// skip the slots: a reduce-scatter from 2 MiB a rank reads the other's part of its share into the
+// cache and reduces it (reduceScatterByReads), an allgather of parts of 16 KiB-16 MiB reads the
+// other's input straight into its output (allgatherByReads); one copy a byte, two segment calls.
 // hierarchical runs its phases inside each host with these two, in place (registry.h).
 //
 // Slots are reused as the segment's calls allow (a member writes a slot again two calls later,
@@ -92,6 +93,15 @@ void readFrom(Exchange& ex, const HostSegment& seg, int from, const void* theirs
                                   "(PYCOLLECTIVE_CROSS_MEMORY=0 copies through the segment)"));
 }
 
+// One segment call carrying nothing: returns once every member made it. After a read it holds
+// each buffer in place until its readers are done with it.
+void waitForEveryMember(Exchange& ex, HostSegment& seg) {
+  HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
+  call.publish(0);
+  for (int m = 0; m < ex.size(); ++m)
+    if (m != ex.rank()) call.await(m, 0);
+}
+
 // Allgather by reads, where the members read each other's memory: each rank publishes where its
 // input lies, copies its own part, and reads every other rank's input straight into its output
 // (transport/cross_memory.h), one copy a byte where the pieces take two; a second call keeps
@@ -114,10 +124,7 @@ void allgatherByReads(Exchange& ex, HostSegment& seg, const char* mine, char* ou
       readFrom(ex, seg, from, theirs, out + shares.offset(from) * es, shares.size(from) * es);
     }
   }
-  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
-  done.publish(0);
-  for (int m = 0; m < n; ++m)
-    if (m != r) done.await(m, 0);
+  waitForEveryMember(ex, seg);
 }
 
 // The peer's part of this rank's share is read this many bytes at a time into scratch, where
@@ -155,9 +162,7 @@ void reduceScatterByReads(Exchange& ex, HostSegment& seg, const char* in, char* 
         *static_cast<const uint64_t*>(call.await(peer, sizeof(uint64_t))));
     reduceShareByReads(ex, seg, in, peerIn, shares.offset(r) * es, shares.size(r) * es, share);
   }
-  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
-  done.publish(0);
-  done.await(peer, 0);
+  waitForEveryMember(ex, seg);
 }
 
 // Allreduce by reads, 2 ranks: each publishes where its input and output lie, reads the other's
@@ -187,15 +192,9 @@ void allreduceByReads(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
     peerOut = reinterpret_cast<const char*>(theirs[1]);
   }
   reduceShareByReads(ex, seg, in, peerIn, mineAt, mineBytes, out + mineAt);
-  {
-    HostSegment::Call reduced(seg, ex.callHeader(), ex.deadline());
-    reduced.publish(0);
-    reduced.await(peer, 0);
-  }
+  waitForEveryMember(ex, seg);  // the other's share is reduced too
   readFrom(ex, seg, peer, peerOut + theirsAt, out + theirsAt, shares.size(peer) * es);
-  HostSegment::Call done(seg, ex.callHeader(), ex.deadline());
-  done.publish(0);
-  done.await(peer, 0);
+  waitForEveryMember(ex, seg);
 }
 
 // Where things lie in a slot of `slotBytes`: a reduced share of the previous piece first (room
@@ -438,12 +437,12 @@ class Staged : public Algorithm {
         reduced = (n - 1) / n * S;
         break;
       case CollectiveKind::kReduceScatter:
+        copyBeta = c.beta / 4;
         if (seg != nullptr && readsPeers(*seg, g.size(), S, kReduceScatterReads)) {
           // Two synchronisations, each slots' one; the other's part of this rank's share read.
           calls = 1;
           copied = S / 2;
           reduced = S / 2;
-          copyBeta = c.beta / 4;
           break;
         }
         if (seg != nullptr)
@@ -451,7 +450,6 @@ class Staged : public Algorithm {
               PartLayout(seg->slotBytes(), g.size(), es).pieces(Chunks(a.count, g.size()).size(0));
         copied = 2 * (n - 1) / n * S;  // the others' shares in, and out into the reduction
         reduced = (n - 1) / n * S;
-        copyBeta = c.beta / 4;
         break;
       case CollectiveKind::kAllgather:
         copyBeta = c.beta / 4;
