@@ -195,8 +195,19 @@ void AgreedChoices::Schedule::watch(const RecentTimes& choice) {
   if (choice.filled() == 0) return;
   const double now = choice.estimate();
   if (level <= 0) {  // a lone near tie's first counted calls
+    const bool slow = now > kWidenRatio * candidates[static_cast<size_t>(current)].modelSeconds;
+    if (slow && !firstWindowSlow) {
+      // The first calls may still be warming up (fresh pages for the outputs, the peers'
+      // buffers pinned the first time; longer on a freshly booted VM, whose memory the host
+      // has yet to back): the next kRecent calls say whether the machine is slow. Raced on the
+      // warm-up, a reserve ran 1.4x slower than the choice until the next check (CI, 2 ranks
+      // x 2 MiB: `staged` by reads 496 us in its first calls, 285 us after them).
+      firstWindowSlow = true;
+      untilWatch = RecentTimes::kRecent;
+      return;
+    }
     level = now;
-    if (level > kWidenRatio * candidates[static_cast<size_t>(current)].modelSeconds) {
+    if (slow) {
       raceReserves();
       untilCheck = 0;
     }

@@ -25,7 +25,8 @@
 //   too, one in 64 calls of 7-20 us);
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve): a
 //   watch that finds the choice kWidenRatio slower than usual (or its first usual time that
-//   much over the model's price) has them join the next check, and a check that finds a reserve
+//   much over the model's price, in two windows of calls in a row: the first may be warm-up)
+//   has them join the next check, and a check that finds a reserve
 //   no faster sends it back. A lone near tie with reserves is watched so (no trial): the model
 //   has no rival for it, but a machine that changed under it may. The reserves priced within
 //   kWidenRatio of the near ties have one check of their own after the shape's first
@@ -147,6 +148,7 @@ class AgreedChoices {
     // The choice's usual time: a moving average of its agreed estimate at each watch
     // (kLevelWeight), which a slowdown by kCloseRatio resets; 0 until the first.
     double level = 0;
+    bool firstWindowSlow = false;  // a lone near tie's first calls ran over the model's kWidenRatio
     int changesSaid = 0;
   };
 

@@ -200,14 +200,27 @@ int main() {
            after["direct"] + after["ring"]);
     EXPECT(!r.divergent, "ranks ran different algorithms");
     // A process that starts while the machine is slow: its first usual time is the slow one,
-    // which the model's price shows for what it is.
+    // which the model's price shows for what it is, once a second window of calls says the
+    // same.
     Ranks apart(2);
     apart.candidates = r.candidates;
     apart.setAll("halving_doubling", 500e-6);
     apart.setAll("direct", 150e-6);
     apart.setAll("ring", 200e-6);
-    apart.calls(2 + 4 + 2 * 5 + 8);
+    apart.calls(2 + 4 + 4 + 2 * 5 + 8);
     EXPECT(apart.settledOn() == "direct", "started slow, still on %s", apart.settledOn().c_str());
+    // First calls that only warm up (fresh pages) do not race the reserves.
+    Ranks warming(2);
+    warming.candidates = r.candidates;
+    warming.setAll("halving_doubling", 500e-6);
+    warming.setAll("direct", 150e-6);
+    warming.setAll("ring", 200e-6);
+    warming.calls(2 + 4);
+    warming.setAll("halving_doubling", 110e-6);
+    auto warmed = warming.calls(3000);
+    EXPECT(warmed["halving_doubling"] == 3000, "a slow first window raced the reserves (%d calls)",
+           3000 - warmed["halving_doubling"]);
+    EXPECT(!warming.divergent, "ranks ran different algorithms");
   }
   {  // A reserve priced just outside the window (1.25x-2x the near ties) is checked once, after
      // the shape's first kOnceAfter calls: the model misses by that much (6 replicas x 1 MiB:
