@@ -335,6 +335,9 @@ void HostSegment::agreeOnReads(const Deadline& deadline) {
   probeWord_ = kProbe ^ static_cast<uint64_t>(ranks_[member_]);
   bool ok = knobs::integer(knobs::kCrossMemory) != 0;
   std::string why = ok ? "" : "PYCOLLECTIVE_CROSS_MEMORY=0 here";
+  // Before this member's offer: a peer reads it only after seeing that.
+  const std::string yama = ok ? cross_memory::letSiblingsRead() : "";
+  if (!yama.empty()) PC_INFO(kTransport, who(), " host segment ", name_, ": ", yama);
   {
     Call offer(*this, header, deadline);
     auto* mine = static_cast<uint64_t*>(offer.payload());
@@ -355,7 +358,8 @@ void HostSegment::agreeOnReads(const Deadline& deadline) {
                                            &word, sizeof(word));
         if (err == 0 && word == (kProbe ^ static_cast<uint64_t>(ranks_[m]))) continue;
         why = makeMessage("reading rank ", ranks_[m], " (pid ", pidOf(m),
-                          ") failed: ", err != 0 ? std::strerror(err) : "another word came back");
+                          ") failed: ", err != 0 ? std::strerror(err) : "another word came back",
+                          yama.empty() ? "" : " (" + yama + ")");
       }
       ok = false;
     }

@@ -62,7 +62,7 @@ class HostSegment {
   // Whether every member can read every other member's memory (transport/cross_memory.h),
   // as the members agreed when they connected: in two calls of the segment, each reading a word
   // of every other member's. False where a member has PYCOLLECTIVE_CROSS_MEMORY=0, sits in
-  // another pid namespace, or the kernel refuses a read (Yama, seccomp).
+  // another pid namespace, or the kernel refuses a read (Yama past scope 1, seccomp).
   bool membersReadEachOther() const { return readsEachOther_; }
   // The process of `member` as this one names it; -1 where another pid namespace hides it.
   int pidOf(int member) const;

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "expect.h"
 #include "forked.h"
+#include "transport/cross_memory.h"
 #include "transport/frame.h"
 #include "transport/host_segment.h"
 
@@ -286,6 +287,28 @@ void testWrongDigest() {
   });
 }
 
+// Yama's ptrace_scope 1 forbids siblings to read each other unless the read process says
+// otherwise; letSiblingsRead says so where the setting is not 0, and nothing where it is 0 or
+// absent. Here the setting comes from files this test writes (the kernel's own may be absent).
+void testYamaScope() {
+  const std::string dir = "/tmp/pc_yama_" + std::to_string(getpid());
+  EXPECT(cross_memory::letSiblingsRead((dir + "_absent").c_str()).empty(), "no Yama");
+  for (const char* scope : {"0\n", "1\n"}) {
+    const std::string file = dir + "_" + scope[0];
+    FILE* f = std::fopen(file.c_str(), "w");
+    std::fputs(scope, f);
+    std::fclose(f);
+    const std::string said = cross_memory::letSiblingsRead(file.c_str());
+    std::remove(file.c_str());
+    if (scope[0] == '0') {
+      EXPECT(said.empty(), "scope 0: %s", said.c_str());
+    } else {
+      // Where this kernel has Yama the call succeeds; without it prctl refuses the option.
+      EXPECT(said.rfind("Yama's ptrace_scope is 1", 0) == 0, "scope 1: %s", said.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -301,6 +324,7 @@ int main() {
   testLinkCall();
   testFailures();
   testWrongDigest();
+  testYamaScope();
   std::printf("%s: %d checks, %d failures\n", gFailures ? "FAILED" : "PASSED", gChecks, gFailures);
   return gFailures ? 1 : 0;
 }
