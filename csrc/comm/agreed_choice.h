@@ -26,9 +26,9 @@
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve): a
 //   watch that finds the choice kWidenRatio slower than usual (or its first usual time that
 //   much over the model's price, in two windows of calls in a row: the first may be warm-up)
-//   has them join the next check, and a check that finds a reserve
-//   no faster sends it back. A lone near tie with reserves is watched so (no trial): the model
-//   has no rival for it, but a machine that changed under it may. The reserves priced within
+//   has them join the next check, and a check that finds a reserve no faster sends it back. A
+//   lone near tie with reserves is watched so (no trial): the model has no rival for it, but a
+//   machine that changed under it may. The reserves priced within
 //   kWidenRatio of the near ties have one check of their own after the shape's first
 //   kOnceAfter calls (checkedOnce): the model misses by more than its window.
 //

@@ -13,7 +13,7 @@ namespace cross_memory {
 
 // Where Yama restricts tracing to a process's descendants (ptrace_scope 1, Ubuntu's default),
 // no rank may read a sibling: this process then lets any process of its user trace it
-// (PR_SET_PTRACER_ANY), as Open MPI's and MPICH's cross-memory transports do, once. The
+// (PR_SET_PTRACER_ANY), as Open MPI's and MPICH's cross-memory transports do. The
 // narrower PR_SET_PTRACER <pid> names one process alone, and a rank in two groups of two
 // would take its first peer's right away with the second's. Returns what it did or why not,
 // for the log; `scopeFile` is Yama's setting (a test names another file).
