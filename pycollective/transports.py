@@ -355,6 +355,14 @@ def open_links(
     return links, kinds
 
 
+def default_piece_bytes(ranks: int) -> int:
+    """``staged``'s piece, bytes per rank, where ``PYCOLLECTIVE_HOST_PIECE_BYTES`` is unset: 1
+    MiB for a host of 2 ranks, whose allreduces of 32-256 MiB ran 1.05x-1.1x faster with half as
+    many segment calls as with 512 KiB (and tied at 256 KiB-16 MiB), 512 KiB for more, where 1
+    MiB changed nothing beyond the noise (docs/benchmarks.md, thirty-sixth session)."""
+    return (1 << 20) if ranks == 2 else (512 << 10)
+
+
 def connect_host_segment(
     comm, rank: int, kinds: list[str], session: str, token: str, timeout: float
 ) -> None:
@@ -378,7 +386,7 @@ def connect_host_segment(
         # One slot serves both: small calls whole (slots) and large ones in pieces (staged).
         slot_bytes=max(
             config.env_int("PYCOLLECTIVE_HOST_SLOT_BYTES", 16 << 10),
-            config.env_int("PYCOLLECTIVE_HOST_PIECE_BYTES", 512 << 10),
+            config.env_int("PYCOLLECTIVE_HOST_PIECE_BYTES", default_piece_bytes(len(ranks))),
         ),
         timeout=timeout,
     )

@@ -18,7 +18,8 @@ from multiproc import expect_error, run_ranks
 from reference import assert_close, make_inputs, reduce_ref
 
 SLOT_BYTES = 16 << 10  # PYCOLLECTIVE_HOST_SLOT_BYTES: the largest call slots runs
-PIECE_BYTES = 512 << 10  # PYCOLLECTIVE_HOST_PIECE_BYTES: the segment's slots hold a piece
+# PYCOLLECTIVE_HOST_PIECE_BYTES unset: the segment's slots hold a piece of this many bytes a rank
+PIECE_BYTES = {2: 1 << 20, 3: 512 << 10, 4: 512 << 10}
 
 
 def _segment():
@@ -44,7 +45,7 @@ def _every_collective(rank, n):
 
     pc.init()
     name, ranks, slot_bytes = _segment()
-    assert ranks == list(range(n)) and slot_bytes == PIECE_BYTES
+    assert ranks == list(range(n)) and slot_bytes == PIECE_BYTES[n]
     assert not any(name[1:] in f for f in os.listdir("/dev/shm")), "the name outlived init"
     checks = 0
     for dtype, itemsize in (("float32", 4), ("float64", 8), ("int32", 4), ("bfloat16", 2)):
@@ -292,7 +293,9 @@ def test_two_ranks_read_each_others_buffers(cross_memory):
         {
             "PYCOLLECTIVE_CROSS_MEMORY": "0"
             if cross_memory == "0" or (cross_memory, r) == ("mixed", 1)
-            else "1"
+            else "1",
+            # The pieces the calls are counted in (2 ranks' default is 1 MiB).
+            "PYCOLLECTIVE_HOST_PIECE_BYTES": str(512 << 10),
         }
         for r in range(2)
     ]

@@ -81,10 +81,11 @@ namespace knobs {
   X(kHostSlotBytes, "PYCOLLECTIVE_HOST_SLOT_BYTES", "int", "16384",                               \
     "Largest call (bytes per rank) algo 'slots' runs through the host segment; a multiple of "    \
     "64, the same on every rank.")                                                                \
-  X(kHostPieceBytes, "PYCOLLECTIVE_HOST_PIECE_BYTES", "int", "524288",                            \
+  X(kHostPieceBytes, "PYCOLLECTIVE_HOST_PIECE_BYTES", "int", "",                                  \
     "Bytes per rank of each piece in which algo 'staged' moves a large collective through the "   \
-    "host segment; a multiple of 64, the same on every rank. The segment keeps two slots of the " \
-    "larger of this and PYCOLLECTIVE_HOST_SLOT_BYTES per rank.")                                  \
+    "host segment (unset: 1048576 where the host has 2 ranks, else 524288); a multiple of 64, "   \
+    "the same on every rank. The segment keeps two slots of the larger of this and "              \
+    "PYCOLLECTIVE_HOST_SLOT_BYTES per rank.")                                                     \
   X(kCrossMemory, "PYCOLLECTIVE_CROSS_MEMORY", "int", "1",                                        \
     "1: two ranks of a host read each other's buffers directly (process_vm_readv) where the "     \
     "kernel lets them: their allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 2 MiB and " \
