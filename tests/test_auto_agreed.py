@@ -189,8 +189,9 @@ def test_a_lone_near_tie_is_watched_with_its_reserves_in_waiting():
     # are watched (one agreement every 64 calls), so that the others can be raced should the
     # machine change under it (tests/native/test_agreed_choice.cc drives that). Every rank says
     # the same, and its results stay right. A machine that runs the choice over 2x its price in
-    # two windows of its first calls (a freshly booted VM: CI ran `staged` by reads at 2.06x)
-    # races the reserves, as it should: then the measured times are what every rank agreed on.
+    # two windows of its first calls races the reserves, as it should (CI's freshly booted VM ran
+    # `staged` by reads at 2.06x in its first window): then the measured times are what every
+    # rank agreed on.
     res = run_ranks(_lone_near_tie_calls, 2, timeout=100)
     if res[0] is None:
         pytest.skip("the model prices no call of 128 KiB to 64 MiB alone with 2 ranks here")

@@ -335,8 +335,10 @@ void HostSegment::agreeOnReads(const Deadline& deadline) {
   probeWord_ = kProbe ^ static_cast<uint64_t>(ranks_[member_]);
   bool ok = knobs::integer(knobs::kCrossMemory) != 0;
   std::string why = ok ? "" : "PYCOLLECTIVE_CROSS_MEMORY=0 here";
-  // Before this member's offer: a peer reads it only after seeing that.
-  const std::string yama = ok ? cross_memory::letSiblingsRead() : "";
+  // Before this member's offer: a peer reads it only after seeing that. Only 2 members ever
+  // read each other's buffers (algorithms/staged.cc), so a larger host's ranks stay untraceable
+  // under Yama (and agree that they do not read).
+  const std::string yama = ok && members() == 2 ? cross_memory::letSiblingsRead() : "";
   if (!yama.empty()) PC_INFO(kTransport, who(), " host segment ", name_, ": ", yama);
   {
     Call offer(*this, header, deadline);
