@@ -105,8 +105,8 @@ def winners(rows: list[Row], transport: str, world: int, collective: str) -> lis
 def fit_costs(
     rows: list[Row], world: int, gamma: float, cores: int = 0
 ) -> tuple[float, float, float] | None:
-    """alpha and beta from the ring allreduce at the smallest and largest size (the median of
-    each size's rounds):
+    """alpha and beta from the ring allreduce at the smallest sizes and the largest (the median
+    of each size's rounds):
     t(S) = 2(n-1) alpha + 2(n-1)/n S (beta + gamma/2). With ``cores`` (the host's, for
     processes that all share it) fewer than ``world``, the model's crowding is taken out
     (csrc/algorithms/shared_cores.h): each step's wait for a parked peer, and bytes moving at
@@ -119,21 +119,29 @@ def fit_costs(
     # Each size's time is the median of its rounds: one round's row alone once fitted the shm
     # links' alpha at 10.0 us where other tunes fitted 2.7-3.0, and `auto` then ran 1.2x-1.4x
     # slower than the best at 3 ranks x 16 KiB (docs/benchmarks.md, "Issue 15's points with
-    # this build").
+    # this build"); a slow first size in every round is handled below.
     by_size: dict[int, list[float]] = defaultdict(list)
     for r in rows:
         if r.algo == "ring" and r.collective == "allreduce" and not r.peer:
             by_size[r.nbytes].append(r.median_s)
     if len(by_size) < 2 or world < 2:
         return None
-    small_bytes, large_bytes = min(by_size), max(by_size)
-    small_s, large_s = (
-        statistics.median(by_size[small_bytes]),
-        statistics.median(by_size[large_bytes]),
-    )
+    seconds = {nbytes: statistics.median(ts) for nbytes, ts in by_size.items()}
+    small_bytes, large_bytes = min(seconds), max(seconds)
     steps = 2 * (world - 1)
+    per_byte = (seconds[large_bytes] - seconds[small_bytes]) / (
+        steps / world * (large_bytes - small_bytes)
+    )
+    # The smallest size's time, or a little larger one's brought back to it by the bytes' cost,
+    # whichever is less: the sweep's first row paid for a start in every round of some tunes
+    # (2 ranks x 4 KiB 19-22 us against 5; alpha fitted at 9.4 and 10.9 us where others gave
+    # 2.1-2.5, and `auto` ran 1.3x slower than the best at 3 ranks x 16 KiB).
+    small_s = min(
+        seconds[nbytes] - steps / world * (nbytes - small_bytes) * per_byte
+        for nbytes in seconds
+        if nbytes <= 4 * small_bytes
+    )
     alpha = max(1e-7, small_s / steps - parked)
-    per_byte = (large_s - small_s) / (steps / world * (large_bytes - small_bytes))
     per_byte /= crowd
     beta = max(1e-12, per_byte - gamma / 2)
     return (alpha, beta, gamma)
