@@ -105,8 +105,8 @@ def winners(rows: list[Row], transport: str, world: int, collective: str) -> lis
 def fit_costs(
     rows: list[Row], world: int, gamma: float, cores: int = 0
 ) -> tuple[float, float, float] | None:
-    """alpha and beta from the ring allreduce at the smallest sizes and the largest (the median
-    of each size's rounds):
+    """alpha and beta from the ring allreduce at the smallest sizes (the fastest of those up to
+    4x the smallest) and the largest, each the median of its rounds:
     t(S) = 2(n-1) alpha + 2(n-1)/n S (beta + gamma/2). With ``cores`` (the host's, for
     processes that all share it) fewer than ``world``, the model's crowding is taken out
     (csrc/algorithms/shared_cores.h): each step's wait for a parked peer, and bytes moving at
@@ -132,15 +132,12 @@ def fit_costs(
     per_byte = (seconds[large_bytes] - seconds[small_bytes]) / (
         steps / world * (large_bytes - small_bytes)
     )
-    # The smallest size's time, or a little larger one's brought back to it by the bytes' cost,
-    # whichever is less: the sweep's first row paid for a start in every round of some tunes
-    # (2 ranks x 4 KiB 19-22 us against 5; alpha fitted at 9.4 and 10.9 us where others gave
-    # 2.1-2.5, and `auto` ran 1.3x slower than the best at 3 ranks x 16 KiB).
-    small_s = min(
-        seconds[nbytes] - steps / world * (nbytes - small_bytes) * per_byte
-        for nbytes in seconds
-        if nbytes <= 4 * small_bytes
-    )
+    # The smallest size's time, or a little larger one's where that is less: the sweep's first
+    # row paid for a start in every round of some tunes (2 ranks x 4 KiB 19-22 us against 5;
+    # alpha fitted at 9.4 and 10.9 us where others gave 2.1-2.5, and `auto` ran 1.3x slower than
+    # the best at 3 ranks x 16 KiB). Not brought back by the bytes' cost: that slope, fitted on
+    # sizes past the cache, is steeper than in it (alpha came out at 1.0 us so).
+    small_s = min(seconds[nbytes] for nbytes in seconds if nbytes <= 4 * small_bytes)
     alpha = max(1e-7, small_s / steps - parked)
     per_byte /= crowd
     beta = max(1e-12, per_byte - gamma / 2)

@@ -686,7 +686,7 @@ def test_tune_fits_link_costs_without_the_models_crowding():
     first_small.median_s *= 3.3
     assert fit_costs(rounds, 4, local[2], cores=0)[0] == pytest.approx(own[0], rel=0.01)
     # Every round's first row (the smallest size) slowed 4x, as a start can in every round: the
-    # next sizes, brought back to the smallest by the bytes' cost, give alpha.
+    # next sizes give alpha.
     sizes = (8, 16, 32, 16 << 20)
     slowed = [r for _ in range(3) for r in ring_rows(4, 0, sizes)]
     for r in slowed:
