@@ -296,6 +296,8 @@ void testYamaScope() {
   for (const char* scope : {"0\n", "1\n"}) {
     const std::string file = dir + "_" + scope[0];
     FILE* f = std::fopen(file.c_str(), "w");
+    EXPECT(f != nullptr, "cannot write %s", file.c_str());
+    if (f == nullptr) return;
     std::fputs(scope, f);
     std::fclose(f);
     const std::string said = cross_memory::letSiblingsRead(file.c_str());
