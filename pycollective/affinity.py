@@ -9,16 +9,25 @@ the ranks pinned two per core, 6.9-7.3 us with three pinned to one core; of 12 l
 the scheduler 7 ran at 5.9-7.9 us (docs/benchmarks.md, "Four ranks on two cores").
 
 ``auto`` (the default) therefore binds each rank to one core of the CPUs it may use,
-round-robin by local rank, where the host's ranks outnumber those CPUs. With a core per rank
-the scheduler already spreads them, and a bound rank could no longer use an idle core. With an
-uneven count (3 ranks on 2 CPUs) one core holds an extra rank either way; bound, consecutive
-ranks sit on different cores, so halving-doubling, whose fold and exchange keep two ranks busy
-at a time, always runs them on two cores. Left to the scheduler it sometimes ran them on one.
-In three alternating pairs of sweeps of 3 ranks, at 1-16 MiB halving-doubling took 0.73x-0.85x
-the ring's time bound and 0.76x-1.17x unbound (by run and size), and ``auto`` was over 1.15x
-the fastest algorithm in 2, 5 and 2 of 24 cells unbound, in none bound. The best time bound
-against the best unbound: 0.75x-1.00x at 1-16 MiB, 0.97x-1.14x at 64 MiB, and 0.89x-1.19x at
-8 B-8 KiB, where the runs disagreed (docs/benchmarks.md, "Three ranks on two cores").
+round-robin by local rank, where the host's ranks are at least as many as those CPUs. With as
+many ranks as cores the scheduler usually spreads them, but not always: each rank that wakes
+its peer can pull the peer onto its own core, and two ranks on two cores then sometimes share
+one for hundreds of calls. Measured with 2 ranks on 2 vCPUs, 200 all-reduces of 256 KiB a
+launch, 20 launches alternating: unbound, 3 ran both ranks on one CPU throughout, 46.6-50.4 us
+a call against 34.2-38.1 (about 230 preemptions a rank against 30-40); bound, none (34.1-37.6).
+In one of six unbound benchmark runs the same thing made 16 KiB and 64 KiB calls 4x and 2.7x
+slower (21.3 and 29.4 us against 4.9-5.9 and 10.9-11.2); bound, those rows ran 5.3-6.7 and
+10.8-11.1 us, the larger ones alike (docs/benchmarks.md, "Two ranks on two cores"). With
+fewer ranks than CPUs a bound rank could no longer use an idle core, and idle cores are where
+the scheduler puts a woken rank. With an uneven count (3 ranks on 2 CPUs) one core holds an
+extra rank either way; bound, consecutive ranks sit on different cores, so halving-doubling,
+whose fold and exchange keep two ranks busy at a time, always runs them on two cores. Left to
+the scheduler it sometimes ran them on one. In three alternating pairs of sweeps of 3 ranks, at
+1-16 MiB halving-doubling took 0.73x-0.85x the ring's time bound and 0.76x-1.17x unbound (by
+run and size), and ``auto`` was over 1.15x the fastest algorithm in 2, 5 and 2 of 24 cells
+unbound, in none bound. The best time bound against the best unbound: 0.75x-1.00x at 1-16 MiB,
+0.97x-1.14x at 64 MiB, and 0.89x-1.19x at 8 B-8 KiB, where the runs disagreed
+(docs/benchmarks.md, "Three ranks on two cores").
 ``core`` binds in every case (as ``mpirun --bind-to core`` does), ``none`` never. The binding
 covers every thread of the process at init and every thread started later, and ``shutdown()``
 restores the CPUs the process had before.
@@ -79,7 +88,7 @@ def spread_over_cores(rank: int, local_rank: int, local_size: int) -> set[int] |
     cpus = sorted(before)
     if len(cpus) < 2:
         return None
-    if mode == "auto" and (local_size <= len(cpus) or config.text("PYCOLLECTIVE_HOST_ID")):
+    if mode == "auto" and (local_size < len(cpus) or config.text("PYCOLLECTIVE_HOST_ID")):
         return None
     core = cpus[local_rank % len(cpus)]
     try:

@@ -94,8 +94,8 @@ namespace knobs {
     "segment, the ptrace setting left alone. The ranks agree: one rank's 0 turns it off for "     \
     "its host.")                                                                                  \
   X(kBind, "PYCOLLECTIVE_BIND", "str", "auto",                                                    \
-    "Bind each rank to one core, round-robin by local rank: auto (where a host's ranks "          \
-    "outnumber its CPUs), core (always) or none.")                                                \
+    "Bind each rank to one core, round-robin by local rank: auto (where a host's ranks are at "   \
+    "least as many as its CPUs), core (always) or none.")                                         \
   X(kOutputPoolBytes, "PYCOLLECTIVE_OUTPUT_POOL_BYTES", "int", "1073741824",                      \
     "Result arrays of at least 1 MiB freed by the user kept for reuse, at most this many bytes "  \
     "(0: none; fresh memory page-faults on first touch).")                                        \
