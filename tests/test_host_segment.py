@@ -206,8 +206,9 @@ def _by_reads(rank, n):
         gather_calls.append(calls)
         assert np.array_equal(np.asarray(got).reshape(-1), np.concatenate(x)), count
     scatter_calls = []
-    # 64 KiB a rank (one piece, never read), 4 MiB (shares of 2 MiB in parts of 256 KiB, or read).
-    for count in (1 << 14, 1 << 20):
+    # 64 KiB a rank (one piece, never read), 256 KiB (one piece, or read: the window's first
+    # size), 4 MiB (shares of 2 MiB in parts of 256 KiB, or read).
+    for count in (1 << 14, 1 << 16, 1 << 20):
         for op in ("sum", "max"):
             xs = make_inputs("float32", op, n, count, seed=count)
             got, calls = calls_of(lambda: pc.reduce_scatter(xs[rank], op=op, algo="staged"))
@@ -215,8 +216,9 @@ def _by_reads(rank, n):
             share = np.split(reduce_ref(xs, op), n)[rank]
             assert_close(got, share, op, n, f"reduce_scatter {op} {count}")
     reduce_calls = []
-    # 64 KiB a rank (one piece, never read), 2 and 4 MiB (pieces of 341 KiB, or read).
-    for count in (1 << 14, 1 << 19, 1 << 20):
+    # 128 KiB a rank (one piece, never read), 256 KiB (one piece, or read: the window's first
+    # size), 2 and 4 MiB (pieces of 341 KiB, or read).
+    for count in (1 << 15, 1 << 16, 1 << 19, 1 << 20):
         xs = make_inputs("float32", "sum", n, count, seed=count)
         got, calls = calls_of(lambda: pc.allreduce(xs[rank], algo="staged"))
         reduce_calls.append(calls)
@@ -283,8 +285,8 @@ def _siblings_read_each_other() -> bool:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("cross_memory", ["1", "0", "mixed"])
 def test_two_ranks_read_each_others_buffers(cross_memory):
-    """2 ranks: allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 2 MiB and allreduces of
-    2-16 MiB read the other rank's buffers (process_vm_readv): two, two and three segment
+    """2 ranks: allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 256 KiB and allreduces of
+    256 KiB-16 MiB read the other rank's buffers (process_vm_readv): two, two and three segment
     calls whatever the size, where the members agreed, in two calls when they connected the
     segment, that they can. With PYCOLLECTIVE_CROSS_MEMORY=0 on either rank they agree that they
     cannot, and the calls go through the segment in pieces. The
@@ -308,11 +310,13 @@ def test_two_ranks_read_each_others_buffers(cross_memory):
         # Two calls an allgather by reads, or one a piece.
         assert gather_calls == ([1, 2, 2] if reads else [1, 8, 8]), gather_calls
         if reads:
-            assert scatter_calls == [1, 1, 2, 2], scatter_calls
-            assert reduce_calls == [2, 3, 3], reduce_calls
+            assert scatter_calls == [1, 1, 2, 2, 2, 2], scatter_calls
+            assert reduce_calls == [2, 3, 3, 3], reduce_calls
         else:
-            assert scatter_calls == [1, 1, 8, 8], scatter_calls
-            assert reduce_calls[0] == 2 and 3 < reduce_calls[1] < reduce_calls[2], reduce_calls
+            assert scatter_calls == [1, 1, 1, 1, 8, 8], scatter_calls
+            assert reduce_calls[:2] == [2, 2] and 3 < reduce_calls[2] < reduce_calls[3], (
+                reduce_calls
+            )
 
 
 def _hierarchical(rank, n):

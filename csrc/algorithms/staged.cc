@@ -5,7 +5,7 @@
 // share of the previous piece reduced: every rank reduces its share of a piece from all ranks'
 // slots into its next slot, and copies every rank's reduced share of the piece before into its
 // output. One segment call per piece, plus one. Two ranks whose processes may read each other's
-// memory (HostSegment::membersReadEachOther) skip the slots from 2 MiB to 16 MiB a rank
+// memory (HostSegment::membersReadEachOther) skip the slots from 256 KiB to 16 MiB a rank
 // (allreduceByReads): each reads the other's part of its share into the cache and reduces it
 // with its own into its output, then reads the other's share from the other's output; three
 // segment calls, each byte of input and of result copied once.
@@ -22,7 +22,7 @@
 // its input) straight into its output. Allgather: piece k is the k-th part of every rank's
 // input, copied into its slot and from every slot into every output. One segment call a piece.
 // Two ranks whose processes may read each other's memory (HostSegment::membersReadEachOther)
-// skip the slots: a reduce-scatter from 2 MiB a rank reads the other's part of its share into the
+// skip the slots: a reduce-scatter from 256 KiB a rank reads the other's part of its share into the
 // cache and reduces it (reduceScatterByReads), an allgather of parts of 16 KiB-16 MiB reads the
 // other's input straight into its output (allgatherByReads); one copy a byte, two segment calls.
 // hierarchical runs its phases inside each host with these two, in place (registry.h).
@@ -66,14 +66,18 @@ struct ReadWindow {
 // won 1.15x-1.9x, 32 MiB lost 1.14x-1.16x.
 constexpr ReadWindow kAllgatherReads{size_t(16) << 10, size_t(16) << 20};
 // A rank's input: 64 KiB lost 1.25x (14.0 us against 11.2), 128 KiB 1.1x; 256 KiB-16 MiB won
-// 1.13x-1.5x in a quiet run; 32 MiB tied, 64-128 MiB lost 1.03x-1.07x. But some runs stall the
-// reads by tens of microseconds a call, not understood: 2 x 256 KiB took 73-83 us against the
-// pieces' 35-45 (the first CI runs of this change, and one run of four beside them). From 2 MiB
-// (450 us and more, 1.3x-1.5x faster) such a stall cannot undo the gain.
-constexpr ReadWindow kAllreduceReads{size_t(2) << 20, size_t(16) << 20};
-// A rank's input: 16-64 KiB tied or lost (some runs stall those reads too: 20-24 us against
-// 3-7); 256 KiB-256 MiB won 1.1x-1.4x. From 2 MiB, as allreduce's.
-constexpr ReadWindow kReduceScatterReads{size_t(2) << 20, SIZE_MAX};
+// 1.13x-1.5x; 32 MiB tied, 64-128 MiB lost 1.03x-1.07x. Some runs had stalled the reads by
+// tens of microseconds a call (2 x 256 KiB 73-83 us against the pieces' 35-45), and the window
+// started at 2 MiB for a while: the two ranks were sharing one of two cores, which each of the
+// reads' three synchronisations pays for (both pinned to one core: 65 us against the pieces'
+// 43-48). Bound a core each (pycollective/affinity.py), 2 x 256
+// KiB ran 27.7-33.1 us against the pieces' 34.3-40.4 in eight launches each, 2 x 1 MiB
+// 131-175 against 159-191 (docs/benchmarks.md, "Two ranks on two cores").
+constexpr ReadWindow kAllreduceReads{size_t(256) << 10, size_t(16) << 20};
+// A rank's input: 16-64 KiB tied or lost (some runs stalled those reads too: 20-24 us against
+// 3-7); 256 KiB-256 MiB won 1.1x-1.4x (bound: 256 KiB 10.9-11.9 us against 15.2-16.6, 1 MiB
+// 53-57 against 73-75, six launches each).
+constexpr ReadWindow kReduceScatterReads{size_t(256) << 10, SIZE_MAX};
 
 bool readsPeers(const HostSegment& seg, int ranks, size_t bytes, const ReadWindow& window) {
   return ranks == 2 && bytes >= window.minBytes && bytes <= window.maxBytes &&

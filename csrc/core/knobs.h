@@ -88,11 +88,11 @@ namespace knobs {
     "PYCOLLECTIVE_HOST_SLOT_BYTES per rank.")                                                     \
   X(kCrossMemory, "PYCOLLECTIVE_CROSS_MEMORY", "int", "1",                                        \
     "1: two ranks of a host read each other's buffers directly (process_vm_readv) where the "     \
-    "kernel lets them: their allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 2 MiB and " \
-    "allreduces of 2-16 MiB (algo 'staged') copy each byte once (under Yama's ptrace_scope 1 "    \
-    "each rank lets its user's processes trace it, PR_SET_PTRACER_ANY); 0: through the host "     \
-    "segment, the ptrace setting left alone. The ranks agree: one rank's 0 turns it off for "     \
-    "its host.")                                                                                  \
+    "kernel lets them: their allgathers of 16 KiB-16 MiB a rank, reduce-scatters from 256 KiB "   \
+    "and allreduces of 256 KiB-16 MiB (algo 'staged') copy each byte once (under Yama's "         \
+    "ptrace_scope 1 each rank lets its user's processes trace it, PR_SET_PTRACER_ANY); 0: "       \
+    "through the host segment, the ptrace setting left alone. The ranks agree: one rank's 0 "     \
+    "turns it off for its host.")                                                                 \
   X(kBind, "PYCOLLECTIVE_BIND", "str", "auto",                                                    \
     "Bind each rank to one core, round-robin by local rank: auto (where a host's ranks are at "   \
     "least as many as its CPUs), core (always) or none.")                                         \
