@@ -3,7 +3,7 @@ ranks are bound, to which CPU, for every thread, and that shutdown() gives the C
 case runs its ranks in separate processes under a hard deadline. To be independent of the
 machine's core count, every rank first narrows itself to the machine's first two CPUs (as a
 launcher or a cgroup would), so "as many ranks as CPUs" means two ranks. One rank on its two
-CPUs stays unbound: it has fewer ranks than CPUs."""
+CPUs stays unbound under auto: it has fewer ranks than CPUs."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ CASES = [
     ("auto", 4, None, True),  # ranks outnumber the CPUs: round-robin
     ("auto", 3, None, True),  # unevenly too: halving-doubling's fold then keeps to two CPUs
     ("auto", 2, None, True),  # a CPU per rank: the scheduler sometimes keeps both on one
-    ("core", 2, None, True),  # always, like mpirun --bind-to core
+    ("core", 1, None, True),  # always, like mpirun --bind-to core: fewer ranks than CPUs too
     ("none", 4, None, False),
     ("auto", 1, None, False),  # fewer ranks than CPUs: an idle core stays usable
     # Pretend hosts share the machine's cores without seeing each other: auto leaves them be.

@@ -22,9 +22,10 @@
 // its input) straight into its output. Allgather: piece k is the k-th part of every rank's
 // input, copied into its slot and from every slot into every output. One segment call a piece.
 // Two ranks whose processes may read each other's memory (HostSegment::membersReadEachOther)
-// skip the slots: a reduce-scatter from 256 KiB a rank reads the other's part of its share into the
-// cache and reduces it (reduceScatterByReads), an allgather of parts of 16 KiB-16 MiB reads the
-// other's input straight into its output (allgatherByReads); one copy a byte, two segment calls.
+// skip the slots: a reduce-scatter from 256 KiB a rank reads the other's part of its share into
+// the cache and reduces it (reduceScatterByReads), an allgather of parts of 16 KiB-16 MiB reads
+// the other's input straight into its output (allgatherByReads); one copy a byte, two segment
+// calls.
 // hierarchical runs its phases inside each host with these two, in place (registry.h).
 //
 // Slots are reused as the segment's calls allow (a member writes a slot again two calls later,
@@ -70,9 +71,9 @@ constexpr ReadWindow kAllgatherReads{size_t(16) << 10, size_t(16) << 20};
 // tens of microseconds a call (2 x 256 KiB 73-83 us against the pieces' 35-45), and the window
 // started at 2 MiB for a while: the two ranks were sharing one of two cores, which each of the
 // reads' three synchronisations pays for (both pinned to one core: 65 us against the pieces'
-// 43-48). Bound a core each (pycollective/affinity.py), 2 x 256
-// KiB ran 27.7-33.1 us against the pieces' 34.3-40.4 in eight launches each, 2 x 1 MiB
-// 131-175 against 159-191 (docs/benchmarks.md, "Two ranks on two cores").
+// 43-48). Bound a core each (pycollective/affinity.py), 2 x 256 KiB ran 27.7-33.1 us against
+// the pieces' 34.3-40.4 in eight launches each, 2 x 1 MiB 131-175 against 159-191
+// (docs/benchmarks.md, "Two ranks on two cores").
 constexpr ReadWindow kAllreduceReads{size_t(256) << 10, size_t(16) << 20};
 // A rank's input: 16-64 KiB tied or lost (some runs stalled those reads too: 20-24 us against
 // 3-7); 256 KiB-256 MiB won 1.1x-1.4x (bound: 256 KiB 10.9-11.9 us against 15.2-16.6, 1 MiB
