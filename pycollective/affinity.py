@@ -15,9 +15,10 @@ its peer can pull the peer onto its own core, and two ranks on two cores then so
 one for hundreds of calls. Measured with 2 ranks on 2 vCPUs, 200 all-reduces of 256 KiB a
 launch, 20 launches alternating: unbound, 3 ran both ranks on one CPU throughout, 46.6-50.4 us
 a call against 34.2-38.1 (about 230 preemptions a rank against 30-40); bound, none (34.1-37.6).
-In one of six unbound benchmark runs the same thing made 16 KiB and 64 KiB calls 4x and 2.7x
-slower (21.3 and 29.4 us against 4.9-5.9 and 10.9-11.2); bound, those rows ran 5.3-6.7 and
-10.8-11.1 us, the larger ones alike (docs/benchmarks.md, "Two ranks on two cores"). With
+In one of six unbound benchmark runs 16 KiB and 64 KiB calls ran 4x and 2.7x slower (21.3 and
+29.4 us against 4.9-5.9 and 10.9-11.2), what both ranks pinned to one core take (22.4-23.1 and
+31.7-31.8); bound, those rows ran 5.3-6.7 and 10.8-11.1 us, the larger ones alike
+(docs/benchmarks.md, "Two ranks on two cores"). With
 fewer ranks than CPUs a bound rank could no longer use an idle core, and idle cores are where
 the scheduler puts a woken rank. With an uneven count (3 ranks on 2 CPUs) one core holds an
 extra rank either way; bound, consecutive ranks sit on different cores, so halving-doubling,
