@@ -19,6 +19,7 @@ import logging
 import secrets
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ class Work:
 
     def __init__(self, native: Any, calls: list[Any], group: ProcessGroup, what: str):
         self._native, self._calls, self._group, self._what = native, calls, group, what
+        group._world.keep_until_done(native, calls)
 
     def is_completed(self) -> bool:
         return self._native.is_completed()
@@ -77,6 +79,8 @@ class Work:
                 "in the background"
             )
         results = [c.result() for c in self._calls]
+        if not results:  # a barrier
+            return None
         return results[0] if len(results) == 1 else results
 
     @property
@@ -479,17 +483,29 @@ class ProcessGroup:
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank of the group called barrier()."""
-        seconds = self._timeout(timeout)
-        spec = self._barrier_specs.get(seconds)
-        if spec is None:
-            spec = call_spec(KINDS["barrier"], 0, _FLOAT32, 0, 0, "auto", 0, seconds)
-            self._barrier_specs[seconds] = spec
+        spec = self._barrier_spec(timeout)
         # _run_native's error path written out, as _run's remembered-call path does: a barrier
         # takes about a microsecond, so it makes one Python call fewer.
         try:
             self._world.comm.run(spec, self._native_members, None, None)
         except CollectiveError as exc:
             raise self._world.explain_failure(exc) from None
+
+    def barrier_async(self, timeout: float | None = None) -> Work:
+        """:meth:`barrier` queued behind this rank's earlier calls; ``wait()`` returns None
+        once every rank of the group reached it (by either method)."""
+        native = self._world.comm.submit(
+            self._barrier_spec(timeout), self._native_members, None, None
+        )
+        return Work(native, [], self, "barrier")
+
+    def _barrier_spec(self, timeout: float | None) -> Any:
+        seconds = self._timeout(timeout)
+        spec = self._barrier_specs.get(seconds)
+        if spec is None:
+            spec = call_spec(KINDS["barrier"], 0, _FLOAT32, 0, 0, "auto", 0, seconds)
+            self._barrier_specs[seconds] = spec
+        return spec
 
     @property
     def auto_trial_calls(self) -> int:
@@ -763,21 +779,25 @@ class _World:
         self.abort_notice: tuple[int, str] | None = None
         self._notice = threading.Event()
         self._reported = False
+        # Asynchronous calls' buffers (Work._calls), held until the call completes: the worker
+        # thread reads and writes them through raw pointers, and a Work dropped early (after a
+        # timed-out wait, say) must not free its output or input copy under it.
+        self._in_flight: deque[tuple[Any, list[Any]]] = deque()
         self._abort_callbacks: list[Callable[[str], None]] = []
         listener = TcpListener.open(ifname, spec.master_addr)
         forced = transport or config.text("PYCOLLECTIVE_TRANSPORT") or None
         token = spec.token or secrets.token_hex(16)
         endpoints = {"tcp": listener.endpoint}
         self.grpc_plane = None
-        if forced == "grpc":
-            from pycollective.grpc_transport import GrpcDataPlane
-
-            host = listener.endpoint.rsplit(":", 1)[0]
-            self.grpc_plane = GrpcDataPlane(
-                spec.rank, token, bind_address(ifname, spec.master_addr), host, connect_timeout
-            )
-            endpoints["grpc"] = self.grpc_plane.endpoint
         try:
+            if forced == "grpc":
+                from pycollective.grpc_transport import GrpcDataPlane
+
+                host = listener.endpoint.rsplit(":", 1)[0]
+                self.grpc_plane = GrpcDataPlane(
+                    spec.rank, token, bind_address(ifname, spec.master_addr), host, connect_timeout
+                )
+                endpoints["grpc"] = self.grpc_plane.endpoint
             self.client, peers, self.service = rendezvous(
                 spec,
                 endpoints,
@@ -965,6 +985,14 @@ class _World:
             self.client.abort(str(exc))
         return exc
 
+    def keep_until_done(self, native: Any, buffers: list[Any]) -> None:
+        """Holds an asynchronous call's buffers until its native Work completes. Calls complete
+        in issue order (one executor), so finished ones leave from the front."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][0].is_completed():
+            in_flight.popleft()
+        in_flight.append((native, buffers))
+
     def close(self, timeout: float) -> None:
         failed = self.comm.aborted
         if not failed:
@@ -994,6 +1022,9 @@ class _World:
         # next init() in this process must not find the old group's resources still held.
         # (A PreparedCall made on it keeps it alive until that call is dropped.)
         del self.comm
+        # The executor has drained (its destructor joins it) unless a PreparedCall still holds
+        # the communicator: keep only what may still run.
+        self._in_flight = deque(e for e in self._in_flight if not e[0].is_completed())
         affinity.restore(self._cpus_before)
 
     def __getattr__(self, name: str) -> Any:

@@ -140,6 +140,52 @@ def test_async_inplace_out():
     assert run_ranks(_async_and_inplace, 2, timeout=45) == [[3.0, 3.0, 2.0]] * 2
 
 
+def _dropped_async(rank, n):
+    """Rank 0 gives up waiting on an async allreduce and drops its Work while rank 1 has not
+    joined yet; the call's buffers (the contiguous copy of a strided input, the pooled output)
+    must outlive the Work, or the worker thread writes into memory handed out again."""
+    import gc
+    import time
+
+    import pycollective as pc
+    from pycollective._calls import new_output
+    from pycollective.errors import CollectiveTimeout
+
+    pc.init()
+    count = 1 << 19  # 2 MiB of float32: the output comes from the output pool
+    base = (np.arange(2 * count) % 7).astype(np.float32) + rank
+    x = base[::2]  # strided: the call runs on a copy only the Work holds
+    want = 2 * (np.arange(0, 2 * count, 2) % 7).astype(np.float32) + 1
+    if rank == 0:
+        w = pc.allreduce_async(x)
+        try:
+            w.wait(timeout=0.05)
+            raise AssertionError("rank 1 sleeps: the allreduce cannot be done yet")
+        except CollectiveTimeout:
+            pass
+        del w
+        gc.collect()
+        # The next results of that size: the pool would hand them the dropped call's output.
+        fresh = [new_output((count,), np.dtype(np.float32)) for _ in range(2)]
+        for f in fresh:
+            f.fill(-1.0)
+        pc.barrier()  # runs after the dropped call: it is done by now
+        untouched = all(bool((f == -1.0).all()) for f in fresh)
+    else:
+        time.sleep(1.0)
+        y = pc.allreduce(x)
+        pc.barrier()
+        untouched = bool(np.array_equal(y, want))  # rank 0's input copy was intact
+    again = pc.allreduce(x)
+    pc.shutdown()
+    return [untouched, bool(np.array_equal(again, want))]
+
+
+@pytest.mark.timeout(60)
+def test_dropped_async_work_keeps_its_buffers():
+    assert run_ranks(_dropped_async, 2, timeout=45) == [[True, True]] * 2
+
+
 def _single_rank(rank, n):
     import pycollective as pc
 
