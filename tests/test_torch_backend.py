@@ -168,7 +168,12 @@ def _check_dtype(rank, n, gloo, name, seed):
         dist.all_reduce(mine, op=dist._make_nccl_premul_sum(0.5))
         dist.all_reduce(theirs, group=gloo)
         torch.testing.assert_close(mine, theirs, rtol=tol, atol=tol)
-        checks += 2
+        # reduce with PREMUL_SUM: the root gets the scaled sum, the others keep their input.
+        mine, theirs = x.clone(), x * 0.5
+        dist.reduce(mine, 0, op=dist._make_nccl_premul_sum(0.5))
+        dist.reduce(theirs, 0, group=gloo)
+        torch.testing.assert_close(mine, theirs if rank == 0 else x, rtol=tol, atol=tol)
+        checks += 3
     return checks
 
 
@@ -236,6 +241,14 @@ def _collectives(rank, n):
         req.wait()
     assert (back2 == 1.0 + prv).all()
     dist.barrier()
+    # barrier(async_op=True) returns at once, while the last rank is still away.
+    if rank == n - 1:
+        __import__("time").sleep(1.0)
+    began = __import__("time").monotonic()
+    pending = dist.barrier(async_op=True)
+    if rank == 0:
+        assert __import__("time").monotonic() - began < 0.5 and not pending.is_completed()
+    assert pending.wait()
 
     # Sub-groups: torch's new_group over pycollective (members only call the backend).
     evens = [r for r in range(n) if r % 2 == 0]
@@ -280,6 +293,35 @@ def test_host_array_shares_memory_or_hands_back_the_tensor():
         torch._neg_view(torch.ones(3)),
     ):
         assert host_array(keep) is keep
+
+
+class _DoneHandle:
+    """A pycollective handle whose native call already finished (or failed)."""
+
+    def __init__(self, error=None):
+        self.error = error
+
+    def is_completed(self):
+        return True
+
+    def wait(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+
+
+def test_coalesced_work_finishes_parts_that_are_already_done():
+    """A *_coalesced call joins its parts' Works; a part whose native call finished before the
+    join still has to copy its results back (non-contiguous outputs) and raise its error."""
+    from pycollective.errors import CollectiveError
+    from pycollective.torch.process_group import _joined
+    from pycollective.torch.work import Work
+
+    copied = []
+    part = Work([_DoneHandle()], [], finish=lambda: copied.append(True))
+    assert _joined([part], []).wait() and copied == [True]
+    failed = Work([_DoneHandle(CollectiveError("rank 1 failed"))], [])
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        _joined([failed], []).wait()
 
 
 def _model(seed):
@@ -462,6 +504,38 @@ def test_cuda_tensors_match_gloo():
         pytest.skip("this build of pycollective has no CUDA")
     n = min(2, torch.cuda.device_count())
     assert run_ranks(_cuda, n, timeout=240) == [4 * 3 * 5 + 2] * n
+
+
+def _abort(rank, n):
+    """Rank 0 aborts the group while rank 1 is still busy: it must not wait for rank 1 to leave;
+    rank 1's next call fails, and destroy_process_group then returns at once."""
+    import time
+
+    import torch.distributed as dist
+
+    _init(rank, n, timeout=30)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    began = time.monotonic()
+    if rank == 0:
+        dist.distributed_c10d._abort_process_group()
+        return ["aborted", time.monotonic() - began]
+    time.sleep(2.0)
+    try:
+        dist.all_reduce(t)
+        outcome = "no error"
+    except RuntimeError:
+        outcome = "failed"
+    began = time.monotonic()
+    dist.destroy_process_group()
+    return [outcome, time.monotonic() - began]
+
+
+@pytest.mark.timeout(90)
+def test_abort_does_not_wait_for_the_others():
+    (first, aborting), (second, leaving) = run_ranks(_abort, 2, timeout=60)
+    assert (first, second) == ("aborted", "failed")
+    assert aborting < 1.5 and leaving < 1.5, (aborting, leaving)
 
 
 def _dead_peer(rank, n):

@@ -168,7 +168,8 @@ class ProcessGroup(dist.ProcessGroup):
         buf = staging.output(t)
         if factor is not None:
             buf = scaled(buf, factor)
-            staging.copy_back(t, buf)
+            if self._group.rank == opts.rootRank:  # the other ranks' tensors stay as they were
+                staging.copy_back(t, buf)
         g, root, buf = self._group, opts.rootRank, host_array(buf)
 
         def step(asynchronous: bool, timeout: float) -> Any:
@@ -424,31 +425,37 @@ class ProcessGroup(dist.ProcessGroup):
         )
 
     def barrier(self, opts: Any = None) -> Work:
-        timeout = self._call_timeout(opts)
-        try:
-            self._group.barrier(timeout)
-        except CollectiveError as exc:
-            raise backend_error(exc) from None
-        return Work([], [])
+        g = self._group
+
+        def step(asynchronous: bool, timeout: float) -> Any:
+            return g.barrier_async(timeout) if asynchronous else g.barrier(timeout)
+
+        return self._start(opts or dist.BarrierOptions(), [], Staging(), [step])
 
     # -- lifetime ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         """destroy_process_group(): the group that formed pycollective's links closes them
-        (and rank 0 its coordination service); sub-groups own nothing."""
+        (and rank 0 its coordination service) once every rank left; sub-groups own nothing."""
+        self._leave(min(self._timeout, 30.0))
+
+    def abort(self) -> None:
+        """Closes the links at once, without waiting for the other ranks to leave (they see
+        this rank gone, as after a crash)."""
+        self._leave(0.0)
+
+    def _leave(self, timeout: float) -> None:
         if self._owned:
             self._owned = False
             stop_completer()
-            rendezvous.leave(min(self._timeout, 30.0))
-
-    def abort(self) -> None:
-        self.shutdown()
+            rendezvous.leave(timeout)
 
 
 def _joined(works: list[Work], outputs: list) -> Work:
-    """One Work over several (the *_coalesced calls)."""
-    handles = [w for w in works if not w.is_completed()]
-    return Work([_Waitable(w) for w in handles], outputs)
+    """One Work over several (the *_coalesced calls). Every part is waited on, finished ones
+    too: a part whose native calls are done may not have raised its error or copied its
+    results back into non-contiguous outputs yet (its own wait() does both)."""
+    return Work([_Waitable(w) for w in works], outputs)
 
 
 class _Waitable:
