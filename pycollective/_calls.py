@@ -117,7 +117,7 @@ def result_shape(
         return (size,) + shape
     if kind == "reduce_scatter":
         # Rows of axis 0 when it divides evenly (chunk r is then rows of the input), else flat.
-        if len(shape) >= 1 and count > 0 and shape[0] % size == 0:
+        if len(shape) >= 1 and shape[0] % size == 0:
             return (shape[0] // size,) + shape[1:]
         start, stop = chunk_bounds(count, size, rank)
         return (stop - start,)
@@ -175,5 +175,5 @@ def prepare(
         raise ValueError(
             f"{where}: out= has shape {out.array.shape}; the result of {kind} has shape {shape}"
         )
-    check_writable(out, f"{where} (out=)")
+    check_writable(out, f"{where} (out=)", inplace=False)
     return Prepared(inp, out.array, out)

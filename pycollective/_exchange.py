@@ -52,7 +52,7 @@ def _output(x: Any, code: int, where: str) -> tuple[Buffer, np.ndarray]:
             f"{where}: the output has dtype {buf.dtype_name} but the input has "
             f"another dtype; pass tensors of one dtype"
         )
-    check_writable(buf, where)
+    check_writable(buf, where, inplace=False)
     return buf, buf.array
 
 

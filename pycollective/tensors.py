@@ -138,15 +138,25 @@ def contiguous_input(buf: Buffer) -> np.ndarray:
     return buf.array if buf.array.flags.c_contiguous else np.ascontiguousarray(buf.array)
 
 
-def check_writable(buf: Buffer, where: str) -> None:
-    """inplace=True writes into the caller's memory: it must be writable and contiguous."""
+def check_writable(buf: Buffer, where: str, inplace: bool = True) -> None:
+    """The collective writes into the caller's memory (``inplace=True``, or an output array:
+    ``out=``, a receive buffer): it must be writable and contiguous."""
     flags = buf.array.flags  # a new object per access: read it once
-    if not flags.writeable:
-        raise ValueError(f"{where}: inplace=True but the array is read-only")
-    if not flags.c_contiguous:
+    if inplace:
+        if not flags.writeable:
+            raise ValueError(f"{where}: inplace=True but the array is read-only")
+        if not flags.c_contiguous:
+            raise ValueError(
+                f"{where}: inplace=True needs a C-contiguous array, got a strided view; pass "
+                "np.ascontiguousarray(x) or use inplace=False"
+            )
+    elif not flags.writeable:
+        raise ValueError(f"{where}: the output array is read-only; pass a writable one")
+    elif not flags.c_contiguous:
+        # A contiguous copy of it would receive the result and be thrown away.
         raise ValueError(
-            f"{where}: inplace=True needs a C-contiguous array, got a strided view; pass "
-            "np.ascontiguousarray(x) or use inplace=False"
+            f"{where}: the output must be a C-contiguous array, got a strided view; pass one "
+            "made with np.empty(shape, dtype) and copy from it"
         )
 
 

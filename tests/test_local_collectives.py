@@ -105,6 +105,8 @@ def test_reduce_scatter_shapes():
     np.testing.assert_array_equal(parts[1], 4 * xs[0][2:4])
     ys = [np.arange(10, dtype=np.float32) for _ in range(4)]  # 10 = 3+3+2+2
     assert [p.shape for p in c.reduce_scatter(ys)] == [(3,), (3,), (2,), (2,)]
+    empty = [np.zeros((8, 0), np.float32) for _ in range(4)]  # rows still divide evenly
+    assert [p.shape for p in c.reduce_scatter(empty)] == [(2, 0)] * 4
 
 
 @pytest.mark.parametrize("algo", ALGOS)

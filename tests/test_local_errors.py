@@ -73,6 +73,19 @@ def test_strided_inplace_is_refused(comm):
         comm.allreduce([b[:, 1] for b in base], inplace=True)
 
 
+def test_unwritable_out_is_refused_naming_out(comm):
+    """An out= that cannot take the result is named as the output, not as inplace=True (which
+    the caller did not pass), and is not advised to be copied: a copy would lose the result."""
+    outs = [np.empty(4, np.float32) for _ in range(3)]
+    outs[2].flags.writeable = False
+    with pytest.raises(ValueError, match=r"replica 2 \(out=\): the output array is read-only"):
+        comm.allreduce(xs(), out=outs)
+    strided = [np.empty(8, np.float32)[::2] for _ in range(3)]
+    with pytest.raises(ValueError, match="the output must be a C-contiguous array") as info:
+        comm.allreduce(xs(), out=strided)
+    assert "inplace" not in str(info.value) and "ascontiguousarray" not in str(info.value)
+
+
 def test_bad_out_buffers(comm):
     with pytest.raises(ValueError, match="out= has shape"):
         comm.allreduce(xs(), out=[np.empty(5, np.float32)] * 3)
