@@ -57,7 +57,8 @@ class Work:
     """Handle of an asynchronous collective (``*_async``).
 
     ``wait(timeout=None)`` returns the result (re-raising the collective's error);
-    ``is_completed()`` polls. The inputs must stay untouched until it completes.
+    ``is_completed()`` polls. The inputs must stay untouched until it completes. Dropping the
+    Work early is safe: the group holds the call's own buffers until the call is done.
     """
 
     def __init__(self, native: Any, calls: list[Any], group: ProcessGroup, what: str):
