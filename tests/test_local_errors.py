@@ -119,3 +119,22 @@ def test_errors_pickle():
     e = pc.CollectiveTimeout("[rank 1/2] allreduce#3 timed out")
     assert str(pickle.loads(pickle.dumps(e))) == str(e)
     assert isinstance(e, pc.CollectiveError) and isinstance(e, TimeoutError)
+
+
+@pytest.mark.parametrize("algo", ["auto", "inline", "ring", "direct"])
+def test_replicas_writing_shared_memory_are_refused(comm, algo):
+    """The replicas run at once: one array for every replica in place, or an out= that is
+    another replica's input, would give a result that depends on the algorithm."""
+    x = np.ones(1024, np.float32)
+    with pytest.raises(ValueError, match="replica 0 and replica 1 write their results into"):
+        comm.allreduce([x] * 3, inplace=True, algo=algo)
+    assert (x == 1).all()
+    a = xs()
+    with pytest.raises(ValueError, match="replica 0 writes its result into memory that replica 1"):
+        comm.allreduce(a, out=[a[1], a[0], a[2]], algo=algo)
+    # Disjoint parts of one buffer are separate arrays.
+    whole = np.concatenate(xs())
+    parts = [whole[0:4], whole[4:8], whole[8:12]]
+    comm.allreduce(parts, inplace=True, algo=algo)
+    assert (whole == 6).all()
+    comm.allreduce([x] * 3, algo=algo)  # one input read by every replica is fine

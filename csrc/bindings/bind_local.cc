@@ -1,6 +1,10 @@
 // LocalGroup: n replicas in this process. Python passes one pointer pair per replica.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <cstdint>
+#include <vector>
 
 #include "bindings/bindings.h"
 #include "core/error.h"
@@ -10,6 +14,50 @@ namespace py = pybind11;
 
 namespace pycollective {
 namespace bindings {
+namespace {
+
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;
+  bool overlaps(const ByteRange& o) const {
+    return begin < end && o.begin < o.end && begin < o.end && o.begin < end;
+  }
+};
+
+ByteRange bytesOf(const py::handle& array) {
+  if (array.is_none()) return {};
+  auto a = py::reinterpret_borrow<py::array>(array);
+  auto begin = reinterpret_cast<uintptr_t>(a.data());
+  return {begin, begin + static_cast<uintptr_t>(a.nbytes())};
+}
+
+// The replicas run at the same time, so memory one of them writes (its output, or its input in
+// place) must be no other replica's input or output: with the same array passed for every
+// replica in place, ring summed 4x instead of 3x for 3 replicas while `inline` summed 3x.
+void checkReplicasApart(const py::list& ins, const py::list& outs) {
+  const size_t n = ins.size();
+  std::vector<ByteRange> in(n), out(n);
+  for (size_t r = 0; r < n; ++r) {
+    in[r] = bytesOf(ins[r]);
+    out[r] = bytesOf(outs[r]);
+  }
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t s = 0; s < n; ++s) {
+      if (s == r) continue;
+      if (s > r && out[r].overlaps(out[s]))
+        throw InvalidArgument(makeMessage(
+            "replica ", r, " and replica ", s,
+            " write their results into overlapping memory (the same array passed for both?); "
+            "the replicas run at the same time: give each its own array"));
+      if (out[r].overlaps(in[s]))
+        throw InvalidArgument(makeMessage(
+            "replica ", r, " writes its result into memory that replica ", s,
+            " reads as its input (the same array passed for both?); the replicas run at the "
+            "same time: give each its own array"));
+    }
+  }
+}
+
+}  // namespace
 
 void bindLocal(py::module_& m) {
   py::class_<LocalGroup>(m, "LocalGroup")
@@ -44,6 +92,7 @@ void bindLocal(py::module_& m) {
             PC_CHECK(static_cast<int>(ins.size()) == g.size() &&
                          static_cast<int>(outs.size()) == g.size(),
                      "expected ", g.size(), " buffers per side");
+            checkReplicasApart(ins, outs);
             std::vector<CollectiveArgs> args;
             for (int r = 0; r < g.size(); ++r)
               args.push_back(spec.args(dataPointer(ins[r]), dataPointer(outs[r])));
