@@ -159,9 +159,13 @@ class Channel:
         the next request of an idle client without holding a core (a receive would spin)."""
         if self._fileno < 0:
             return True
+        # poll, not select: select refuses descriptors from FD_SETSIZE (1024) up, which a
+        # server holding many connections and shared arrays reaches.
+        poller = select.poll()
+        poller.register(self._fileno, select.POLLIN)
         try:
-            ready, _, _ = select.select([self._fileno], [], [], timeout)
-        except (OSError, ValueError):
+            ready = poller.poll(max(0.0, timeout) * 1000.0)
+        except OSError:
             return True  # closed: the receive reports why
         return bool(ready)
 

@@ -104,3 +104,35 @@ def test_the_host_identity_names_this_host():
     identity = host_identity()
     assert identity and identity == host_identity()
     assert "|" in identity  # host id, boot id and /dev/shm
+
+
+def test_wait_readable_with_a_descriptor_above_select_limit():
+    """A server with over a thousand descriptors open (connections, shared arrays) still waits
+    for an idle client: select() refuses descriptors from 1024 up, poll() does not."""
+    import os
+    import resource
+    import socket
+
+    from pycollective import _C
+    from pycollective.channel import Channel
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    high = 1500
+    if max(soft, hard if hard != resource.RLIM_INFINITY else high + 1) <= high:
+        pytest.skip(f"this process may not open descriptor {high} (RLIMIT_NOFILE {soft}/{hard})")
+    if soft <= high:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (high + 1, hard))
+    mine, theirs = socket.socketpair()
+    try:
+        os.dup2(mine.fileno(), high)
+        mine.close()
+        link = _C.tcp_link(fd=high, rank=1, peer=0, address="socketpair")
+        channel = Channel(link, 1, "high descriptor", 5.0, high)
+        assert not channel.wait_readable(0.05)  # nothing sent: it waits, it does not say ready
+        theirs.send(b"x")
+        assert channel.wait_readable(5.0)
+        channel.close()
+    finally:
+        theirs.close()
+        if soft <= high:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
