@@ -72,6 +72,8 @@ class CallMemo(dict):
         if call.inp is not x:
             return
         if call.out is None:
+            if inplace:  # reduce off the root: the full path still wants x writable
+                return
             writes = "none"
         else:
             writes = "inplace" if inplace else "out" if out is not None else "new"
