@@ -51,6 +51,14 @@ class ErrorFeedback:
     def add_residue(self, key: object, x: np.ndarray) -> None:
         """In place: ``x += residue[key]``, then ``residue[key] = x - round(x)``, the part of
         ``x`` the compressed call about to send it will drop."""
+        # Checked before anything changes: a refused x must leave x and the residue as they were.
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or not x.flags.c_contiguous:
+            raise ValueError(
+                f"ErrorFeedback.add_residue takes a contiguous float32 numpy array, got "
+                f"{type(x).__name__} of {getattr(x, 'dtype', '?')}"
+            )
+        if not x.flags.writeable:
+            raise ValueError("ErrorFeedback.add_residue adds in place: the array is read-only")
         residue = self._residues.get(key)
         if residue is None or residue.shape != x.shape:
             residue = self._residues[key] = np.zeros(x.shape, np.float32)

@@ -156,5 +156,14 @@ def test_round_to_wire_matches_numpy_and_error_feedback_keeps_the_rest():
     g2 = x.copy()
     feedback.add_residue("g", g2)  # second step: last step's residue is added
     assert np.allclose(g2, x + residue, rtol=0, atol=1e-6)
+    # A refused array changes nothing: neither itself nor the residue the next step adds.
+    wrong = x.astype(np.float64)
+    with pytest.raises(ValueError, match="float32"):
+        feedback.add_residue("g", wrong)
+    assert np.array_equal(wrong, x.astype(np.float64))
+    g3 = x.copy()
+    residue2 = g2 - _bf16_by_numpy(g2)
+    feedback.add_residue("g", g3)
+    assert np.allclose(g3, x + residue2, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="float32"):
         pc.round_to_wire(np.ones(4), "bf16")
