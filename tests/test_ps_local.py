@@ -218,3 +218,62 @@ def test_one_machine_coordinator():
         third.fetch()
     assert coordinator.done()
     coordinator.close()
+
+
+class _Refused(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class _Context:
+    """The part of a gRPC handler context a synchronous push uses: its caller's deadline."""
+
+    def __init__(self, seconds):
+        self._deadline = __import__("time").monotonic() + seconds
+
+    def time_remaining(self):
+        return self._deadline - __import__("time").monotonic()
+
+    def is_active(self):
+        return True
+
+    def abort(self, code, message):
+        raise _Refused(code, message)
+
+
+def test_sync_step_that_gave_up_withdraws_its_gradient():
+    """A synchronous push that gave up waiting for the other workers takes its gradient back:
+    the next step must be made of that step's gradients only, not of the failed one's."""
+    import threading
+
+    import grpc
+
+    from pycollective.strategies.parameter_server.ps_service import (
+        _ANSWER_MARGIN_S,
+        ParameterServerService,
+        _OptimizerState,
+        _Var,
+    )
+
+    service = ParameterServerService(b"key", 0, "test")
+    service._vars["w"] = _Var(np.zeros(3, np.float32), True)
+    service._opts["sgd"] = _OptimizerState(SGD(1.0))
+    service._sync_replicas = 2
+
+    def push(worker, value, seconds):
+        request = pb.PushRequest(keys=["w"], optimizer_id="sgd", synchronous=True, worker=worker)
+        grads = [np.full(3, value, np.float32)]
+        return service._push(request, grads, _Context(seconds), None)
+
+    with pytest.raises(_Refused) as refused:  # worker 1 never comes for this step
+        push(0, 1.0, _ANSWER_MARGIN_S + 0.2)
+    assert refused.value.code == grpc.StatusCode.ABORTED  # answered: the task is not lost
+    assert "withdrawn" in str(refused.value)
+    other = threading.Thread(target=push, args=(1, 3.0, 10.0))
+    other.start()
+    push(0, 5.0, 10.0)
+    other.join(10)
+    # One step, of the gradients 3 and 5 (their mean with SGD(1.0)), not of the withdrawn 1.
+    np.testing.assert_allclose(service._vars["w"].array, np.full(3, -4.0))
+    assert service._opts["sgd"].version == 1

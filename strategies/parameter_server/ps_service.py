@@ -260,6 +260,22 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         )
         self._cond.notify_all()
 
+    def _withdraw(
+        self,
+        st: _OptimizerState,
+        worker: int,
+        grads: dict[str, np.ndarray],
+        pooled: list[np.ndarray] | None,
+    ) -> None:
+        """Takes back a gradient whose push gave up waiting (the lock is held), so that the
+        next step is not completed early by a failed step's gradient."""
+        if st.pending.get(worker) is not grads:
+            return  # the worker pushed again since (a restart): that gradient stays
+        del st.pending[worker]
+        if pooled:
+            st.pooled[:] = [b for b in st.pooled if not any(b is p for p in pooled)]
+            self._pool.give(pooled)
+
     # What the data plane (data_plane.py) calls --------------------------------------------------
 
     @property
@@ -522,7 +538,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 return pb.PushResponse(version=st.version, iterations=st.iterations)
             my_version = st.version
             # One gradient per worker and step: a worker that restarted replaces its own.
-            st.pending[request.worker] = dict(zip(keys, grads))
+            mine = st.pending[request.worker] = dict(zip(keys, grads))
             if pooled:
                 st.pooled.extend(pooled)
             self._maybe_complete(st)
@@ -537,12 +553,15 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 left = deadline - time.monotonic()
                 if left <= 0 or not context.is_active():
                     have = sorted(st.pending)
+                    self._withdraw(st, request.worker, mine, pooled)
+                    # ABORTED, not DEADLINE_EXCEEDED: the task answered; it is not lost.
                     abort(
                         context,
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.ABORTED,
                         f"synchronous step {my_version + 1} on {self._task} needs gradients "
                         f"from {self._sync_replicas} workers but got them only from workers "
-                        f"{have}: schedule one function per worker for every step",
+                        f"{have}: schedule one function per worker for every step (worker "
+                        f"{request.worker}'s gradient was withdrawn from the step)",
                     )
                 self._cond.wait(min(left, 0.5))
             return pb.PushResponse(version=st.version, iterations=st.iterations)
