@@ -961,6 +961,9 @@ LIGHT_SCRIPT = textwrap.dedent("""
     with s.scope():
         w = ds.Variable(np.zeros(2, np.float32))
         opt = ds.SGD(1.0)
+        # initial values that differ by process (an unseeded init): process 0's everywhere
+        differ = ds.Variable(np.full(3, rank + 1.0, np.float32))
+    assert differ.numpy().tolist() == [1.0, 1.0, 1.0], differ.numpy()
     def step(x):
         opt.apply_gradients([(x[0], w)])
         return ds.get_replica_context().all_reduce("SUM", x[0])

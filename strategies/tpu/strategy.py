@@ -168,8 +168,13 @@ class TPUExtended(StrategyExtended):
         synchronization: VariableSynchronization,
         broadcast_initial: bool = True,
     ) -> DistributedVariable:
-        # Every process computes the same initial value (the program is the same everywhere);
-        # unlike MultiWorkerMirroredStrategy nothing is broadcast.
+        initial = np.array(initial, copy=True, order="C")
+        if broadcast_initial and self._num_workers > 1:
+            # Processes may compute different initial values (an unseeded random init): every
+            # process takes process 0's, as MultiWorkerMirroredStrategy takes the chief's.
+            from jax.experimental import multihost_utils
+
+            initial = np.asarray(multihost_utils.broadcast_one_to_all(initial), initial.dtype)
         cls = (
             TPUSyncOnReadVariable
             if synchronization == VariableSynchronization.ON_READ
@@ -177,7 +182,7 @@ class TPUExtended(StrategyExtended):
         )
         var = cls(
             self._container_strategy(),
-            np.array(initial, copy=True, order="C"),
+            initial,
             name,
             trainable,
             aggregation,
