@@ -32,7 +32,15 @@ from .input_lib import (
     distribute_values,
 )
 from .reduce_util import ReduceOp, parse_reduce_op
-from .values import DistributedValues, Mirrored, PerReplica, local_results, regroup, select_replica
+from .values import (
+    DistributedValues,
+    Mirrored,
+    PerReplica,
+    check_replica_counts,
+    local_results,
+    regroup,
+    select_replica,
+)
 from .variables import (
     ComponentVariable,
     DistributedVariable,
@@ -562,6 +570,7 @@ class StrategyExtended:
             ctx = ReplicaContext(strategy, first + r)
             ctx._collective_slots = slots
             contexts.append(ctx)
+        check_replica_counts(n, (args, kwargs))
         per_args = [select_replica(r, args) for r in range(n)]
         # fn(**kwargs) unpacks into a fresh dict: empty kwargs need no copy per replica.
         per_kwargs = [select_replica(r, kwargs) if kwargs else kwargs for r in range(n)]

@@ -74,6 +74,19 @@ def _is_per_replica_container(x: Any) -> bool:
     return isinstance(x, DistributedValues) and not isinstance(x, VariableOps)
 
 
+def check_replica_counts(n: int, structure: Any) -> None:
+    """run()'s arguments: every per-replica leaf holds one component per local replica (a
+    shorter one would fail deep in select_replica, a longer one lose components silently)."""
+    for leaf in _nest.flatten(structure):
+        if _is_per_replica_container(leaf) and len(leaf.values) != n:
+            raise ValueError(
+                f"run() got a {type(leaf).__name__} of {len(leaf.values)} values, but this "
+                f"strategy runs {n} replica(s) in this process: make per-replica arguments "
+                "with this strategy's experimental_distribute_dataset or "
+                "experimental_distribute_values_from_function"
+            )
+
+
 def select_replica(index: int, structure: Any) -> Any:
     """Replica ``index``'s part of a nest: PerReplica/Mirrored leaves give their component;
     variables and plain values are passed as they are."""

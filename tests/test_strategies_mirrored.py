@@ -247,6 +247,11 @@ def test_run_splits_per_replica_arguments(strategy):
     assert out[1] is True  # the same object on every replica comes back unwrapped
     if n > 1:
         assert isinstance(out[0], ds.PerReplica)
+    for wrong in (n - 1, n + 1):  # too few fails deep inside, too many loses values: refused
+        if wrong >= 1:
+            bad = ds.PerReplica([np.zeros(2)] * wrong)
+            with pytest.raises(ValueError, match=f"PerReplica of {wrong} values"):
+                strategy.run(lambda x: x, args=(bad,))
 
 
 @pytest.mark.timeout(20)
