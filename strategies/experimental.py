@@ -1,5 +1,7 @@
 """tf.distribute.experimental names: the older MultiWorkerMirroredStrategy constructor, the
-communication options, and the preemption handler."""
+communication options, the preemption handler, and the names tf keeps here as well as at the
+top level (ValueContext, ParameterServerStrategy, CentralStorageStrategy, TPUStrategy,
+partitioners)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,21 @@ from .communication import (
     CommunicationOptions,
 )
 from .fault_tolerance import PreemptionCheckpointHandler, TerminationConfig
+from .input_lib import ValueContext
 from .multi_worker import _ExperimentalMultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
+from .parameter_server import CentralStorageStrategy, ParameterServerStrategy, partitioners
+from .tpu import TPUStrategy
 
 __all__ = [
+    "CentralStorageStrategy",
     "CollectiveCommunication",
     "CommunicationImplementation",
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
     "PreemptionCheckpointHandler",
+    "TPUStrategy",
     "TerminationConfig",
+    "ValueContext",
+    "partitioners",
 ]

@@ -154,6 +154,15 @@ def test_single_worker_without_tf_config(tf_config, monkeypatch):
     assert nccl.extended.backend.algorithm == "ring"  # CPU replicas: the ring
     old = ds.experimental.MultiWorkerMirroredStrategy(communication=ds.CollectiveCommunication.RING)
     assert old.extended.backend.algorithm == "ring"
+    # tf.distribute.experimental also keeps these top-level names
+    for name in (
+        "ValueContext",
+        "ParameterServerStrategy",
+        "CentralStorageStrategy",
+        "TPUStrategy",
+    ):
+        assert getattr(ds.experimental, name) is getattr(ds, name)
+    assert ds.experimental.partitioners.MinSizePartitioner is ds.MinSizePartitioner
 
 
 @pytest.mark.timeout(20)
