@@ -220,6 +220,37 @@ def test_one_machine_coordinator():
     coordinator.close()
 
 
+def test_function_out_of_attempts_cancels_the_queue():
+    """A function that failed on MAX_ATTEMPTS workers fails for good like any other failure:
+    the functions queued behind it are cancelled and join() raises its error."""
+    import threading
+
+    from pycollective.strategies.parameter_server import coordinator as coord
+    from pycollective.strategies.parameter_server.errors import CancelledError, UnavailableError
+
+    coordinator = ClusterCoordinator(ParameterServerStrategy(compute_devices=["/cpu:0"]))
+    started, release = threading.Event(), threading.Event()
+
+    def blocker():  # holds the one-machine dispatcher while the queue is looked at
+        started.set()
+        release.wait(10)
+
+    coordinator.schedule(blocker)
+    assert started.wait(10)
+    queued = coordinator.schedule(lambda: 1)
+    lost = coord._Closure(10_000, blocker, (), {}, coord.RemoteValue(coordinator, 10_000, "lost"))
+    lost.attempts = coord.MAX_ATTEMPTS - 1
+    with coordinator._cond:
+        coordinator._inflight += 1  # as a remote worker's dispatcher had taken it
+    coordinator._requeue(lost, "worker:1: unreachable")
+    with pytest.raises(CancelledError, match="failed on 5 workers"):
+        queued.fetch()
+    release.set()
+    with pytest.raises(UnavailableError, match="failed on 5 workers"):
+        coordinator.join()
+    coordinator.close()
+
+
 class _Refused(Exception):
     def __init__(self, code, message):
         super().__init__(message)

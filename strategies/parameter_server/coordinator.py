@@ -532,16 +532,20 @@ class ClusterCoordinator:
                 if self._checkpointing is not None:
                     self._checkpointing.finished(closure)
             else:
-                closure.remote_value._fail(error)
-                if not isinstance(error, CancelledError):
-                    if self._error is None:
-                        self._error = error
-                    self._cancel_queued(
-                        CancelledError(
-                            f"cancelled because {closure.name!r} #{closure.id} failed: {error}"
-                        )
-                    )
+                self._failed(closure, error)
             self._cond.notify_all()
+
+    def _failed(self, closure: _Closure, error: BaseException) -> None:
+        """A function failed for good (the lock is held): the functions queued behind it are
+        cancelled, as tf's coordinator does, and join() raises the first such error."""
+        closure.remote_value._fail(error)
+        if isinstance(error, CancelledError):
+            return
+        if self._error is None:
+            self._error = error
+        self._cancel_queued(
+            CancelledError(f"cancelled because {closure.name!r} #{closure.id} failed: {error}")
+        )
 
     def _requeue(self, closure: _Closure, why: str, count: bool = True) -> None:
         with self._cond:
@@ -553,9 +557,7 @@ class ClusterCoordinator:
                     f"{closure.name!r} #{closure.id} failed on "
                     f"{closure.attempts} workers; last: {why}"
                 )
-                closure.remote_value._fail(error)
-                if self._error is None:
-                    self._error = error
+                self._failed(closure, error)
             elif self._closed:
                 closure.remote_value._fail(CancelledError("the ClusterCoordinator was closed"))
             else:
