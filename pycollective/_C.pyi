@@ -162,7 +162,7 @@ class Communicator:
         """
     def prepare(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any) -> PreparedCollective:
         """
-        Checks the call and settles its algorithm once; the caller keeps inp and out alive while the PreparedCollective is used.
+        Checks the call and settles its algorithm (where auto measures calls of its shape, its runs go on measuring, as plain calls do); the caller keeps inp and out alive while the PreparedCollective is used.
         """
     def prepare_mapped(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any, peer_in: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], peer_out: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], key: typing.SupportsInt | typing.SupportsIndex) -> PreparedCollective:
         """

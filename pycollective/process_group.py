@@ -116,7 +116,8 @@ class PreparedCall:
 
     @property
     def algorithm(self) -> str:
-        """The algorithm each call runs (``auto``'s choice, made once)."""
+        """The algorithm the next call runs (``auto``'s choice; where auto times this call's
+        rivals, its current one)."""
         name = str(self._native.algorithm)
         return name if self._peers is None else f"{name} (shared arrays)"
 
@@ -186,10 +187,12 @@ class ProcessGroup:
     ) -> PreparedCall:
         """``allreduce`` prepared once, to run many times on the same buffers (like MPI's
         persistent collectives): ``plan = group.prepare_allreduce(x, out=y)``, then ``plan()``
-        runs it and returns the result. Every check, the output and ``auto``'s choice are made
-        here; each call is the collective alone. Every rank prepares the same calls in the same
-        order; between calls, change the contents of ``x``, never the array itself. Host
-        tensors only.
+        runs it and returns the result. Every check, the output and ``auto``'s first choice are
+        made here; each call is the collective alone. Where ``auto`` times a call's near rivals
+        (calls it prices at 20 us and more), the plan goes on timing them as a plain call does,
+        so that a choice the cost model got wrong on this machine moves (``plan.algorithm``
+        says what runs now). Every rank prepares the same calls in the same order; between
+        calls, change the contents of ``x``, never the array itself. Host tensors only.
 
         When the group's ranks share one host and every rank's ``x`` and ``out`` are
         :func:`pycollective.shared_empty` arrays, the ranks map each other's arrays here and

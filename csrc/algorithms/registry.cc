@@ -431,7 +431,12 @@ void PreparedCollective::runOn(const void* in, void* out) {
   runWith(group_, groupId_, a, *algo_);
 }
 
-const char* PreparedCollective::algorithm() const {
+std::string PreparedCollective::algorithm() const {
+  if (measured_) {
+    // What the shape's schedule runs now: its description starts with the algorithm's name.
+    const std::string now = describeMeasuredAuto(group_, groupId_, args_);
+    if (!now.empty()) return now.substr(0, now.find(' '));
+  }
   return algo_->name();
 }
 

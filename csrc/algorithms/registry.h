@@ -86,11 +86,12 @@ bool measuresAuto(const Group& group, int groupId, const CollectiveArgs& args);
 std::string describeMeasuredAuto(const Group& group, int groupId, const CollectiveArgs& args);
 
 // A call prepared once and run many times, like MPI's persistent collectives
-// (MPI_Allreduce_init): the group, the checks and auto's choice are settled when it is made, so
-// each run is the schedule alone. The buffers in `args` must stay valid while it is used.
-// With `keepMeasuring`, an auto call whose shape auto measures (runMeasuredAuto) goes on
+// (MPI_Allreduce_init): the group, the checks and auto's first choice are settled when it is
+// made, so each run is the schedule alone. The buffers in `args` must stay valid while it is
+// used. With `keepMeasuring`, an auto call whose shape auto measures (runMeasuredAuto) goes on
 // measuring on every run, as the plain call it stands for would: how a group remembers plain
-// calls (bindings/bind_known_calls.cc).
+// calls (bindings/bind_known_calls.cc), and pycollective.prepare_allreduce's plans (a choice
+// the model got wrong on this machine is moved as a plain call's is).
 class PreparedCollective {
  public:
   PreparedCollective(Communicator& comm, std::vector<int> members, int groupId,
@@ -105,7 +106,9 @@ class PreparedCollective {
   void run();
   // The same call on other buffers of the same size and type (not for mapped buffers).
   void runOn(const void* in, void* out);
-  const char* algorithm() const;
+  // The algorithm the next run takes: auto's choice when prepared, or, where auto measures
+  // calls of this shape, its schedule's current choice.
+  std::string algorithm() const;
   Communicator& comm() { return group_.comm(); }
 
  private:

@@ -254,11 +254,13 @@ void bindGroup(py::module_& m) {
           [](Communicator& c, const CallSpec& spec, const GroupMembers& g, py::handle in,
              py::handle out) {
             return std::make_unique<PreparedCollective>(
-                c, g.ranks, g.groupId, spec.args(dataPointer(in), dataPointer(out)), spec.algo);
+                c, g.ranks, g.groupId, spec.args(dataPointer(in), dataPointer(out)), spec.algo,
+                /*keepMeasuring=*/true);
           },
           py::arg("spec"), py::arg("members"), py::arg("inp"), py::arg("out"),
           py::keep_alive<0, 1>(),
-          "Checks the call and settles its algorithm once; the caller keeps inp and out alive "
+          "Checks the call and settles its algorithm (where auto measures calls of its shape, "
+          "its runs go on measuring, as plain calls do); the caller keeps inp and out alive "
           "while the PreparedCollective is used.")
       .def(
           "prepare_mapped",

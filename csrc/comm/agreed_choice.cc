@@ -59,7 +59,11 @@ bool AgreedChoices::Schedule::anotherRaces() const {
 
 void AgreedChoices::Schedule::advance(Step* step) {
   const bool roundUnderWay = roundPos < round.size();
-  if (++calls >= kOnceAfter && onceToCome && !roundUnderWay && current >= 0) {
+  const uint64_t onceAfter =
+      current >= 0 && candidates[static_cast<size_t>(current)].modelSeconds < kCheapCallSeconds
+          ? kOnceAfterCheap
+          : kOnceAfter;
+  if (++calls >= onceAfter && onceToCome && !roundUnderWay && current >= 0) {
     // Their one check starts now (judgeCheck() sends back every reserve that did not win).
     for (size_t i = 0; i < candidates.size(); ++i)
       if (checkedOnce(candidates, i)) racing[i] = true;

@@ -30,7 +30,8 @@
 //   lone near tie with reserves is watched so (no trial): the model has no rival for it, but a
 //   machine that changed under it may. The reserves priced within
 //   kWidenRatio of the near ties have one check of their own after the shape's first
-//   kOnceAfter calls (checkedOnce): the model misses by more than its window.
+//   kOnceAfter calls (checkedOnce; kOnceAfterCheap for a choice priced under
+//   kCheapCallSeconds): the model misses by more than its window.
 //
 // The agreement is one allreduce of a few doubles per trial, check or watch. Which calls are
 // measured is the caller's to say, by the candidates it gives: one alone is not (process

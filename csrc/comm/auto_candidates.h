@@ -82,6 +82,13 @@ constexpr double kLevelWeight = 1.0 / 16;
 // second look, which times a handful of calls), and after kOnceAfter calls its five calls are
 // at most 4% of the shape's.
 constexpr uint64_t kOnceAfter = 256;
+// Between processes a choice priced under kCheapCallSeconds has that check after
+// kOnceAfterCheap calls: five calls of a reserve cost well under a millisecond there, and the
+// model's link costs can be wrong by more than 2x on a machine they were not measured on (an
+// EPYC VM, 2 ranks x 256 KiB: halving-doubling priced 52 us, 1.53x `staged`'s 34, ran 19-23 us
+// against `staged`'s 39-52; waiting 256 calls, a benchmark's 100 timed calls never saw it).
+constexpr uint64_t kOnceAfterCheap = 32;
+constexpr double kCheapCallSeconds = 1e-3;
 bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i);
 
 // From every algorithm that can run a call, priced by the model: those within kCandidateWindow

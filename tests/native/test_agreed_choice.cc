@@ -226,13 +226,14 @@ int main() {
      // the shape's first kOnceAfter calls: the model misses by that much (6 replicas x 1 MiB:
      // `direct` priced 1.25x over `inline` and measured 1.1x-1.2x faster), and by no more than that
      // would stay unseen.
+    // Priced at a millisecond and more (kCheapCallSeconds): the check waits kOnceAfter calls.
     Ranks r(2);
-    r.candidates = {{"inline", 500e-6},
-                    {"direct", 630e-6, false, /*reserve=*/true},
-                    {"ring", 1100e-6, false, /*reserve=*/true}};
-    r.setAll("inline", 550e-6);
-    r.setAll("direct", 470e-6);
-    r.setAll("ring", 300e-6);  // priced over 2x: waits for a slowdown, however fast it runs
+    r.candidates = {{"inline", 5000e-6},
+                    {"direct", 6300e-6, false, /*reserve=*/true},
+                    {"ring", 11000e-6, false, /*reserve=*/true}};
+    r.setAll("inline", 5500e-6);
+    r.setAll("direct", 4700e-6);
+    r.setAll("ring", 3000e-6);  // priced over 2x: waits for a slowdown, however fast it runs
     auto early = r.calls(kOnceAfter - 1);
     EXPECT(early["inline"] == kOnceAfter - 1, "%d calls of the reserves before their check",
            static_cast<int>(kOnceAfter - 1) - early["inline"]);
@@ -245,13 +246,29 @@ int main() {
     // One that runs no faster goes back to waiting after that check.
     Ranks slower(2);
     slower.candidates = r.candidates;
-    slower.setAll("inline", 500e-6);
-    slower.setAll("direct", 640e-6);
-    slower.setAll("ring", 1100e-6);
+    slower.setAll("inline", 5000e-6);
+    slower.setAll("direct", 6400e-6);
+    slower.setAll("ring", 11000e-6);
     auto calm = slower.calls(3000);
     EXPECT(calm["direct"] == AgreedChoices::kUnfairCalls + kCheckCalls,
            "the reserve within 2x ran %d of 3000 calls, not one check", calm["direct"]);
     EXPECT(!r.divergent && !slower.divergent, "ranks ran different algorithms");
+    // Priced under a millisecond, the check comes after kOnceAfterCheap calls (2 ranks x 256
+    // KiB on an EPYC VM: halving-doubling priced 1.53x `staged`, ran 2x faster).
+    Ranks cheap(2);
+    cheap.candidates = {{"staged", 34e-6},
+                        {"halving_doubling", 52e-6, false, /*reserve=*/true},
+                        {"ring", 100e-6, false, /*reserve=*/true}};
+    cheap.setAll("staged", 40e-6);
+    cheap.setAll("halving_doubling", 20e-6);
+    cheap.setAll("ring", 25e-6);
+    auto first = cheap.calls(kOnceAfterCheap - 1);
+    EXPECT(first["staged"] == kOnceAfterCheap - 1, "%d calls of the reserves before their check",
+           static_cast<int>(kOnceAfterCheap - 1) - first["staged"]);
+    cheap.calls(4 + 5 + 8);
+    EXPECT(cheap.settledOn() == "halving_doubling", "the reserve 2x faster was not taken: %s",
+           cheap.choices[0].describe(cheap.shape, 0).c_str());
+    EXPECT(!cheap.divergent, "ranks ran different algorithms");
   }
   {  // Calls priced under kMinModelSeconds come with several candidates only from a crowded host
      // (algorithms/agreed_auto.cc): their reserves priced within 2x race from the trial on, the
