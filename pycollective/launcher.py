@@ -408,7 +408,11 @@ def _describe_exit(returncode: int) -> tuple[str, int]:
     """How a process ended, in words, and the exit code that passes it on (a shell's 128 + N
     for a signal)."""
     if returncode < 0:
-        return f"was killed by {signal.Signals(-returncode).name}", 128 - returncode
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:  # a real-time signal has no name in the enum
+            name = f"signal {-returncode}"
+        return f"was killed by {name}", 128 - returncode
     return f"exited with code {returncode}", returncode
 
 
@@ -437,6 +441,9 @@ class _RankGroup:
         process = subprocess.Popen(
             list(command),
             env=env,
+            # Ranks run in background process groups: one that read the terminal would be
+            # stopped (SIGTTIN) and wait for good; from /dev/null it reads end of file.
+            stdin=subprocess.DEVNULL,
             stdout=pipe,
             stderr=pipe,
             # Own process group: the launcher decides who gets which signal,

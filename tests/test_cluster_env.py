@@ -210,6 +210,12 @@ def test_torchrun_variables():
     assert "torchrun" in s.source and "MASTER_PORT+1" in s.source
 
 
+def test_bracketed_ipv6_master_addr_is_taken_as_the_bare_address():
+    for name in ("MASTER_ADDR", "PYCOLLECTIVE_MASTER_ADDR"):
+        s = spec({**TORCHRUN_ENV, name: "[fd00::1]"})
+        assert (s.master_addr, s.master) == ("fd00::1", "[fd00::1]:29501"), name
+
+
 def test_pycollective_master_port_beats_torch_master_port():
     s = spec({**TORCHRUN_ENV, "PYCOLLECTIVE_MASTER_PORT": "31000"})
     assert s.master == "node7:31000"

@@ -136,6 +136,36 @@ def test_round_controller_orders_survivors_first_and_waits_for_the_live():
     assert store.step(20.0) is None and store.step(40.0) is None
 
 
+@pytest.mark.timeout(60)
+def test_store_takes_more_joiners_than_a_worlds_handler_threads():
+    """Every joiner blocks one of the store's handler threads in get() until its round forms;
+    14 joiners (over the 12 threads of a world of one) all get their places."""
+    import threading
+
+    from pycollective.rendezvous.elastic import join
+
+    n = 14
+    places, errors = [], []
+
+    def joiner(address):
+        try:
+            assignment, client = join(address, "t0ken", previous_rank=-1, min_size=1, timeout=30)
+            client.close()
+            places.append(assignment)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    with ElasticStore("t0ken", n, n, live_count=lambda: n, last_call=5.0) as store:
+        threads = [threading.Thread(target=joiner, args=(store.address,)) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(45)
+    assert not errors, errors[0]
+    assert sorted(p.rank for p in places) == list(range(n))
+    assert {p.world_size for p in places} == {n}
+
+
 def test_min_size_needs_an_elastic_launcher(monkeypatch):
     monkeypatch.delenv("PYCOLLECTIVE_ELASTIC_STORE", raising=False)
     with pytest.raises(ValueError, match="elastic rendezvous"):

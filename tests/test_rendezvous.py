@@ -483,6 +483,28 @@ def test_clean_close_is_not_a_failure(make_service, make_client):
 
 
 @pytest.mark.timeout(30)
+def test_short_heartbeat_window_keeps_healthy_ranks(make_service, make_client, monkeypatch):
+    """PYCOLLECTIVE_HEARTBEAT_TIMEOUT under a second: the ranks beat at a quarter of it, not once
+    a second (which left them silent for longer than the window: declared failed)."""
+    from pycollective import config
+
+    monkeypatch.setenv("PYCOLLECTIVE_HEARTBEAT_TIMEOUT", "0.8")
+    config.reload()  # variables are read once
+    try:
+        service = make_service(2)
+        clients = [make_client(service.address, r) for r in range(2)]
+        register_all(clients, 2)
+        recorders = [AbortRecorder(), AbortRecorder()]
+        for client, recorder in zip(clients, recorders):
+            client.start_heartbeat(recorder)
+        time.sleep(4.0)  # five windows
+        assert [r.calls for r in recorders] == [[], []]
+    finally:
+        monkeypatch.undo()
+        config.reload()
+
+
+@pytest.mark.timeout(30)
 def test_stopping_the_coordinator_notifies_clients(make_service, make_client):
     service = make_service(2)
     clients = [make_client(service.address, r) for r in range(2)]
@@ -548,7 +570,7 @@ def test_stopped_client_is_reported_after_the_heartbeat_timeout(
 def test_rank_silent_from_the_moment_it_watches_is_reported(make_service, make_client):
     # A process can stop between opening its abort watch and its first heartbeat (CI saw it):
     # the service must count its silence from the watch, not wait for a first heartbeat.
-    service = make_service(2, heartbeat_timeout=1.0)
+    service = make_service(2, heartbeat_timeout=0.8)
     clients = [make_client(service.address, r) for r in range(2)]
     register_all(clients, 2)
     recorder = AbortRecorder()

@@ -253,7 +253,7 @@ class CoordinationClient:
     def start_heartbeat(
         self,
         on_abort: AbortCallback,
-        interval: float = 1.0,
+        interval: float | None = None,
         unreachable_after: float | None = None,
     ) -> None:
         """Starts heartbeating and watching for the group's abort.
@@ -265,7 +265,9 @@ class CoordinationClient:
             on_abort: Called once, from a background thread, with the failed
                 rank and the reason when the group is aborted, or with
                 ``COORDINATOR_RANK`` when the coordinator becomes unreachable.
-            interval: Seconds between heartbeats.
+            interval: Seconds between heartbeats; None: a quarter of
+                PYCOLLECTIVE_HEARTBEAT_TIMEOUT, at most 1 s (a window of 1 s or less with
+                beats a second apart declared healthy ranks failed).
             unreachable_after: Seconds since the last answered heartbeat after which the
                 coordinator is declared unreachable (frozen, or cut off); None:
                 PYCOLLECTIVE_HEARTBEAT_TIMEOUT, the window in which the coordinator declares
@@ -281,6 +283,8 @@ class CoordinationClient:
             if self._threads:
                 raise RuntimeError("start_heartbeat() was already called on this client")
             self._on_abort = on_abort
+        if interval is None:
+            interval = min(1.0, config.heartbeat_timeout() / 4)
         # The watch stream lives as long as the group; it has no deadline and
         # is cancelled by close(). The heartbeat detects a hung coordinator.
         call = self._stub.WatchAbort(pb.WatchAbortRequest(rank=self.rank), metadata=self._metadata)

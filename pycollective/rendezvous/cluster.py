@@ -522,10 +522,16 @@ def _slurm_local_size(env: Mapping[str, str], source: str) -> int | None:
     return counts[node_id]
 
 
+def _bare_host(addr: str) -> str:
+    """An address as a host, without the brackets an IPv6 literal may come in ("[fd00::1]"):
+    addresses are bracketed where a port is added (format_address)."""
+    return addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr
+
+
 def _read_torch_master(env: Mapping[str, str], found: _Found, source: str) -> None:
     """Reads MASTER_ADDR/MASTER_PORT, the torch.distributed convention."""
     if env.get("MASTER_ADDR"):
-        found.master_addr = env["MASTER_ADDR"]
+        found.master_addr = _bare_host(env["MASTER_ADDR"])
     torch_port = _optional_int(env, "MASTER_PORT", source)
     if torch_port is not None:
         found.master_port = torch_port + TORCH_MASTER_PORT_OFFSET
@@ -578,7 +584,7 @@ def _resolve_master(
     if own and found.source != _PYCOLLECTIVE_SOURCE:
         note = f"coordinator from {' and '.join(own)}"
     if own_addr:
-        addr = own_addr
+        addr = _bare_host(own_addr)
     if own_port is not None:
         port = own_port
 

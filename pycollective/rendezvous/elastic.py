@@ -103,7 +103,9 @@ class ElasticStore:
         self.rounds: list[tuple[int, list[int]]] = []  # (round, member pids), for reports
         self._live_count = live_count
         self._on_round = on_round
-        self._service = CoordinationService(1, token, host=host, port=port)
+        # Each joiner blocks a handler thread in get() while its round forms: a pool sized for
+        # a world of one (12 threads) left a 13th joiner's set() queued behind them, unseen.
+        self._service = CoordinationService(1, token, host=host, port=port, clients=max_size)
         self._joiners: dict[str, _Joiner] = {}
         self._first_wait: float | None = None
         self._node = socket.gethostname()

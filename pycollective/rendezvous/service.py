@@ -59,6 +59,9 @@ class CoordinationService:
         heartbeat_timeout: A rank whose abort watch is open and that is then
             silent this many seconds is declared failed and the group aborted (None:
             PYCOLLECTIVE_HEARTBEAT_TIMEOUT).
+        clients: How many processes may call it at once (None: ``world_size``); sizes its
+            handler threads. The elastic store serves up to the job's largest size with a
+            world of one.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class CoordinationService:
         host: str = "127.0.0.1",
         port: int = 0,
         heartbeat_timeout: float | None = None,
+        clients: int | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -78,6 +82,7 @@ class CoordinationService:
         if heartbeat_timeout <= 0:
             raise ValueError(f"heartbeat_timeout must be > 0, got {heartbeat_timeout}")
         self.world_size = world_size
+        self._clients = max(world_size, clients or 0)
         self.heartbeat_timeout = heartbeat_timeout
         self._token = token
         self._host = host
@@ -107,11 +112,11 @@ class CoordinationService:
         """
         if self._server is not None:
             return self.address
-        # Every rank can block one handler thread per concurrent call
+        # Every client can block one handler thread per concurrent call
         # (register/barrier/get, heartbeat, the watch stream): size the pool
         # so that waiting handlers can never starve the calls that release them.
         self._executor = futures.ThreadPoolExecutor(
-            max_workers=4 * self.world_size + 8, thread_name_prefix="pc-coord"
+            max_workers=4 * self._clients + 8, thread_name_prefix="pc-coord"
         )
         server = grpc.server(
             self._executor,
