@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -22,6 +23,9 @@ from pycollective._ports import PortReservation
 from pycollective._spawn import child_environment, in_own_process_group, python_module_command
 
 from .rows import Row
+
+# A Python exception's last line ("TypeError: ..."), as a rank prints it before it exits.
+_EXCEPTION_LINE = re.compile(r"^\w+(\.\w+)*(Error|Exception|Interrupt|Exit)\b.*:")
 
 
 def _spawn_ranks(
@@ -110,10 +114,17 @@ def _run_ranks(
         log.extend((p.stdout.read() or "").splitlines())
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed or not os.path.exists(job["result"]):
-        raise RuntimeError(
-            f"{job['backend']} over {job.get('transport', '?')}: ranks {failed} "
-            f"failed or timed out after {deadline_s:.0f} s:\n" + "\n".join(log[-20:])
+        over = f" over {job['transport']}" if job.get("transport") else ""
+        what = (
+            f"ranks {failed} failed"
+            if time.monotonic() < deadline
+            else f"ranks {failed} did not finish within {deadline_s:.0f} s"
         )
+        # The first line carries the reason (a peer's note keeps that line alone): the last
+        # exception a rank printed.
+        errors = [line for line in log if _EXCEPTION_LINE.match(line)]
+        reason = f": {errors[-1]}" if errors else ""
+        raise RuntimeError(f"{job['backend']}{over}: {what}{reason}\n" + "\n".join(log[-20:]))
     with open(job["result"]) as f:
         return json.load(f)
 

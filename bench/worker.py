@@ -148,9 +148,22 @@ class GlooBackend:
         self.dist.all_reduce(t)
         return int(t[0])
 
+    def _tensor(self, x: np.ndarray):
+        """x as a torch tensor on the same memory (numpy's bfloat16, from ml_dtypes, through
+        an int16 view: torch.from_numpy does not know it)."""
+        if x.dtype.name == "bfloat16":
+            return self.torch.from_numpy(x.view(np.int16)).view(self.torch.bfloat16)
+        return self.torch.from_numpy(x)
+
+    def _array(self, t, like: np.ndarray) -> np.ndarray:
+        """A result tensor as numpy, in ``like``'s dtype (bfloat16 back through int16)."""
+        if like.dtype.name == "bfloat16":
+            return t.view(self.torch.int16).numpy().view(like.dtype)
+        return t.numpy()
+
     def call(self, collective: str, x: np.ndarray, out, algo: str, op: str):
         dist, torch = self.dist, self.torch
-        t = torch.from_numpy(x)
+        t = self._tensor(x)
         ops = {
             "sum": dist.ReduceOp.SUM,
             "max": dist.ReduceOp.MAX,
@@ -171,7 +184,7 @@ class GlooBackend:
 
             def reduce_scatter():
                 dist.reduce_scatter_tensor(result, t, op=ops[op])
-                return result.numpy()
+                return self._array(result, x)
 
             return reduce_scatter
         if collective == "allgather":
@@ -181,7 +194,7 @@ class GlooBackend:
 
             def allgather():
                 gather(result, t)
-                return result.numpy()
+                return self._array(result, x)
 
             return allgather
         # gloo reduces in place; copy the input first, as our out= calls leave it untouched.
@@ -190,7 +203,7 @@ class GlooBackend:
         def run():
             work.copy_(t)
             dist.all_reduce(work, op=ops[op])
-            return work.numpy()
+            return self._array(work, x)
 
         return run
 

@@ -67,6 +67,7 @@ from .mirrored import MirroredStrategy
 from .multi_worker import MultiWorkerMirroredStrategy
 from .optimizers import SGD, Adam, Optimizer
 from .reduce_util import ReduceOp
+from .sharded_state import ShardedSlot
 from .strategy import ReplicaContext, Strategy, StrategyExtended
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (
@@ -115,6 +116,7 @@ __all__ = [
     "ReductionToOneDevice",
     "ReplicaContext",
     "ReplicaFailed",
+    "ShardedSlot",
     "SimpleClusterResolver",
     "Strategy",
     "StrategyExtended",
@@ -162,6 +164,6 @@ __all__ += [
 ]
 
 # TPUStrategy (strategies/tpu/): JAX/XLA, imported lazily (pip install "pycollective[tpu]").
-from .tpu import TPUClusterResolver, TPUStrategy  # noqa: E402
+from .tpu import StepTraceError, TPUClusterResolver, TPUPerReplica, TPUStrategy  # noqa: E402
 
-__all__ += ["TPUClusterResolver", "TPUStrategy"]
+__all__ += ["StepTraceError", "TPUClusterResolver", "TPUPerReplica", "TPUStrategy"]

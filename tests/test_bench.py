@@ -220,6 +220,18 @@ def test_peers_run_reduce_scatter_and_allgather(collective):
             assert (f"# skip {peer} from" in res.stdout) == unequal, res.stdout
 
 
+@pytest.mark.timeout(180)
+def test_gloo_peer_runs_bfloat16():
+    """numpy's bfloat16 (ml_dtypes) reaches gloo through an int16 view: torch.from_numpy refuses
+    it, and the peer's row was missing with a note that said nothing of why."""
+    pytest.importorskip("ml_dtypes")
+    args = ["--world", "2", "-d", "bfloat16", *TINY, "--transports", "shm", "--algos", "auto"]
+    res = run([*args, "--peers", "gloo"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    if "peer gloo skipped:" not in res.stdout:
+        assert "gloo (peer)" in res.stdout and "peer gloo failed" not in res.stdout, res.stdout
+
+
 @pytest.mark.timeout(240)
 def test_pretend_hosts_over_each_peers_own_transport():
     """--hosts with --transports auto: shm inside each pretend host (its host segment), tcp
