@@ -141,6 +141,7 @@ def test_store_takes_more_joiners_than_a_worlds_handler_threads():
     """Every joiner blocks one of the store's handler threads in get() until its round forms;
     14 joiners (over the 12 threads of a world of one) all get their places."""
     import threading
+    import time
 
     from pycollective.rendezvous.elastic import join
 
@@ -157,7 +158,10 @@ def test_store_takes_more_joiners_than_a_worlds_handler_threads():
 
     with ElasticStore("t0ken", n, n, live_count=lambda: n, last_call=5.0) as store:
         threads = [threading.Thread(target=joiner, args=(store.address,)) for _ in range(n)]
-        for t in threads:
+        for t in threads[:12]:  # these wait in get() when the last two come to join
+            t.start()
+        time.sleep(1.0)
+        for t in threads[12:]:
             t.start()
         for t in threads:
             t.join(45)
