@@ -24,6 +24,7 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   }
   times.resize(candidates.size());
   racing.assign(candidates.size(), false);
+  ran.assign(candidates.size(), false);
   size_t nearTies = 0;
   while (nearTies < candidates.size() && !candidates[nearTies].reserve) racing[nearTies++] = true;
   // The reserves priced near the window have one check to come, after kOnceAfter calls.
@@ -43,11 +44,13 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   untilWatch = kUnfairCalls + RecentTimes::kRecent;
 }
 
-void AgreedChoices::Schedule::startRound(Round k, std::vector<size_t> order, int callsEach) {
+void AgreedChoices::Schedule::startRound(Round k, std::vector<size_t> order, int callsEach,
+                                         int unfairCalls) {
   kind = k;
   round = std::move(order);
   roundPos = 0;
   roundCallsEach = callsEach;
+  roundUnfairCalls = unfairCalls;
   callsIntoTurn = 0;
 }
 
@@ -75,16 +78,19 @@ void AgreedChoices::Schedule::advance(Step* step) {
     // The choice has had its calls: each other racing candidate runs a few, judged by those
     // alone (older ones, from before the machine changed, would outvote them).
     std::vector<size_t> others;
+    bool cold = false;
     for (size_t i = 0; i < candidates.size(); ++i)
       if (racing[i] && static_cast<int>(i) != current) {
         others.push_back(i);
         times[i] = RecentTimes();
+        cold = cold || !ran[i];
       }
-    startRound(Round::kCheck, std::move(others), kUnfairCalls + kCheckCalls);
+    const int unfair = kUnfairCalls + (cold ? kColdCalls : 0);
+    startRound(Round::kCheck, std::move(others), unfair + kCheckCalls, unfair);
   }
   if (roundPos < round.size()) {
     step->candidate = round[roundPos];
-    step->counted = callsIntoTurn >= kUnfairCalls;
+    step->counted = callsIntoTurn >= roundUnfairCalls;
     if (++callsIntoTurn == roundCallsEach) {
       callsIntoTurn = 0;
       ++roundPos;
@@ -110,6 +116,7 @@ void AgreedChoices::Schedule::advance(Step* step) {
       }
     }
   }
+  ran[step->candidate] = true;
   step->algo = candidates[step->candidate].algo;
 }
 

@@ -14,7 +14,8 @@
 //   then the ranks agree on the times and settle on the fastest, unless the first candidate is
 //   within kMoveMargin of it;
 // - a check every `interval` calls: each other racing candidate runs kUnfairCalls + kCheckCalls
-//   calls, judged by its counted ones alone, the choice's own recent calls stand for it, the
+//   calls (kColdCalls more not counted where one has not run this shape yet), judged by its
+//   counted ones alone, the choice's own recent calls stand for it, the
 //   ranks agree, and the shape moves to a candidate kMoveMargin faster. The interval doubles
 //   from kBaseInterval to kMaxInterval while the choice stands, and starts over when it moves;
 // - a watch every kWatchInterval calls of the choice between checks: the ranks agree on its last
@@ -52,6 +53,11 @@ namespace pycollective {
 class AgreedChoices {
  public:
   static constexpr int kUnfairCalls = 2;
+  // More calls not counted where a check runs a candidate this shape has not run yet: its
+  // buffers come from memory the first time around (2 ranks x 1 MiB, halving-doubling's first
+  // calls in a process: 186, 192, 179, 135 us, then 78-96; its shm rings are 4 MiB), and a
+  // reserve 1.7x faster lost its one check to `staged` on those calls.
+  static constexpr int kColdCalls = 4;
   // The most calls of one shape the first trial takes, with `trialsEach` counted calls each.
   static int trialCalls(int trialsEach) {
     return trialsEach > 0 ? (kUnfairCalls + trialsEach) * static_cast<int>(kMaxCandidates) : 0;
@@ -115,7 +121,8 @@ class AgreedChoices {
     Schedule(std::vector<AutoCandidate> c, uint64_t e, int each);
     bool measures() const { return candidates.size() > 1 && trialsEach > 0; }
     void advance(Step* step);
-    void startRound(Round kind, std::vector<size_t> order, int callsEach);
+    void startRound(Round kind, std::vector<size_t> order, int callsEach,
+                    int unfairCalls = kUnfairCalls);
     // After the agreement (decide(), `agreed` filled in): the trial's or a check's; true when
     // the choice settled or moved.
     bool settle();
@@ -142,8 +149,10 @@ class AgreedChoices {
     std::vector<size_t> round;
     size_t roundPos = 0;
     int roundCallsEach = 0, callsIntoTurn = 0;
-    uint64_t untilCheck = 0;  // the choice's calls before the next check
-    uint64_t untilWatch = 0;  // the choice's calls before the next watch agreement
+    int roundUnfairCalls = kUnfairCalls;  // of each turn, not counted
+    std::vector<bool> ran;                // each candidate ran a call of this shape
+    uint64_t untilCheck = 0;              // the choice's calls before the next check
+    uint64_t untilWatch = 0;              // the choice's calls before the next watch agreement
     uint64_t interval = kBaseInterval;
     int choiceStreak = 0;  // the choice's calls in a row since the last round
     // The choice's usual time: a moving average of its agreed estimate at each watch
