@@ -53,10 +53,10 @@ namespace pycollective {
 class AgreedChoices {
  public:
   static constexpr int kUnfairCalls = 2;
-  // More calls not counted where a check runs a candidate this shape has not run yet: its
-  // buffers come from memory the first time around (2 ranks x 1 MiB, halving-doubling's first
-  // calls in a process: 186, 192, 179, 135 us, then 78-96; its shm rings are 4 MiB), and a
-  // reserve 1.7x faster lost its one check to `staged` on those calls.
+  // More calls not counted where a check runs a candidate this shape has not run yet: it warms
+  // up over several calls (2 ranks x 1 MiB, halving-doubling's first calls in a process after
+  // the first: 186, 192, 179, 135, 122, 107 us, then 78-96; its shm rings are 4 MiB), and a
+  // reserve 1.7x faster lost its one check to `staged` on its first ones.
   static constexpr int kColdCalls = 4;
   // The most calls of one shape the first trial takes, with `trialsEach` counted calls each.
   static int trialCalls(int trialsEach) {
