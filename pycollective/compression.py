@@ -15,6 +15,8 @@ to the next step's gradient before that is sent::
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pycollective._calls import wire_code
@@ -23,16 +25,21 @@ from pycollective._ext import _C
 __all__ = ["ErrorFeedback", "round_to_wire"]
 
 
-def round_to_wire(x: np.ndarray, compress: str) -> np.ndarray:
-    """``x`` (a contiguous float32 array) rounded in place to the 16-bit values a call with
-    ``compress=`` sends for it -- the collectives' own kernel; returns ``x``."""
+def _check_in_place_float32(x: Any, what: str) -> None:
+    """``what`` changes ``x`` in place: a writable, contiguous float32 numpy array."""
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or not x.flags.c_contiguous:
         raise ValueError(
-            f"round_to_wire takes a contiguous float32 numpy array, got {type(x).__name__} "
+            f"{what} takes a contiguous float32 numpy array, got {type(x).__name__} "
             f"of {getattr(x, 'dtype', '?')}"
         )
     if not x.flags.writeable:
-        raise ValueError("round_to_wire rounds in place: the array is read-only")
+        raise ValueError(f"{what} works in place: the array is read-only")
+
+
+def round_to_wire(x: np.ndarray, compress: str) -> np.ndarray:
+    """``x`` (a contiguous float32 array) rounded in place to the 16-bit values a call with
+    ``compress=`` sends for it -- the collectives' own kernel; returns ``x``."""
+    _check_in_place_float32(x, "round_to_wire")
     _C.round_to_wire(x, x.size, wire_code(compress, "round_to_wire"))
     return x
 
@@ -52,13 +59,7 @@ class ErrorFeedback:
         """In place: ``x += residue[key]``, then ``residue[key] = x - round(x)``, the part of
         ``x`` the compressed call about to send it will drop."""
         # Checked before anything changes: a refused x must leave x and the residue as they were.
-        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or not x.flags.c_contiguous:
-            raise ValueError(
-                f"ErrorFeedback.add_residue takes a contiguous float32 numpy array, got "
-                f"{type(x).__name__} of {getattr(x, 'dtype', '?')}"
-            )
-        if not x.flags.writeable:
-            raise ValueError("ErrorFeedback.add_residue adds in place: the array is read-only")
+        _check_in_place_float32(x, "ErrorFeedback.add_residue")
         residue = self._residues.get(key)
         if residue is None or residue.shape != x.shape:
             residue = self._residues[key] = np.zeros(x.shape, np.float32)

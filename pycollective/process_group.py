@@ -787,6 +787,7 @@ class _World:
         # thread reads and writes them through raw pointers, and a Work dropped early (after a
         # timed-out wait, say) must not free its output or input copy under it.
         self._in_flight: deque[tuple[Any, list[Any]]] = deque()
+        self._in_flight_lock = threading.Lock()  # calls may be started from several threads
         self._abort_callbacks: list[Callable[[str], None]] = []
         listener = TcpListener.open(ifname, spec.master_addr)
         forced = transport or config.text("PYCOLLECTIVE_TRANSPORT") or None
@@ -992,10 +993,11 @@ class _World:
     def keep_until_done(self, native: Any, buffers: list[Any]) -> None:
         """Holds an asynchronous call's buffers until its native Work completes. Calls complete
         in issue order (one executor), so finished ones leave from the front."""
-        in_flight = self._in_flight
-        while in_flight and in_flight[0][0].is_completed():
-            in_flight.popleft()
-        in_flight.append((native, buffers))
+        with self._in_flight_lock:
+            in_flight = self._in_flight
+            while in_flight and in_flight[0][0].is_completed():
+                in_flight.popleft()
+            in_flight.append((native, buffers))
 
     def close(self, timeout: float) -> None:
         failed = self.comm.aborted
@@ -1028,7 +1030,8 @@ class _World:
         del self.comm
         # The executor has drained (its destructor joins it) unless a PreparedCall still holds
         # the communicator: keep only what may still run.
-        self._in_flight = deque(e for e in self._in_flight if not e[0].is_completed())
+        with self._in_flight_lock:
+            self._in_flight = deque(e for e in self._in_flight if not e[0].is_completed())
         affinity.restore(self._cpus_before)
 
     def __getattr__(self, name: str) -> Any:

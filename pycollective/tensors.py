@@ -142,22 +142,18 @@ def check_writable(buf: Buffer, where: str, inplace: bool = True) -> None:
     """The collective writes into the caller's memory (``inplace=True``, or an output array:
     ``out=``, a receive buffer): it must be writable and contiguous."""
     flags = buf.array.flags  # a new object per access: read it once
-    if inplace:
-        if not flags.writeable:
-            raise ValueError(f"{where}: inplace=True but the array is read-only")
-        if not flags.c_contiguous:
-            raise ValueError(
-                f"{where}: inplace=True needs a C-contiguous array, got a strided view; pass "
-                "np.ascontiguousarray(x) or use inplace=False"
-            )
-    elif not flags.writeable:
-        raise ValueError(f"{where}: the output array is read-only; pass a writable one")
-    elif not flags.c_contiguous:
-        # A contiguous copy of it would receive the result and be thrown away.
-        raise ValueError(
-            f"{where}: the output must be a C-contiguous array, got a strided view; pass one "
-            "made with np.empty(shape, dtype) and copy from it"
+    if not flags.writeable:
+        what = "inplace=True but the array" if inplace else "the output array"
+        raise ValueError(f"{where}: {what} is read-only")
+    if not flags.c_contiguous:
+        # An output's contiguous copy would receive the result and be thrown away.
+        fix = (
+            "pass np.ascontiguousarray(x) or use inplace=False"
+            if inplace
+            else "pass one made with np.empty(shape, dtype) and copy from it"
         )
+        what = "inplace=True needs" if inplace else "the output must be"
+        raise ValueError(f"{where}: {what} a C-contiguous array, got a strided view; {fix}")
 
 
 @functools.lru_cache(maxsize=1024)
