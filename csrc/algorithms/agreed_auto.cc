@@ -97,6 +97,12 @@ bool runMeasuredAuto(Group& group, int groupId, const CollectiveArgs& args) {
   return true;
 }
 
+std::string runningMeasuredAuto(const Group& group, int groupId, const CollectiveArgs& args) {
+  const Communicator& comm = group.comm();
+  return comm.agreedChoices().running(callShape(kAgreedTrial, group, groupId, args),
+                                      comm.autoChoices().epoch());
+}
+
 std::string describeMeasuredAuto(const Group& group, int groupId, const CollectiveArgs& args) {
   const Communicator& comm = group.comm();
   return comm.agreedChoices().describe(callShape(kAgreedTrial, group, groupId, args),

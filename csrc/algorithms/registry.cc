@@ -433,9 +433,8 @@ void PreparedCollective::runOn(const void* in, void* out) {
 
 std::string PreparedCollective::algorithm() const {
   if (measured_) {
-    // What the shape's schedule runs now: its description starts with the algorithm's name.
-    const std::string now = describeMeasuredAuto(group_, groupId_, args_);
-    if (!now.empty()) return now.substr(0, now.find(' '));
+    std::string now = runningMeasuredAuto(group_, groupId_, args_);
+    if (!now.empty()) return now;
   }
   return algo_->name();
 }

@@ -84,6 +84,8 @@ bool runMeasuredAuto(Group& group, int groupId, const CollectiveArgs& args);
 bool measuresAuto(const Group& group, int groupId, const CollectiveArgs& args);
 // What the measured schedule runs and why, or "" where calls of this shape are not measured.
 std::string describeMeasuredAuto(const Group& group, int groupId, const CollectiveArgs& args);
+// The algorithm the measured schedule runs now, or "" where calls of this shape are not measured.
+std::string runningMeasuredAuto(const Group& group, int groupId, const CollectiveArgs& args);
 
 // A call prepared once and run many times, like MPI's persistent collectives
 // (MPI_Allreduce_init): the group, the checks and auto's first choice are settled when it is

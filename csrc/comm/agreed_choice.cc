@@ -245,6 +245,13 @@ void AgreedChoices::Schedule::raceReserves() {
   onceToCome = false;  // this check is the one they were waiting for
 }
 
+std::string AgreedChoices::running(const CallShape& shape, uint64_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = shapes_.find(shape);
+  if (it == shapes_.end() || it->second.epoch != epoch || !it->second.measures()) return "";
+  return it->second.candidates[it->second.running()].algo;
+}
+
 std::string AgreedChoices::describe(const CallShape& shape, uint64_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = shapes_.find(shape);
@@ -257,8 +264,7 @@ std::string AgreedChoices::describe(const CallShape& shape, uint64_t epoch) {
     shown.clear();
     for (const RecentTimes& t : s.times) shown.push_back(t.estimate());
   }
-  const size_t runs =
-      settled ? static_cast<size_t>(s.current) : s.round[std::min(s.roundPos, s.round.size() - 1)];
+  const size_t runs = s.running();
   return describeRacing(s.candidates, shown, s.racing, runs, settled, /*watched=*/true) +
          (settled && !s.agreed.empty() ? " [agreed by every rank: each call's slowest rank]" : "");
 }

@@ -38,6 +38,7 @@
 // measured is the caller's to say, by the candidates it gives: one alone is not (process
 // groups measure calls the model prices under kMinModelSeconds only on a crowded host,
 // algorithms/agreed_auto.cc).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -107,6 +108,9 @@ class AgreedChoices {
   // What auto runs for this shape and why, or "" where the shape has no schedule under `epoch`
   // (not called since the model's inputs changed, or not measured).
   std::string describe(const CallShape& shape, uint64_t epoch);
+  // The algorithm the shape's next call outside a round runs (its choice, or the trial's
+  // candidate under way), or "" where the shape has no schedule under `epoch` or is not measured.
+  std::string running(const CallShape& shape, uint64_t epoch);
 
  private:
   // Twice the in-process intervals: every check also costs an agreement (a small allreduce).
@@ -133,6 +137,11 @@ class AgreedChoices {
     void watch(const RecentTimes& choice);
     void raceReserves();
     bool anotherRaces() const;  // a candidate other than the choice is racing
+    // The candidate that runs: the choice, or during the trial the one whose turn it is.
+    size_t running() const {
+      return current >= 0 ? static_cast<size_t>(current)
+                          : round[std::min(roundPos, round.size() - 1)];
+    }
 
     std::vector<AutoCandidate> candidates;  // the near ties first, then the reserves
     std::vector<RecentTimes> times;
