@@ -160,6 +160,10 @@ class Communicator:
         """
         What algo="auto" would run for this call in the group `members`.
         """
+    def fix_host_segment_distance(self, ns: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        """
+        For tests: this rank's host segment stops timing its waits and takes `ns` for how far the other ranks' cores are (over 80 ns: far, and every member writes what the others read past the cache). Call it between collectives; no-op without a segment.
+        """
     def prepare(self, spec: CallSpec, members: Members, inp: typing.Any, out: typing.Any) -> PreparedCollective:
         """
         Checks the call and settles its algorithm (where auto measures calls of its shape, its runs go on measuring, as plain calls do); the caller keeps inp and out alive while the PreparedCollective is used.
@@ -209,6 +213,11 @@ class Communicator:
     def host_segment_reads_peers(self) -> typing.Any:
         """
         Whether the host segment's members read each other's buffers directly, as they agreed when they connected (PYCOLLECTIVE_CROSS_MEMORY); None without a segment.
+        """
+    @property
+    def host_segment_streams(self) -> typing.Any:
+        """
+        Whether the host segment's members now write what the others read past the cache (a member finds the others' cores far); None without a segment.
         """
     @property
     def rank(self) -> int:

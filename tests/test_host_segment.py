@@ -144,6 +144,47 @@ def test_staged_allreduce_matches_numpy_across_pieces(n):
         assert name == "ValueError" and "reduce_scatter and allgather only" in msg, msg
 
 
+def _staged_far_apart(rank, n):
+    """staged with every rank finding the others' cores far: what the others read goes past
+    the cache (the pieces, the reduced shares, the reads' outputs, reduce-scatter's parts)."""
+    import pycollective as pc
+    from pycollective import process_group
+
+    pc.init()
+    comm = process_group._default()._world.comm
+    comm.fix_host_segment_distance(300)  # a cache line across chiplets (EPYC VM: 310-345 ns)
+    pc.barrier()  # over links: every rank voted before the first staged call
+    assert comm.host_segment_streams is True
+    checks = 0
+    # Default pieces (1 MiB a slot with 2 ranks, 512 KiB with 3): less than one, one and a
+    # part, several; with 2 ranks the reads' window unless PYCOLLECTIVE_CROSS_MEMORY=0.
+    for dtype in ("float32", "int32", "bfloat16"):
+        ops = ("sum", "max", "avg") if dtype != "int32" else ("sum", "min")
+        for count in (1000, 70_001, 600_001):
+            checks += _allreduce_checks(pc, "staged", rank, n, dtype, count, ops)
+            xs = make_inputs(dtype, "sum", n, count, seed=count + 3)
+            base, extra = divmod(count, n)
+            start = rank * base + min(rank, extra)
+            share = reduce_ref(xs, "sum")[start : start + base + (rank < extra)]
+            y = pc.reduce_scatter(xs[rank], algo="staged")
+            assert_close(y, share, "sum", n, f"far reduce_scatter {dtype} {count}")
+            g = pc.allgather(xs[rank], algo="staged")
+            assert np.asarray(g).tobytes() == np.stack(xs).tobytes(), (dtype, count)
+            checks += 2
+    assert comm.host_segment_streams is True
+    pc.barrier()
+    pc.shutdown()
+    return checks
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n,cross_memory", [(2, "1"), (2, "0"), (3, "1")])
+def test_staged_matches_numpy_with_the_cores_far_apart(n, cross_memory):
+    env = {"PYCOLLECTIVE_CROSS_MEMORY": cross_memory}
+    results = run_ranks(_staged_far_apart, n, timeout=150, env=env)
+    assert len(set(results)) == 1 and results[0] > 0
+
+
 def _staged_shares(rank, n):
     import pycollective as pc
 

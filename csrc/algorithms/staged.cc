@@ -98,6 +98,41 @@ void readFrom(Exchange& ex, const HostSegment& seg, int from, const void* theirs
                                   "(PYCOLLECTIVE_CROSS_MEMORY=0 copies through the segment)"));
 }
 
+// What another rank reads from this one within the call -- its slot's piece and reduced
+// share, the others' parts of a reduce-scatter, the output the reads' allreduce has the other
+// read -- goes past the cache (streaming stores) while the members' cores are far apart
+// (HostSegment::streams: other chiplets; the EPYC VM's two vCPUs now and then). Through the
+// cache, each of those lines is then fetched from the writer's cache one by one across the
+// chip: 2 ranks x 64 MiB ran 31-35 ms in such launches against 9.3-10 ms near, while
+// halving-doubling, whose rings stream when far, held 11-12.5 ms (docs/benchmarks.md, "Staged
+// when the cores are far apart"). Near, the cache is faster (docs/benchmarks.md, "Staged
+// through the host segment": streaming the pieces or the reduced shares ran 1.2x-1.4x slower).
+void put(Exchange& ex, bool stream, void* dst, const void* src, size_t bytes) {
+  if (stream)
+    ex.store(dst, src, bytes);
+  else
+    ex.copy(dst, src, bytes);
+}
+
+// Far apart, a reduction that another rank reads is done this many bytes at a time into
+// scratch, in cache, and stored past the cache from there.
+constexpr size_t kStreamedReduceBytes = size_t(64) << 10;
+
+// slots::reduceInRankOrder into `dst`, which another rank reads within the call (put).
+void reduceForOthers(Exchange& ex, bool stream, const std::vector<const char*>& operands,
+                     size_t offset, size_t bytes, char* dst) {
+  if (!stream) {
+    slots::reduceInRankOrder(ex, operands, offset, bytes, dst);
+    return;
+  }
+  char* chunk = static_cast<char*>(ex.scratch(0, std::min(kStreamedReduceBytes, bytes)));
+  for (size_t done = 0; done < bytes; done += kStreamedReduceBytes) {
+    const size_t n = std::min(kStreamedReduceBytes, bytes - done);
+    slots::reduceInRankOrder(ex, operands, offset + done, n, chunk);
+    ex.store(dst + done, chunk, n);
+  }
+}
+
 // One segment call carrying nothing: returns once every member made it. After a read it holds
 // each buffer in place until its readers are done with it.
 void waitForEveryMember(Exchange& ex, HostSegment& seg) {
@@ -137,16 +172,19 @@ void allgatherByReads(Exchange& ex, HostSegment& seg, const char* mine, char* ou
 constexpr size_t kReadChunkBytes = size_t(256) << 10;
 
 // This rank's share of 2 ranks' inputs (`bytes` from `at`) reduced into `dst`, in rank order:
-// its own part from `in`, the other's read a chunk at a time from `peerIn` into scratch.
+// its own part from `in`, the other's read a chunk at a time from `peerIn` into scratch. With
+// `stream` (the other reads `dst` next: put) each chunk is reduced in scratch and stored past
+// the cache.
 void reduceShareByReads(Exchange& ex, const HostSegment& seg, const char* in, const char* peerIn,
-                        size_t at, size_t bytes, char* dst) {
+                        size_t at, size_t bytes, char* dst, bool stream) {
   const int r = ex.rank();
   char* chunk = static_cast<char*>(ex.scratch(0, std::min(kReadChunkBytes, bytes)));
   for (size_t done = 0; done < bytes; done += kReadChunkBytes) {
     const size_t n = std::min(kReadChunkBytes, bytes - done);
     readFrom(ex, seg, 1 - r, peerIn + at + done, chunk, n);
     const char* own = in + at + done;
-    ex.reduceLocal(dst + done, r == 0 ? own : chunk, r == 0 ? chunk : own, n);
+    ex.reduceLocal(stream ? chunk : dst + done, r == 0 ? own : chunk, r == 0 ? chunk : own, n);
+    if (stream) ex.store(dst + done, chunk, n);
   }
 }
 
@@ -165,7 +203,8 @@ void reduceScatterByReads(Exchange& ex, HostSegment& seg, const char* in, char* 
     call.publish(sizeof(uint64_t));
     const char* peerIn = reinterpret_cast<const char*>(
         *static_cast<const uint64_t*>(call.await(peer, sizeof(uint64_t))));
-    reduceShareByReads(ex, seg, in, peerIn, shares.offset(r) * es, shares.size(r) * es, share);
+    reduceShareByReads(ex, seg, in, peerIn, shares.offset(r) * es, shares.size(r) * es, share,
+                       /*stream=*/false);
   }
   waitForEveryMember(ex, seg);
 }
@@ -196,7 +235,7 @@ void allreduceByReads(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
     peerIn = reinterpret_cast<const char*>(theirs[0]);
     peerOut = reinterpret_cast<const char*>(theirs[1]);
   }
-  reduceShareByReads(ex, seg, in, peerIn, mineAt, mineBytes, out + mineAt);
+  reduceShareByReads(ex, seg, in, peerIn, mineAt, mineBytes, out + mineAt, seg.streams(mineBytes));
   waitForEveryMember(ex, seg);  // the other's share is reduced too
   readFrom(ex, seg, peer, peerOut + theirsAt, out + theirsAt, shares.size(peer) * es);
   waitForEveryMember(ex, seg);
@@ -260,6 +299,7 @@ void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
   for (size_t k = 0; k <= pieces; ++k) {
     HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
     char* mine = static_cast<char*>(call.payload());
+    const bool stream = seg.streams(layout.count * es / n);  // the others read this slot (put)
     // Piece k - 1: reduced in this call, copied out after its wait.
     const size_t prevFirst = k > 0 ? (k - 1) * layout.count : 0;
     const Chunks prevShares(k > 0 ? layout.countOf(k - 1, a.count) : 0, n);
@@ -268,22 +308,21 @@ void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
       // never went to its slot.
       for (int m = 0; m < n; ++m)
         operands[m] = m == r ? in + prevFirst * es : before[m] + layout.pieceAt;
-      slots::reduceInRankOrder(ex, operands, prevShares.offset(r) * es, prevShares.size(r) * es,
-                               mine);
+      reduceForOthers(ex, stream, operands, prevShares.offset(r) * es, prevShares.size(r) * es,
+                      mine);
     }
     size_t published = layout.pieceAt;
     if (k < pieces) {
       const size_t first = k * layout.count, count = layout.countOf(k, a.count);
       const Chunks shares(count, n);
       const size_t skip = shares.offset(r) * es, skipEnd = skip + shares.size(r) * es;
-      // Through the cache, whatever the segment's distance vote says (Call::write streams
-      // slots' payloads while the cores are far): the others read their shares of it within
-      // this call, and past the cache it measured 1.1x-1.3x slower with 2 and 4 ranks at
-      // 256 KiB-64 MiB (docs/benchmarks.md, "Staged through the host segment").
+      // Through the cache while the cores are near: the others read their shares of it
+      // within this call, and past the cache it measured 1.1x-1.3x slower there with 2 and 4
+      // ranks at 256 KiB-64 MiB (docs/benchmarks.md, "Staged through the host segment").
       const char* piece = in + first * es;
       char* slot = mine + layout.pieceAt;
-      ex.copy(slot, piece, skip);
-      ex.copy(slot + skipEnd, piece + skipEnd, count * es - skipEnd);
+      put(ex, stream, slot, piece, skip);
+      put(ex, stream, slot + skipEnd, piece + skipEnd, count * es - skipEnd);
       published += count * es;
     }
     call.publish(published);
@@ -317,11 +356,12 @@ void reduceScatter(Exchange& ex, HostSegment& seg, const char* in, char* share, 
     HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
     char* mine = static_cast<char*>(call.payload());
     const size_t first = k * layout.count;
-    // Through the cache, as allreduce's pieces: the others read their parts within this call.
+    // As allreduce's pieces (put): the others read their parts within this call.
+    const bool stream = seg.streams(layout.stride);
     for (int m = 0; m < n; ++m)
       if (m != r)
-        ex.copy(mine + m * layout.stride, in + (shares.offset(m) + first) * es,
-                layout.countOf(k, shares.size(m)) * es);
+        put(ex, stream, mine + m * layout.stride, in + (shares.offset(m) + first) * es,
+            layout.countOf(k, shares.size(m)) * es);
     call.publish(published);
     for (int m = 0; m < n; ++m)
       operands[m] = m == r ? in + (shares.offset(r) + first) * es
@@ -360,7 +400,7 @@ void allgather(Exchange& ex, HostSegment& seg, const char* mine, char* out, cons
     HostSegment::Call call(seg, ex.callHeader(), ex.deadline());
     const size_t at = k * layout.count * es;
     auto bytesOf = [&](int m) { return layout.countOf(k, shares.size(m)) * es; };
-    ex.copy(call.payload(), mine + at, bytesOf(r));
+    call.write(mine + at, bytesOf(r));  // the others read it within this call (put)
     call.publish(bytesOf(r));
     // This rank's own part goes straight from its input, while the others write theirs.
     if (mine != own) place(own + at, mine + at, bytesOf(r));

@@ -218,6 +218,25 @@ void bindGroup(py::module_& m) {
           },
           "Whether the host segment's members read each other's buffers directly, as they "
           "agreed when they connected (PYCOLLECTIVE_CROSS_MEMORY); None without a segment.")
+      .def_property_readonly(
+          "host_segment_streams",
+          [](const Communicator& c) -> py::object {
+            const HostSegment* s = c.hostSegment();
+            if (s == nullptr) return py::none();
+            return py::bool_(s->streamsPayloads());
+          },
+          "Whether the host segment's members now write what the others read past the cache "
+          "(a member finds the others' cores far); None without a segment.")
+      .def(
+          "fix_host_segment_distance",
+          [](Communicator& c, double ns) {
+            HostSegment* s = c.hostSegment();
+            if (s != nullptr) s->fixDistance(ns);
+          },
+          py::arg("ns"),
+          "For tests: this rank's host segment stops timing its waits and takes `ns` for how "
+          "far the other ranks' cores are (over 80 ns: far, and every member writes what the "
+          "others read past the cache). Call it between collectives; no-op without a segment.")
       .def_property_readonly("size", &Communicator::size)
       .def(
           "set_costs",

@@ -392,6 +392,11 @@ void HostSegment::addDistanceSample(double ns) {
   voteDistance();
 }
 
+void HostSegment::fixDistance(double ns) {
+  timeWaits_ = false;
+  for (int i = 0; i < PeerDistance::kWindow; ++i) addDistanceSample(ns);
+}
+
 void HostSegment::voteDistance() {
   const bool far = distance_.far();
   if (far == farVoted_) return;
@@ -481,21 +486,22 @@ void* HostSegment::Call::payload() {
 
 void HostSegment::Call::write(const void* src, size_t bytes) {
   PC_ASSERT(bytes <= seg_.slotBytes_, "host segment payload of ", bytes, " bytes");
-  if (bytes < kMinStreamedBytes) {
-    hostCopy(payload(), src, bytes);
-    return;
-  }
-  const bool stream = seg_.streamsPayloads();
-  if (stream != seg_.streaming_) {
-    seg_.streaming_ = stream;
-    PC_INFO(kTransport, seg_.who(), " host segment ", seg_.name_, ": ",
-            seg_.layout_->farMembers.load(std::memory_order_relaxed), " of ", seg_.members(),
+  (seg_.streams(bytes) ? streamCopy : hostCopy)(payload(), src, bytes);
+}
+
+bool HostSegment::streams(size_t bytes) {
+  if (bytes < kMinStreamedBytes) return false;
+  const bool stream = streamsPayloads();
+  if (stream != streaming_) {
+    streaming_ = stream;
+    PC_INFO(kTransport, who(), " host segment ", name_, ": ",
+            layout_->farMembers.load(std::memory_order_relaxed), " of ", members(),
             " members find the others' cores far (this one: a cache line takes ",
-            seg_.distance_.nanoseconds(), " ns); payloads of ", kMinStreamedBytes,
+            distance_.nanoseconds(), " ns); payloads of ", kMinStreamedBytes,
             " bytes and more now go ",
             stream ? "past the cache (streaming stores)" : "through the cache");
   }
-  (stream ? streamCopy : hostCopy)(payload(), src, bytes);
+  return stream;
 }
 
 void HostSegment::Call::publish(size_t bytes) {

@@ -78,8 +78,16 @@ class HostSegment {
   // Whether payloads of kMinStreamedBytes and more are written past the cache now: while any
   // member's waits find the others' cores far (Call::write).
   bool streamsPayloads() const;
+  // Whether `bytes` that another member will read should be written past the cache now (they
+  // are kMinStreamedBytes or more, and streamsPayloads()); a change is logged. Call::write
+  // asks it, as do algorithms that write what the others read elsewhere (staged: parts of a
+  // slot, and outputs the other reads directly).
+  bool streams(size_t bytes);
   // Counts a timed load as a wait does, and this member's vote with it (for the test).
   void addDistanceSample(double ns);
+  // For tests across processes: this member's waits stop timing loads and its distance becomes
+  // `ns` (a full window of it), so that its vote stays what the test says. Between calls only.
+  void fixDistance(double ns);
   // How far this member's timed loads find the others' cores, in nanoseconds (PeerDistance).
   double distanceNanoseconds() const { return distance_.nanoseconds(); }
 
