@@ -966,6 +966,11 @@ class _World:
         of their own stop waiting too."""
         self._abort_callbacks.append(callback)
 
+    def forget_abort_callback(self, callback: Callable[[str], None]) -> None:
+        """Undoes :meth:`on_abort` (a group closed before the world)."""
+        if callback in self._abort_callbacks:
+            self._abort_callbacks.remove(callback)
+
     def _on_abort(self, rank: int, reason: str) -> None:
         self.abort_notice = (rank, reason)
         self._notice.set()

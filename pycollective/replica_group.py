@@ -31,6 +31,8 @@ class ReplicaGroup:
     with the world's transports and token). It runs ``allreduce`` (the hierarchical algorithm:
     its links are the ones that algorithm uses). When the world is aborted (a rank failed) the
     group is aborted too; a failed group stays failed (create a new one to continue).
+    :meth:`close` (or a ``with`` block) releases its links and threads; every process closes it
+    at the same point, once no call of it is under way anywhere.
 
     Args:
         num_local_replicas: replicas in this process (the same in every process).
@@ -49,6 +51,7 @@ class ReplicaGroup:
         self.worker_index = world.spec.rank
         self._timeout = world.timeout if timeout is None else float(timeout)
         self._planes: list[Any] = []
+        self._native: _C.LocalGroup | None = None  # None once closed
         links = []
         try:
             for _ in range(num_local_replicas):
@@ -68,6 +71,22 @@ class ReplicaGroup:
             raise
         self._world = world
         world.on_abort(self._abort)
+
+    def __enter__(self) -> ReplicaGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases the group's links to the other processes, its replicas' threads and, over
+        grpc, its data plane, now rather than when the default group shuts down (which holds on
+        to every ReplicaGroup until then). Calls after it raise ValueError. Idempotent."""
+        if self._native is None:
+            return
+        self._world.forget_abort_callback(self._abort)
+        self._native = None  # its links and executor threads go with it
+        self._close_planes()
 
     def __repr__(self) -> str:
         return (
@@ -94,6 +113,11 @@ class ReplicaGroup:
         ``LocalCommunicator.allreduce``; "avg" divides by :attr:`size`; ``compress`` as for
         ``pycollective.allreduce``: it applies to the links between processes)."""
         check_replica_lists("allreduce", self.num_local_replicas, tensors, out)
+        if self._native is None:
+            raise ValueError(
+                f"rank {self.worker_index}: this ReplicaGroup was closed; create a new one "
+                "(every process at the same point) to go on"
+            )
         try:
             return run_host(
                 self._native,
@@ -111,7 +135,8 @@ class ReplicaGroup:
             raise self._world.explain_failure(exc) from None
 
     def _abort(self, reason: str) -> None:
-        self._native.abort(reason)
+        if self._native is not None:
+            self._native.abort(reason)
         self._close_planes()
 
     def _close_planes(self) -> None:

@@ -99,6 +99,43 @@ def test_refused_calls_leave_the_group_usable():
         assert y == [3.0] * 4  # ranks 0 and 1 plus one 1.0 per process
 
 
+def _closed_groups(rank, n):
+    import pycollective as pc
+    from multiproc import expect_error
+
+    pc.init()
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    with pc.ReplicaGroup(2) as group:  # the first group starts what every later one reuses
+        group.allreduce([np.ones(4), np.ones(4)])
+    before = open_fds()
+    for _ in range(6):
+        group = pc.ReplicaGroup(2)
+        got = group.allreduce([np.full(4, rank + 1.0), np.full(4, rank + 1.0)])
+        assert all((y == n * (n + 1)).all() for y in got)  # two replicas of each process
+        group.close()
+        group.close()  # a second close does nothing
+    after = open_fds()
+    closed = expect_error(lambda: group.allreduce([np.ones(4), np.ones(4)]))
+    # The default group goes on, and so does a new ReplicaGroup.
+    assert pc.allreduce(np.ones(3))[0] == n
+    with pc.ReplicaGroup(2) as group:
+        assert group.allreduce([np.ones(2), np.ones(2)])[1][0] == 2 * n
+    pc.shutdown()
+    return before, after, closed[:2]
+
+
+@pytest.mark.timeout(90)
+def test_close_releases_the_links_of_the_group():
+    # tcp: each group's links are sockets, which /proc/self/fd counts.
+    res = run_ranks(_closed_groups, 2, timeout=60, env={"PYCOLLECTIVE_TRANSPORT": "tcp"})
+    for before, after, (name, msg) in res:
+        assert after <= before, f"{after - before} descriptors left open by 6 closed groups"
+        assert name == "ValueError" and "ReplicaGroup was closed" in msg, (name, msg)
+
+
 def _peer_dies(rank, n):
     import pycollective as pc
 
