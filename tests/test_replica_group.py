@@ -100,8 +100,9 @@ def test_refused_calls_leave_the_group_usable():
 
 
 def _closed_groups(rank, n):
-    import pycollective as pc
     from multiproc import expect_error
+
+    import pycollective as pc
 
     pc.init()
 
