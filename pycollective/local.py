@@ -29,7 +29,8 @@ class LocalCommunicator:
             divide ``num_replicas``.
 
     Every method takes one tensor per replica (a list of length ``num_replicas``) and returns
-    one result per replica. Every replica's result is bitwise identical to the others'.
+    one result per replica. Every replica's result is bitwise identical to the others'. Threads
+    may share a communicator: their calls run one at a time, each whole.
 
     ``algo="auto"`` (the default) starts from the cost model (or a tuned table, from
     ``pycollective tune``). Where the model prices two or more algorithms within 1.25x of each

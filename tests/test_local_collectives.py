@@ -146,6 +146,35 @@ def test_direct_pieces_go_to_whichever_replica_claims_them():
             np.testing.assert_array_equal(r, want, err_msg=f"call {call}, replica {i}")
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["ring", "direct", "auto"])
+def test_calls_from_several_threads_each_run_whole(algo):
+    """Threads sharing one communicator, each with calls of its own size: every call gets its
+    own sum. Interleaved, two calls went to the replicas in different orders and the group
+    failed for good ("rank 0 expected allreduce#412 ... 1000 elems ... rank 1 sent ... 1014")."""
+    import threading
+
+    c = pc.LocalCommunicator(2, timeout=20)  # a hang fails the calls well inside the test's bound
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(1500):
+                xs = [np.full(1000 + 7 * k, float(k + r + i), np.float32) for r in range(2)]
+                for y in c.allreduce(xs, algo=algo):
+                    assert (y == 2 * (k + i) + 1).all(), (k, i, y[:3])
+        except Exception as exc:  # noqa: BLE001 - reported below, with the others
+            errors.append(f"thread {k}: {exc!r}"[:400])
+
+    # 8 threads: without one call at a time, 4 of 4 runs of this failed with ring
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 def test_non_contiguous_input_works():
     c = comm(2)
     base = [np.arange(40, dtype=np.float64).reshape(8, 5) for _ in range(2)]

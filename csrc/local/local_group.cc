@@ -179,6 +179,7 @@ bool LocalGroup::inlineIsBest(const std::vector<CollectiveArgs>& args) {
 
 void LocalGroup::run(const std::vector<CollectiveArgs>& args, const std::string& algo) {
   PC_ASSERT(static_cast<int>(args.size()) == size(), "one call per replica");
+  std::lock_guard<std::mutex> oneCallAtATime(runMu_);
   if (numWorkers_ > 1) {
     checkCrossProcessCall(args[0], algo);
     const size_t bytes = args[0].count * elementSize(args[0].dtype);

@@ -8,6 +8,7 @@
 // one process: then each local replica also holds links to the replicas of the same local
 // index in the other processes, and the group runs the hierarchical all-reduce over them.
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ class LocalGroup {
   // Runs the collective on every replica at once: args[i] is replica i's call. Returns when all
   // finished; rethrows the first replica's error (all replicas fail together). algo "inline"
   // (or "auto" when the tuned table or the model prefers it) computes it on the calling thread.
+  // Calls from several threads run one after another, each whole: interleaved, the replicas'
+  // executors could take two threads' calls in different orders (replica 0 A then B, replica 1
+  // B then A), which fails the group for good.
   void run(const std::vector<CollectiveArgs>& args, const std::string& algo);
 
   // Marks every replica's communicator failed (peers stop waiting for them).
@@ -88,6 +92,7 @@ class LocalGroup {
   void checkCrossProcessCall(const CollectiveArgs& args, const std::string& algo) const;
 
   std::vector<std::unique_ptr<Communicator>> comms_;
+  std::mutex runMu_;  // one call at a time (run)
   int numWorkers_ = 1;
   int autoTrials_ = 0;  // PYCOLLECTIVE_AUTO_TRIALS when the group was made
   MeasuredChoices measured_;
