@@ -259,9 +259,10 @@ class Strategy:
         ``axis=None`` reduces the per-replica values elementwise; with an ``axis``, each
         replica first reduces along it (a MEAN counts the elements of every replica, so uneven
         batches average correctly). With one local replica a plain value is that replica's
-        value (reduced across workers); otherwise a non-distributed value is treated as the
-        same on every replica: MEAN returns it, SUM over more than one replica is an error
-        (tf's rules).
+        value (reduced across workers); otherwise a non-distributed value is every local
+        replica's value: with an ``axis``, SUM gives num_replicas times its sum along it (tf
+        runs the reduction on each replica), and without one MEAN returns it and SUM over more
+        than one replica is an error (tf's rules).
         """
         op = parse_reduce_op(reduce_op)
         self._require_cross_replica("reduce")
@@ -278,17 +279,13 @@ class Strategy:
                 rule = non_distributed_reduce_rule(op, axis, n_sync, ext._num_local_replicas)
                 if rule == "per_replica":
                     leaf = PerReplica([leaf])
-            if not isinstance(leaf, DistributedValues):
-                template = _plain(leaf)
-                if rule == "same":
+                elif rule == "every_replica":
+                    leaf = PerReplica([leaf] * ext._num_local_replicas)
+                else:  # "same": its MEAN is itself
+                    template = _plain(leaf)
                     pairs.append((template, None))
                     finish.append((1, lambda res, t=template: _like_out(res[0], t)))
                     continue
-                arr = _tensors.to_numpy(template)
-                local = arr.mean(axis=axis) if op == ReduceOp.MEAN else arr.sum(axis=axis)
-                result = _like_out(np.asarray(local).astype(arr.dtype, copy=False), template)
-                finish.append((0, lambda res, r=result: r))
-                continue
             template = _plain(leaf.values[0])
             if axis is None:
                 pairs.append((leaf, None))
@@ -726,12 +723,16 @@ def non_distributed_reduce_rule(
 ) -> str:
     """How ``Strategy.reduce`` treats a value that is not distributed (tf's rules, shared by
     every strategy): ``"per_replica"`` -- with one local replica the value is that replica's
-    value, reduced across workers like a PerReplica; ``"same"`` -- (``axis=None``) the value is
-    the same on every replica, so its MEAN is itself; ``"mean_along_axis"`` -- the MEAN of
-    every replica's equal elements is the mean along ``axis``. SUM of a value that is the same
-    on several replicas is ambiguous and raises ValueError."""
+    value, reduced across workers like a PerReplica; ``"every_replica"`` -- with an ``axis``
+    it is every local replica's value, as tf's ``reduce`` runs the reduction along ``axis`` on
+    each replica (SUM: the replicas' sums added, num_replicas times the sum of one; MEAN: the
+    mean over every replica's elements); ``"same"`` -- (``axis=None``) the value is the same
+    on every replica, so its MEAN is itself. SUM of such a value over several replicas is
+    ambiguous in tf, and raises ValueError."""
     if num_local_replicas == 1:
         return "per_replica"
+    if axis is not None:
+        return "every_replica"
     if op == ReduceOp.SUM and n_sync > 1:
         raise ValueError(
             f"A non-DistributedValues value cannot be reduced with "
@@ -739,7 +740,7 @@ def non_distributed_reduce_rule(
             "value (e.g. the result of strategy.run) or use "
             "ReduceOp.MEAN"
         )
-    return "same" if axis is None else "mean_along_axis"
+    return "same"
 
 
 def _primary(value: Any) -> Any:

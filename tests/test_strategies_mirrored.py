@@ -754,8 +754,11 @@ def test_reduce_non_distributed_with_axis():
     s = ds.MirroredStrategy(cpus(3))
     x = np.arange(6.0).reshape(3, 2)
     np.testing.assert_array_equal(s.reduce("MEAN", x, axis=0), x.mean(0))
+    # tf runs the sum along the axis on every replica, then adds the replicas' sums.
+    np.testing.assert_array_equal(s.reduce("SUM", x, axis=0), 3 * x.sum(0))
+    np.testing.assert_array_equal(s.reduce("SUM", x, axis=1), 3 * x.sum(1))
     with pytest.raises(ValueError, match="ReduceOp.SUM over 3 replicas"):
-        s.reduce("SUM", x, axis=0)
+        s.reduce("SUM", x, axis=None)
     one = ds.MirroredStrategy(cpus(1))
     np.testing.assert_array_equal(one.reduce("SUM", x, axis=0), x.sum(0))
     mixed = s.reduce(

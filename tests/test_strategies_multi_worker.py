@@ -404,6 +404,33 @@ def test_fused_update_across_workers_matches_numpy(momentum, local_replicas):
         assert res["copies_equal"], res
 
 
+def _plain_values_reduced(rank, n):
+    import pycollective as pc
+    from pycollective import strategies as ds
+
+    pc.init()
+    strategy = ds.MultiWorkerMirroredStrategy()
+    x = np.arange(6.0).reshape(3, 2) + 10 * rank  # this worker's value, the same on its replicas
+    sums = np.asarray(strategy.reduce("SUM", x, axis=0)).tolist()
+    means = np.asarray(strategy.reduce("MEAN", x, axis=0)).tolist()
+    pc.shutdown()
+    return sums, means
+
+
+# A plain value reduced along an axis is every local replica's value (tf runs the reduction on
+# each replica), and each worker's own: the sums of every replica of every worker.
+@pytest.mark.timeout(90)
+def test_plain_values_along_an_axis_are_each_replicas_of_each_worker():
+    results = run_ranks(
+        _plain_values_reduced, 2, timeout=60, env={"PYCOLLECTIVE_CPU_REPLICAS": "2"}
+    )
+    xs = [np.arange(6.0).reshape(3, 2) + 10 * w for w in range(2)]
+    want_sum = sum(2 * x.sum(axis=0) for x in xs).tolist()
+    want_mean = np.concatenate(xs).mean(axis=0).tolist()
+    for sums, means in results:
+        assert sums == want_sum and means == want_mean, (sums, means)
+
+
 def _compressed_gradients_only(rank, n):
     """compress= applies to the optimizer's gradient buckets (with error feedback), never to
     other float32 reductions: a reduced 1001.0 per worker must read back exactly."""

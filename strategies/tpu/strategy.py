@@ -532,8 +532,9 @@ class TPUStrategy(Strategy):
         counts every replica's elements; along axis 0 of a padded batch, its real rows only).
         A non-distributed value follows every strategy's rules
         (``strategies.strategy.non_distributed_reduce_rule``): with one replica in this process
-        it is that replica's value, reduced across processes; otherwise it is the same on
-        every replica: MEAN returns it, SUM over several replicas is an error.
+        it is that replica's value, reduced across processes; otherwise, with an ``axis``, it is
+        every replica's value (SUM: num_replicas times its sum along ``axis``), and without one
+        the same on every replica: MEAN returns it, SUM over several replicas is an error.
         """
         op = parse_reduce_op(reduce_op)
         self._require_cross_replica("reduce")
@@ -556,11 +557,13 @@ class TPUStrategy(Strategy):
                 )
             arr = host_array(x)
             rule = non_distributed_reduce_rule(op, axis, n, self._extended._num_local_replicas)
-            if rule == "per_replica":  # this process's one replica's value
-                return reductions.reduce_global(self._extended._global(PerReplica([arr])), op, axis)
             if rule == "same":
                 return self._extended._replicate(arr)
-            return self._extended._replicate(arr.mean(axis=axis).astype(arr.dtype))
+            # "per_replica": this process's one replica's value; "every_replica": each one's
+            copies = 1 if rule == "per_replica" else self._extended._num_local_replicas
+            return reductions.reduce_global(
+                self._extended._global(PerReplica([arr] * copies)), op, axis
+            )
 
         return _nest.map_structure(leaf, value)
 
