@@ -29,7 +29,7 @@ AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int 
   while (nearTies < candidates.size() && !candidates[nearTies].reserve) racing[nearTies++] = true;
   // The reserves priced near the window have one check to come, after kOnceAfter calls.
   for (size_t i = nearTies; i < candidates.size(); ++i)
-    onceToCome = onceToCome || checkedOnce(candidates, i);
+    onceToCome = onceToCome || checkedOnce(candidates, i, kOnceWindowAcross);
   if (!measures()) return;
   if (nearTies > 1) {
     std::vector<size_t> all(nearTies);
@@ -66,11 +66,12 @@ void AgreedChoices::Schedule::advance(Step* step) {
       current >= 0 && candidates[static_cast<size_t>(current)].modelSeconds < kCheapCallSeconds
           ? kOnceAfterCheap
           : kOnceAfter;
-  if (++calls >= onceAfter && onceToCome && !roundUnderWay && current >= 0) {
+  if (++calls >= onceAfter + onceDelay && onceToCome && !roundUnderWay && current >= 0) {
     // Their one check starts now (judgeCheck() sends back every reserve that did not win).
     for (size_t i = 0; i < candidates.size(); ++i)
-      if (checkedOnce(candidates, i)) racing[i] = true;
+      if (checkedOnce(candidates, i, kOnceWindowAcross)) racing[i] = true;
     onceToCome = false;
+    onceCheck = true;
     // After the choice's next calls, counted so that the check weighs fresh ones.
     untilCheck = std::min<uint64_t>(untilCheck, RecentTimes::kRecent);
   }
@@ -194,7 +195,16 @@ bool AgreedChoices::Schedule::judgeCheck() {
     moved = true;
   } else {
     interval = std::min(2 * interval, kMaxInterval);
+    // A reserve checked once that ran within kWidenRatio of the choice may have run on its
+    // warm-up: one more check, after as many calls again.
+    for (size_t i = 0; i < candidates.size() && onceCheck && !onceRetried; ++i)
+      if (racing[i] && checkedOnce(candidates, i, kOnceWindowAcross) &&
+          agreed[i] <= kWidenRatio * agreed[static_cast<size_t>(current)]) {
+        onceToCome = onceRetried = true;
+        onceDelay = calls;
+      }
   }
+  onceCheck = false;
   // A reserve that did not win goes back to waiting: racing on, it would keep costing checks of
   // calls kWidenRatio or more slower.
   for (size_t i = 0; i < candidates.size(); ++i)

@@ -32,7 +32,11 @@
 //   machine that changed under it may. The reserves priced within
 //   kWidenRatio of the near ties have one check of their own after the shape's first
 //   kOnceAfter calls (checkedOnce; kOnceAfterCheap for a choice priced under
-//   kCheapCallSeconds): the model misses by more than its window.
+//   kCheapCallSeconds): the model misses by more than its window. One that lost it while
+//   running within kWidenRatio of the choice is checked once more after as many calls again:
+//   a reserve's first calls in a process can still be warming up after the check's uncounted
+//   ones (2 ranks x 2 MiB in the benchmark: halving-doubling's counted calls 295, 222 and 186
+//   us, its settled ones 120-140, against `staged`'s 161-171; auto stayed on `staged`).
 //
 // The agreement is one allreduce of a few doubles per trial, check or watch. Which calls are
 // measured is the caller's to say, by the candidates it gives: one alone is not (process
@@ -147,6 +151,9 @@ class AgreedChoices {
     std::vector<RecentTimes> times;
     std::vector<bool> racing;    // the near ties; a reserve from a slowdown to a lost check
     bool onceToCome = false;     // the reserves checkedOnce still wait for that check
+    bool onceCheck = false;      // the check under way is that one
+    bool onceRetried = false;    // a reserve that lost it has its second check (to come)
+    uint64_t onceDelay = 0;      // calls after kOnceAfter(Cheap) before the second
     bool watched = true;         // its calls priced at kMinModelSeconds or more
     uint64_t calls = 0;          // of this shape, on every rank alike
     std::vector<double> agreed;  // each candidate's estimate from the last agreed samples

@@ -65,12 +65,12 @@ std::vector<AutoCandidate> candidatesWithReserves(std::vector<AutoCandidate> pri
   return c;
 }
 
-bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i) {
+bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i, double window) {
   if (i >= candidates.size() || !candidates[i].reserve) return false;
   double cheapest = std::numeric_limits<double>::infinity();
   for (const AutoCandidate& c : candidates)
     if (!c.reserve) cheapest = std::min(cheapest, c.modelSeconds);
-  return candidates[i].modelSeconds <= kWidenRatio * cheapest;
+  return candidates[i].modelSeconds <= window * cheapest;
 }
 
 double RecentTimes::estimate() const {

@@ -83,13 +83,23 @@ constexpr double kLevelWeight = 1.0 / 16;
 // at most 4% of the shape's.
 constexpr uint64_t kOnceAfter = 256;
 // Between processes a choice priced under kCheapCallSeconds has that check after
-// kOnceAfterCheap calls: five calls of a reserve cost well under a millisecond there, and the
-// model's link costs can be wrong by more than 2x on a machine they were not measured on (an
-// EPYC VM, 2 ranks x 256 KiB: halving-doubling priced 52 us, 1.53x `staged`'s 34, ran 19-23 us
-// against `staged`'s 39-52; waiting 256 calls, a benchmark's 100 timed calls never saw it).
+// kOnceAfterCheap calls: the check's calls of a reserve (9 at most, each at most
+// kOnceWindowAcross slower) cost tens of milliseconds once per shape, and the model's link
+// costs can be wrong by more than 2x on a machine they were not measured on (an EPYC VM, 2
+// ranks x 256 KiB: halving-doubling priced 52 us, 1.53x `staged`'s 34, ran 19-23 us against
+// `staged`'s 39-52; waiting 256 calls, a benchmark's 100 timed calls never saw it; at 16 MiB
+// `staged` priced 1.9 ms ran 1.21x-1.37x halving-doubling in sweeps whose 60-100 timed calls
+// never reached the 256th).
 constexpr uint64_t kOnceAfterCheap = 32;
-constexpr double kCheapCallSeconds = 1e-3;
-bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i);
+constexpr double kCheapCallSeconds = 4e-3;
+// Between processes that check takes the reserves priced within this of the near ties: the
+// link costs, measured on another machine, priced halving-doubling at 2.5x-3x its time there
+// (256 KiB-16 MiB; `staged` within 1.15x of its own), and at 16 MiB, priced 2.1x `staged`, it
+// ran 1.2x-1.4x faster. A reserve 3x slower costs its check's calls once per shape.
+constexpr double kOnceWindowAcross = 3.0;
+// Whether candidates[i] is a reserve priced within `window` of the cheapest near tie.
+bool checkedOnce(const std::vector<AutoCandidate>& candidates, size_t i,
+                 double window = kWidenRatio);
 
 // From every algorithm that can run a call, priced by the model: those within kCandidateWindow
 // of the cheapest -- or, where the cheapest is priced by the other model (`ownModel`), of the
