@@ -136,6 +136,21 @@ def test_round_controller_orders_survivors_first_and_waits_for_the_live():
     assert store.step(20.0) is None and store.step(40.0) is None
 
 
+@pytest.mark.timeout(30)
+def test_a_join_that_times_out_says_whose_minimum_it_waited_for():
+    """A store started with a minimum of 3 and one joiner asking for 1: the joiner's error must
+    not say it waited for a group of 1 (its own minimum), which looks as if one were enough."""
+    from pycollective.rendezvous import RendezvousError
+    from pycollective.rendezvous.elastic import join
+
+    with ElasticStore("t0ken", 3, 4, live_count=lambda: 1, last_call=0.1) as store:
+        with pytest.raises(RendezvousError) as caught:
+            join(store.address, "t0ken", previous_rank=-1, min_size=1, timeout=1.5)
+    msg = str(caught.value)
+    assert "no group formed" in msg and "asked for at least 1" in msg, msg
+    assert "store's own minimum" in msg, msg
+
+
 @pytest.mark.timeout(60)
 def test_store_takes_more_joiners_than_a_worlds_handler_threads():
     """Every joiner blocks one of the store's handler threads in get() until its round forms;

@@ -226,8 +226,9 @@ def join(
                 raise
             raise RendezvousError(
                 f"pid {os.getpid()} (rank {previous_rank} before) waited {timeout:g} s at the "
-                f"elastic rendezvous {store} and no group of at least {min_size} processes "
-                "formed: too few are alive, or the others have not noticed the failure yet "
+                f"elastic rendezvous {store} and no group formed (this process asked for at "
+                f"least {min_size}; the store's own minimum, set where it was started, may be "
+                "higher): too few are alive, or the others have not noticed the failure yet "
                 "(raise the timeout, or lower the minimum size)",
                 code=exc.code,
             ) from None
