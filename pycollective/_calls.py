@@ -13,7 +13,7 @@ import numpy as np
 
 from pycollective._ext import _C
 from pycollective.reduce_op import ReduceOp
-from pycollective.tensors import DTYPE_NAMES, Buffer, check_writable, contiguous_input
+from pycollective.tensors import DTYPE_NAMES, Buffer, check_writable, contiguous_input, written
 
 # The collectives that run through one buffer per rank, with the extension's codes.
 KINDS = {
@@ -101,7 +101,7 @@ class Prepared:
         if self.out is None:
             return None
         if self.out is self.buf.array:
-            return self.buf.source
+            return written(self.buf)
         return self.buf.wrap(self.out)
 
 

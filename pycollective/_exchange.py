@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from pycollective._ext import _C
-from pycollective.tensors import Buffer, adapt, check_writable, contiguous_input
+from pycollective.tensors import Buffer, adapt, check_writable, contiguous_input, written
 
 # The pairwise collectives, with the extension's codes (the native name of "sendrecv" is
 # "send/recv").
@@ -159,7 +159,7 @@ def alltoall(
 
 
 def _result(buf: Buffer, arr: np.ndarray) -> Callable[[], Any]:
-    return (lambda: buf.source) if buf.source is not None else (lambda: buf.wrap(arr))
+    return (lambda: written(buf)) if buf.source is not None else (lambda: buf.wrap(arr))
 
 
 def gather(x: Any, root: int, out: Any, rank: int, size: int, where: str) -> Exchange:

@@ -81,6 +81,7 @@ def _from_torch(t: Any, where: str) -> Buffer:
             f"{where}: torch tensor on {t.device}; this build handles CPU tensors (CUDA tensors "
             "need a CUDA build of pycollective)"
         )
+    source = t  # results written in place are the caller's own tensor (written())
     t = t.detach()
     if t.dtype == torch.bfloat16:
         raw = t.view(torch.int16).numpy().view(np.uint16)
@@ -90,14 +91,25 @@ def _from_torch(t: Any, where: str) -> Buffer:
         def wrap(a: np.ndarray) -> Any:
             return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
 
-        return Buffer(arr, BFLOAT16, wrap, t)
+        return Buffer(arr, BFLOAT16, wrap, source)
     try:
         arr = t.numpy()
     except TypeError as exc:
         raise TypeError(
             f"{where}: unsupported torch dtype {t.dtype}; supported: {SUPPORTED}"
         ) from exc
-    return Buffer(arr, _code_of(arr.dtype, where), torch.from_numpy, t)
+    return Buffer(arr, _code_of(arr.dtype, where), torch.from_numpy, source)
+
+
+def written(buf: Buffer) -> Any:
+    """The caller's own tensor, whose memory a call wrote (in place, or out=). A torch tensor's
+    version counter moves on, as a torch in-place op's does: autograd then refuses a backward
+    pass that saved the old values, instead of computing gradients from the new ones."""
+    if _is_torch(buf.source):
+        import torch
+
+        torch.autograd.graph.increment_version(buf.source)
+    return buf.source
 
 
 def _code_of(dtype: np.dtype, where: str) -> int:

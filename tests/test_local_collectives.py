@@ -222,6 +222,29 @@ def test_torch_tensors():
     assert torch.equal(xs[0], torch.arange(6, dtype=torch.float32) * 3)
 
 
+def test_torch_results_written_in_place_are_the_callers_tensors():
+    """In place and out=, the result is the caller's own tensor (as with numpy arrays), and its
+    version counter moves on as a torch in-place op's does: a backward pass that saved the old
+    values refuses to run rather than compute gradients from the new ones."""
+    torch = pytest.importorskip("torch")
+    c = comm(2)
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = [torch.ones(4, dtype=dtype) for _ in range(2)]
+        before = [x._version for x in xs]
+        ys = c.allreduce(xs, inplace=True)
+        assert all(y is x for y, x in zip(ys, xs))
+        assert all(x._version > v for x, v in zip(xs, before))
+        outs = [torch.empty(4, dtype=dtype) for _ in range(2)]
+        ys = c.allreduce([torch.ones(4, dtype=dtype) for _ in range(2)], out=outs)
+        assert all(y is o for y, o in zip(ys, outs)) and outs[1][0].item() == 2
+    w = torch.ones(4, requires_grad=True)
+    h = [w * 2, w * 3]
+    loss = (h[0] * h[0]).sum()  # saves h[0] for the backward pass
+    c.allreduce(h, inplace=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_buffer_protocol_and_dlpack():
     c = comm(2)
     import array
