@@ -140,7 +140,8 @@ class LocalCommunicator:
         timeout: float | None = None,
     ) -> list[Any]:
         """Replica ``root`` gets the reduction; the other entries of the result are None
-        (with out=, only the root's out tensor is written)."""
+        (with out=, only the root's out tensor is written, and the others' entries may be
+        None)."""
         return self._run("reduce", tensors, op, algo, root, inplace, timeout, out)
 
     def explain(self, collective: str, nbytes: int, dtype: str = "float32") -> str:
@@ -223,11 +224,10 @@ class LocalCommunicator:
         _check_alike([(b.code, b.dtype_name, b.shape) for b in bufs])
         first = bufs[0]
         check_avg(kind, reduce_op, first.code, "replica 0")
-        outs = (
-            [None] * n
-            if out is None
-            else [adapt_device(o, f"replica {i} out=") for i, o in enumerate(out)]
-        )
+        outs = [
+            None if o is None else adapt_device(o, f"replica {i} out=")
+            for i, o in enumerate(out or [None] * n)
+        ]
         calls = [
             prepare_device(kind, b, i, n, root, inplace, f"replica {i}", outs[i])
             for i, b in enumerate(bufs)
@@ -325,7 +325,11 @@ def run_host(
     _check_alike([(b.code, b.dtype_name, b.array.shape) for b in bufs])
     first = bufs[0]
     check_avg(kind, reduce_op, first.code, "replica 0")
-    outs = [None] * n if out is None else [adapt(o, f"replica {i} out=") for i, o in enumerate(out)]
+    # An out entry of None: a new result there (reduce's replicas other than the root get none).
+    outs = [
+        None if o is None else adapt(o, f"replica {i} out=")
+        for i, o in enumerate(out or [None] * n)
+    ]
     calls: list[Prepared] = [
         prepare(kind, b, i, n, root, inplace, f"replica {i}", outs[i]) for i, b in enumerate(bufs)
     ]

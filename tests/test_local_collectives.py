@@ -245,6 +245,19 @@ def test_torch_results_written_in_place_are_the_callers_tensors():
         loss.backward()
 
 
+def test_reduce_out_for_the_root_alone():
+    """out= entries of None: the root's buffer is written, the others get None as without out=;
+    None elsewhere means a new result, as no out= does."""
+    c = comm(3)
+    xs = [np.full(4, i + 1.0, np.float32) for i in range(3)]
+    y = np.zeros(4, np.float32)
+    got = c.reduce(xs, root=1, out=[None, y, None])
+    assert got[0] is None and got[2] is None and got[1] is y and (y == 6).all()
+    outs = [np.zeros(4, np.float32), None, np.zeros(4, np.float32)]
+    got = c.allreduce(xs, out=outs)
+    assert got[0] is outs[0] and got[2] is outs[2] and all((g == 6).all() for g in got)
+
+
 def test_buffer_protocol_and_dlpack():
     c = comm(2)
     import array
