@@ -20,11 +20,12 @@ the all-reduce; tests use it to check fusion).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,10 +68,31 @@ class CollectiveBackend:
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self.call_counts: Counter[str] = Counter()
         self._lock = threading.RLock()
+        self._per_call = threading.local()  # call_timeout's, per thread
 
     @property
     def num_replicas_in_sync(self) -> int:
         return self.num_local_replicas * self.num_workers
+
+    @contextlib.contextmanager
+    def call_timeout(self, seconds: float | None) -> Iterator[None]:
+        """Collectives this thread runs inside take at most ``seconds`` instead of the
+        backend's timeout (a ``CommunicationOptions(timeout_seconds=...)`` passed to one call);
+        None leaves the timeout as it is."""
+        before = getattr(self._per_call, "seconds", None)
+        if seconds is not None:
+            self._per_call.seconds = float(seconds)
+        try:
+            yield
+        finally:
+            self._per_call.seconds = before
+
+    @property
+    def call_timeout_seconds(self) -> float:
+        """The timeout of a collective this thread runs now (call_timeout's, else the
+        backend's)."""
+        seconds = getattr(self._per_call, "seconds", None)
+        return self.timeout if seconds is None else seconds
 
     @property
     def first_replica_id(self) -> int:
@@ -378,7 +400,9 @@ class LocalBackend(CollectiveBackend):
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
         try:
-            return getattr(self.communicator, method)(*args, **kwargs)
+            return getattr(self.communicator, method)(
+                *args, timeout=self.call_timeout_seconds, **kwargs
+            )
         except pc.CollectiveError:
             self._comm = None  # aborted: rebuild on the next call
             raise
@@ -459,10 +483,16 @@ class MultiWorkerBackend(CollectiveBackend):
         """Keywords of the cross-worker calls. ``gradients``: the dtype of an optimizer's
         gradient bucket, which travels compressed when it is float32 and ``compress`` is set;
         nothing else does (metrics, variable reads and assignments keep float32 precision)."""
-        kw: dict[str, Any] = {"timeout": self.timeout} if self._timeout_kw else {}
+        kw: dict[str, Any] = {"timeout": self.call_timeout_seconds} if self._timeout_kw else {}
         if self.compress is not None and gradients == np.float32:
             kw["compress"] = self.compress
         return kw
+
+    @contextlib.contextmanager
+    def call_timeout(self, seconds: float | None) -> Iterator[None]:
+        # The local steps (gathers, broadcasts) run on this worker's LocalBackend.
+        with super().call_timeout(seconds), self._local.call_timeout(seconds):
+            yield
 
     def _local_broadcast(self, buf: np.ndarray) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
@@ -483,7 +513,9 @@ class MultiWorkerBackend(CollectiveBackend):
     ) -> list[np.ndarray]:
         native = "avg" if op == ReduceOp.MEAN else "sum"
         if self.num_local_replicas > 1:
-            return self.replica_group.allreduce(list(arrays), op=native, inplace=owned)
+            return self.replica_group.allreduce(
+                list(arrays), op=native, inplace=owned, timeout=self.call_timeout_seconds
+            )
         x = _tensors.contiguous(arrays[0])
         out = pc.allreduce(x, op=native, algo=self._cross_algo, inplace=owned, **self._kw())
         return [_tensors.to_numpy(out)]
@@ -642,7 +674,11 @@ class MultiWorkerBackend(CollectiveBackend):
             # Every replica's pack is summed in place; replica 0's is buf.
             others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
             self.replica_group.allreduce(
-                [buf] + others, op="sum", inplace=True, compress=kw.get("compress")
+                [buf] + others,
+                op="sum",
+                inplace=True,
+                compress=kw.get("compress"),
+                timeout=self.call_timeout_seconds,
             )
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:

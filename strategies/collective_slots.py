@@ -91,12 +91,18 @@ class CollectiveSlots:
     # Replica side ------------------------------------------------------------------------------
 
     def exchange(
-        self, replica: int, what: str, value: Any, fn: Callable[[list[Any]], Sequence[Any]]
+        self,
+        replica: int,
+        what: str,
+        value: Any,
+        fn: Callable[[list[Any]], Sequence[Any]],
+        timeout: float | None = None,
     ) -> Any:
         """Deposits ``value`` for ``replica`` in its next slot; returns ``fn(values)[replica]``.
 
         ``fn`` gets the values of all replicas in replica order and returns one result per
-        replica; it runs once, on the thread of the last replica to arrive.
+        replica; it runs once, on the thread of the last replica to arrive. ``timeout``: this
+        call's wait for the others, instead of the slots' (one call's CommunicationOptions).
         """
         if self._n == 1:  # nobody to wait for or to wake: no slot, no lock
             index = self._next[0]
@@ -134,7 +140,7 @@ class CollectiveSlots:
                 slot.state = _RUNNING
         if runner:
             return self._run(slot, replica, fn)
-        return self._wait(slot, replica)
+        return self._wait(slot, replica, self._timeout if timeout is None else float(timeout))
 
     def _run(self, slot: _Slot, replica: int, fn: Callable[[list[Any]], Sequence[Any]]) -> Any:
         try:
@@ -155,9 +161,9 @@ class CollectiveSlots:
             self._cond.notify_all()
             return self._take(slot, replica)
 
-    def _wait(self, slot: _Slot, replica: int) -> Any:
+    def _wait(self, slot: _Slot, replica: int, timeout: float) -> Any:
         cond = self._cond
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + timeout
         with cond:
             while True:
                 if slot.state == _DONE:
@@ -174,7 +180,7 @@ class CollectiveSlots:
                 if remaining <= 0:
                     missing = [self._names[r] for r in range(self._n) if r not in slot.arrived]
                     err = pc.CollectiveTimeout(
-                        f"{self._names[replica]} waited {self._timeout:g} s in {slot.what} "
+                        f"{self._names[replica]} waited {timeout:g} s in {slot.what} "
                         f"(collective #{slot.index} of this run()) for {', '.join(missing)}, "
                         "which never arrived. Every replica must make the same collective calls "
                         "in the same order; if replicas are legitimately slow, raise the timeout "

@@ -156,9 +156,10 @@ class CrossDeviceOps:
                 results[k] = _reduce_non_distributed(op, value, n_sync)
         if to_reduce:
             bytes_per_pack = options.bytes_per_pack if options is not None else 0
-            reduced = backend.batch_allreduce(
-                per_replica, op, bytes_per_pack=bytes_per_pack, num_packs=self.num_packs
-            )
+            with backend.call_timeout(options.timeout_seconds if options is not None else None):
+                reduced = backend.batch_allreduce(
+                    per_replica, op, bytes_per_pack=bytes_per_pack, num_packs=self.num_packs
+                )
             for j, k in enumerate(to_reduce):
                 results[k] = [reduced[r][j] for r in range(n_local)]
         out = []

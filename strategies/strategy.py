@@ -89,10 +89,27 @@ class ReplicaContext:
         """Returns the devices this replica is to be executed on, as a tuple of strings."""
         return (self._strategy.extended.worker_devices[self._local_id],)
 
-    def _exchange(self, what: str, value: Any, fn: Callable[[list[Any]], Sequence[Any]]) -> Any:
+    def _exchange(
+        self,
+        what: str,
+        value: Any,
+        fn: Callable[[list[Any]], Sequence[Any]],
+        timeout: float | None = None,
+    ) -> Any:
+        """``fn`` over every replica's ``value``, run once; ``timeout`` (one call's
+        CommunicationOptions.timeout_seconds, else the strategy's) bounds the wait for the
+        other replicas and the backend's collectives in ``fn``."""
+        backend = self._strategy.extended.backend if timeout is not None else None
+
+        def run(values: list[Any]) -> Sequence[Any]:
+            if backend is None:
+                return fn(values)
+            with backend.call_timeout(timeout):
+                return fn(values)
+
         if self._collective_slots is None:  # the default context: one replica, no threads
-            return fn([value])[0]
-        return self._collective_slots.exchange(self._local_id, what, value, fn)
+            return run([value])[0]
+        return self._collective_slots.exchange(self._local_id, what, value, run, timeout)
 
     def all_reduce(
         self, reduce_op: Any, value: Any, options: CommunicationOptions | None = None
@@ -118,7 +135,9 @@ class ReplicaContext:
                 num_packs=ext._cross_device_ops.num_packs,
             )
 
-        result = self._exchange(f"all_reduce({op.name}, {len(flat)} tensors)", flat, reduce_all)
+        result = self._exchange(
+            f"all_reduce({op.name}, {len(flat)} tensors)", flat, reduce_all, opts.timeout_seconds
+        )
         return _nest.pack_sequence_as(value, result)
 
     def all_gather(self, value: Any, axis: int, options: CommunicationOptions | None = None) -> Any:
@@ -129,6 +148,7 @@ class ReplicaContext:
         if not flat:
             return value
         backend = self._strategy.extended.backend
+        timeout = self._strategy.extended._options.merge(options).timeout_seconds
 
         def gather_all(per_replica: list[list[Any]]) -> list[list[Any]]:
             outs: list[list[Any]] = [[None] * len(flat) for _ in per_replica]
@@ -138,7 +158,9 @@ class ReplicaContext:
                     outs[r][j] = x
             return outs
 
-        result = self._exchange(f"all_gather(axis={axis}, {len(flat)} tensors)", flat, gather_all)
+        result = self._exchange(
+            f"all_gather(axis={axis}, {len(flat)} tensors)", flat, gather_all, timeout
+        )
         return _nest.pack_sequence_as(value, result)
 
     def merge_call(

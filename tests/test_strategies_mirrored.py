@@ -550,6 +550,51 @@ def test_slow_replica_times_out_with_the_missing_replica_named(monkeypatch):
     assert time.monotonic() - t0 < 30  # the 0.5 s timeout fired, not the default 60 s
 
 
+@pytest.mark.timeout(30)
+def test_one_calls_timeout_seconds_applies_to_that_call(monkeypatch):
+    """CommunicationOptions(timeout_seconds=) given to one all_reduce bounds that call's wait
+    (the strategy's timeout is 60 s here), as tf's per-call options do; the backend's
+    collectives inside it take the same bound."""
+    monkeypatch.setenv("PYCOLLECTIVE_TIMEOUT", "60")
+    s = ds.MirroredStrategy(cpus(2))
+    quick = ds.experimental.CommunicationOptions(timeout_seconds=0.5)
+    release = threading.Event()
+    waited = []
+
+    def fn():
+        ctx = ds.get_replica_context()
+        if ctx.replica_id_in_sync_group == 1:
+            release.wait(3)  # stuck outside any collective
+            return None
+        t0 = time.monotonic()
+        try:
+            return ctx.all_reduce("SUM", np.ones(2), options=quick)
+        finally:
+            waited.append(time.monotonic() - t0)
+            release.set()
+
+    with pytest.raises(pc.CollectiveTimeout, match="replica 0 waited 0.5 s in all_reduce"):
+        s.run(fn)
+    assert waited and waited[0] < 2.5, waited  # the call's 0.5 s, not the strategy's 60
+
+    # reduce_to with options, then without: the backend's collective gets each call's bound.
+    s2 = ds.MirroredStrategy(cpus(2))
+    backend = s2.extended.backend
+    seen = []
+    real = backend._call
+
+    def spy(method, *args, **kwargs):
+        seen.append(backend.call_timeout_seconds)
+        return real(method, *args, **kwargs)
+
+    backend._call = spy
+    pr = s2.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
+    slow = ds.experimental.CommunicationOptions(timeout_seconds=2.5)
+    s2.extended.reduce_to("SUM", pr, destinations=None, options=slow)
+    s2.extended.reduce_to("SUM", pr, destinations=None)
+    assert seen == [2.5, 60.0], seen
+
+
 @pytest.mark.timeout(20)
 def test_merge_fn_error_reaches_the_caller():
     s = ds.MirroredStrategy(cpus(3))
