@@ -105,11 +105,12 @@ def written(buf: Buffer) -> Any:
     """The caller's own tensor, whose memory a call wrote (in place, or out=). A torch tensor's
     version counter moves on, as a torch in-place op's does: autograd then refuses a backward
     pass that saved the old values, instead of computing gradients from the new ones."""
-    if _is_torch(buf.source):
+    source = buf.source
+    if type(source) is not np.ndarray and _is_torch(source):  # numpy first: every call's path
         import torch
 
-        torch.autograd.graph.increment_version(buf.source)
-    return buf.source
+        torch.autograd.graph.increment_version(source)
+    return source
 
 
 def _code_of(dtype: np.dtype, where: str) -> int:
