@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pycollective._calls import check_inplace_call, result_shape
+from pycollective.errors import CudaError
 from pycollective.tensors import DTYPE_NAMES, SUPPORTED
 
 # __cuda_array_interface__ typestr -> native dtype code, and each code's item size (bfloat16,
@@ -138,6 +139,14 @@ class DeviceArray:
         return host
 
 
+@functools.cache
+def build_has_cuda() -> bool:
+    """Whether this build of the extension has CUDA (``pycollective.build_info()["cuda"]``)."""
+    from pycollective._ext import _C
+
+    return bool(_C.build_info()["cuda"])
+
+
 def is_device_tensor(x: Any) -> bool:
     """True for CuPy arrays, PyTorch CUDA tensors and other CUDA-interface objects."""
     if type(x).__module__.startswith("torch"):
@@ -244,6 +253,14 @@ def _from_interface(x: Any, where: str) -> DeviceBuffer:
             expected.append(step)
             step *= dim
         contiguous = tuple(reversed(expected)) == tuple(strides) or math.prod(shape) <= 1
+    if not build_has_cuda():
+        # Every pointer looks like host memory to a build without CUDA: say what is missing.
+        raise CudaError(
+            f"{where}: {type(x).__name__} is a CUDA array (it has __cuda_array_interface__), "
+            "but this build of pycollective has no CUDA (built with PYCOLLECTIVE_CUDA=OFF, or "
+            "AUTO without nvcc); rebuild with PYCOLLECTIVE_CUDA=ON and the CUDA toolkit on "
+            "PATH (docs/building.md), or pass host arrays"
+        )
     device = _C.cuda_pointer_device(ptr=ptr) if ptr else 0
     if ptr and device < 0:
         raise TypeError(f"{where}: __cuda_array_interface__ points at host memory")

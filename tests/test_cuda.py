@@ -426,6 +426,9 @@ def no_device(monkeypatch):
     if _C.cuda_device_count() > 0:
         pytest.skip("a CUDA device is present: the GPU tests cover this path")
     monkeypatch.setattr(_C, "cuda_pointer_device", lambda ptr: 0)
+    # A CPU-only build refuses CUDA arrays up front (test below); these tests walk the device
+    # path down to the native call, which fails there instead.
+    monkeypatch.setattr("pycollective.device.build_has_cuda", lambda: True)
 
 
 def test_device_tensors_are_recognized():
@@ -452,6 +455,19 @@ def test_device_collective_without_a_device_fails_cleanly(no_device):
     )  # every replica was released, nobody waited for the 30 s timeout
     with pytest.raises(pc.CudaError):  # allocating a result needs a device too
         pc.LocalCommunicator(2, timeout=30).allreduce(xs[:2])
+
+
+@pytest.mark.skipif(_C.build_info()["cuda"], reason="a CUDA build reads CUDA arrays")
+def test_a_cpu_only_build_says_it_has_no_cuda_for_a_cuda_array():
+    # Its pointer query calls every pointer host memory; the message must name the build.
+    c = pc.LocalCommunicator(2, timeout=30)
+    xs = [FakeDeviceTensor(np.ones(4, np.float32)) for _ in range(2)]
+    with pytest.raises(
+        pc.CudaError,
+        match=r"replica 0: FakeDeviceTensor is a CUDA array.*"
+        r"has no CUDA.*PYCOLLECTIVE_CUDA=ON",
+    ):
+        c.allreduce(xs)
 
 
 def test_device_argument_errors_come_before_any_device_work(no_device):
