@@ -6,7 +6,8 @@ Covers: asynchronous updates from 8 workers applied exactly once (counted); a fu
 every write that finished before it was scheduled, whichever worker runs it (the values workers
 keep between functions are never stale past that); corrupt, truncated and unauthenticated
 frames are refused with an error naming the ps task while the task keeps serving; a refused
-request names the task and leaves its channel usable."""
+request names the task and leaves its channel usable; a pull whose reader stalls delays no update
+and still gets the values of the moment it started."""
 
 from __future__ import annotations
 
@@ -31,7 +32,12 @@ from pycollective.strategies import (
 from pycollective.strategies.parameter_server import ps_pb2 as pb
 from pycollective.strategies.parameter_server.client import PSCall, PSClient
 from pycollective.strategies.parameter_server.data_plane import session
-from pycollective.strategies.parameter_server.framing import BLOCK, send_message
+from pycollective.strategies.parameter_server.framing import (
+    BLOCK,
+    receive_header,
+    receive_tensors,
+    send_message,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -253,3 +259,58 @@ def test_a_refused_request_names_the_task_and_the_channel_goes_on(servers):
     client.call_many([good])
     np.testing.assert_array_equal(w.numpy(), np.full(4, 3.0, np.float32))
     client.close()
+
+
+def stalled_pull(server: Server, key: str) -> Channel:
+    """A channel whose pull of ``key`` is under way but not read: the task's send stops once the
+    socket's buffers are full."""
+    sock = raw_connection(server)
+    channel = Channel(
+        _C.tcp_link(fd=sock.detach(), rank=1, peer=0, address=server.address), 1, "stalled", 30.0
+    )
+    send_message(
+        channel, np.empty(BLOCK, np.uint8), pb.DataRequest(pull=pb.PullRequest(keys=[key])), []
+    )
+    return channel
+
+
+def test_a_stalled_pull_delays_no_update_and_gets_the_values_it_started_with(servers):
+    # Short RPCs: an update that waited for the stalled reader would fail in seconds.
+    strategy = make_strategy(servers, workers=1, rpc_timeout=5)
+    n = 8 << 20  # 32 MiB of float32: several times what a loopback socket buffers
+    start = np.arange(n, dtype=np.float32) % 1000
+    with strategy.scope():
+        v = Variable(start, name="stalled")
+        opt = SGD(1.0)
+    shard = v._shards[0]
+    ps = next(s for s in servers[:2] if s.address == shard.address)
+    first, second = stalled_pull(ps, shard.key), None
+    try:
+        time.sleep(0.3)  # the task is sending by now
+        v.assign_add(np.ones(n, np.float32))  # changes the values in place
+        second = stalled_pull(ps, shard.key)
+        time.sleep(0.3)
+        v.assign(start * 2)  # overwrites every element
+        strategy.extended.push_gradients(opt, [(np.full(n, -2.0, np.float32), v)])  # SGD: +2
+        np.testing.assert_array_equal(v.numpy(), start * 2 + 2)
+        # Each stalled pull, read now, holds the values of its moment.
+        for channel, expected in ((first, start), (second, start + 1)):
+            block = np.empty(BLOCK, np.uint8)
+            reply, inline = receive_header(channel, block, pb.DataReply, 30)
+            assert not reply.error, reply.error
+            got = np.empty(n, np.float32)
+            receive_tensors(channel, inline, [got], 30)
+            np.testing.assert_array_equal(got, expected)
+    finally:
+        for channel in (first, second):
+            if channel is not None:
+                channel.close()
+    # Read to the end, the pulls let go of their arrays, and the arrays the variable moved off
+    # went back to the task's pool.
+    service = ps._data_plane._service
+    deadline = time.monotonic() + 10
+    while service._pins or service._retired:
+        assert time.monotonic() < deadline, (service._pins, service._retired)
+        time.sleep(0.01)
+    v.assign_add(np.ones(n, np.float32))
+    np.testing.assert_array_equal(v.numpy(), start * 2 + 3)

@@ -193,7 +193,8 @@ class DataPlaneServer:
         if op == "pull":
             receive_tensors(channel, inline, [])
             try:
-                # Sent straight from the variables, under the lock: consistent, no copy.
+                # Sent straight from the variables, pinned (ps_service.reading): no copy, and
+                # the values of one moment, while updates go on.
                 with service.reading(list(request.pull.keys), context) as (version, writes, arrays):
                     reply = pb.DataReply(
                         values=tensor_headers(arrays), version=version, writes=writes
