@@ -68,28 +68,39 @@ class CollectiveBackend:
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self.call_counts: Counter[str] = Counter()
         self._lock = threading.RLock()
-        self._per_call = threading.local()  # call_timeout's, per thread
+        self._per_call = threading.local()  # call_options', per thread
 
     @property
     def num_replicas_in_sync(self) -> int:
         return self.num_local_replicas * self.num_workers
 
     @contextlib.contextmanager
-    def call_timeout(self, seconds: float | None) -> Iterator[None]:
-        """Collectives this thread runs inside take at most ``seconds`` instead of the
-        backend's timeout (a ``CommunicationOptions(timeout_seconds=...)`` passed to one call);
-        None leaves the timeout as it is."""
-        before = getattr(self._per_call, "seconds", None)
+    def call_options(
+        self, seconds: float | None = None, algorithm: str | None = None
+    ) -> Iterator[None]:
+        """One call's ``CommunicationOptions`` for the collectives this thread runs inside: they
+        take at most ``seconds`` instead of the backend's timeout, and run ``algorithm`` (its
+        ``implementation``) instead of the backend's. None leaves either as it is."""
+        before = (getattr(self._per_call, "seconds", None), getattr(self._per_call, "algo", None))
         if seconds is not None:
             self._per_call.seconds = float(seconds)
+        if algorithm is not None:
+            self._per_call.algo = algorithm
         try:
             yield
         finally:
-            self._per_call.seconds = before
+            self._per_call.seconds, self._per_call.algo = before
+
+    @property
+    def call_algorithm(self) -> str:
+        """The algorithm of a collective this thread runs now (call_options', else the
+        backend's)."""
+        algo = getattr(self._per_call, "algo", None)
+        return self.algorithm if algo is None else algo
 
     @property
     def call_timeout_seconds(self) -> float:
-        """The timeout of a collective this thread runs now (call_timeout's, else the
+        """The timeout of a collective this thread runs now (call_options', else the
         backend's)."""
         seconds = getattr(self._per_call, "seconds", None)
         return self.timeout if seconds is None else seconds
@@ -413,17 +424,19 @@ class LocalBackend(CollectiveBackend):
         if self.num_local_replicas == 1:
             return [arrays[0] if owned else np.array(arrays[0], copy=True)]
         native = "avg" if op == ReduceOp.MEAN else "sum"
-        return self._call("allreduce", list(arrays), op=native, algo=self.algorithm, inplace=owned)
+        return self._call(
+            "allreduce", list(arrays), op=native, algo=self.call_algorithm, inplace=owned
+        )
 
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
             return [np.array(arrays[0], copy=True)[None]]
-        return self._call("allgather", list(arrays), algo=self.algorithm)
+        return self._call("allgather", list(arrays), algo=self.call_algorithm)
 
     def _broadcast(self, arrays: Sequence[np.ndarray], root: int) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
             return [np.array(arrays[0], copy=True)]
-        return self._call("broadcast", list(arrays), root=root, algo=self.algorithm)
+        return self._call("broadcast", list(arrays), root=root, algo=self.call_algorithm)
 
 
 class MultiWorkerBackend(CollectiveBackend):
@@ -459,8 +472,7 @@ class MultiWorkerBackend(CollectiveBackend):
         self.worker_index = pc.rank() if worker_index is None else worker_index
         self.num_workers = pc.world_size() if num_workers is None else num_workers
         self._local = LocalBackend(num_local_replicas, algorithm, timeout)
-        names = set(pc.algorithms())
-        self._cross_algo = algorithm if algorithm in names else "auto"
+        self._algorithms = set(pc.algorithms())
         self._timeout_kw = _accepts_timeout()
         self._scratch: dict[np.dtype, np.ndarray] = {}
         self._replica_group: pc.ReplicaGroup | None = None
@@ -489,16 +501,27 @@ class MultiWorkerBackend(CollectiveBackend):
         return kw
 
     @contextlib.contextmanager
-    def call_timeout(self, seconds: float | None) -> Iterator[None]:
+    def call_options(
+        self, seconds: float | None = None, algorithm: str | None = None
+    ) -> Iterator[None]:
         # The local steps (gathers, broadcasts) run on this worker's LocalBackend.
-        with super().call_timeout(seconds), self._local.call_timeout(seconds):
+        with (
+            super().call_options(seconds, algorithm),
+            self._local.call_options(seconds, algorithm),
+        ):
             yield
+
+    @property
+    def _cross_algo(self) -> str:
+        """The algorithm of this call's collectives across workers (one replica each)."""
+        algo = self.call_algorithm
+        return algo if algo in self._algorithms else "auto"
 
     def _local_broadcast(self, buf: np.ndarray) -> list[np.ndarray]:
         if self.num_local_replicas == 1:
             return [buf]
         others = [np.empty_like(buf) for _ in range(self.num_local_replicas - 1)]
-        return self._local._call("broadcast", [buf] + others, root=0, algo=self.algorithm)
+        return self._local._call("broadcast", [buf] + others, root=0, algo=self.call_algorithm)
 
     @property
     def replica_group(self) -> pc.ReplicaGroup:
@@ -647,7 +670,7 @@ class MultiWorkerBackend(CollectiveBackend):
         if len(per_replica) > 1:
             others = [np.concatenate([t.reshape(-1) for t in ts]) for ts in per_replica[1:]]
             self._local._call(
-                "reduce", [buf] + others, root=0, op="sum", algo=self.algorithm, inplace=True
+                "reduce", [buf] + others, root=0, op="sum", algo=self.call_algorithm, inplace=True
             )
         return buf
 

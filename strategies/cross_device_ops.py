@@ -30,7 +30,7 @@ import pycollective as pc
 from . import _tensors
 from ._variable_ops import VariableOps
 from .backend import CollectiveBackend, LocalBackend
-from .communication import CommunicationOptions
+from .communication import CommunicationOptions, call_settings
 from .reduce_util import ReduceOp, parse_reduce_op
 from .values import DistributedValues, Mirrored, PerReplica
 
@@ -156,7 +156,7 @@ class CrossDeviceOps:
                 results[k] = _reduce_non_distributed(op, value, n_sync)
         if to_reduce:
             bytes_per_pack = options.bytes_per_pack if options is not None else 0
-            with backend.call_timeout(options.timeout_seconds if options is not None else None):
+            with backend.call_options(*call_settings(options)):
                 reduced = backend.batch_allreduce(
                     per_replica, op, bytes_per_pack=bytes_per_pack, num_packs=self.num_packs
                 )

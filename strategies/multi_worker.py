@@ -21,25 +21,12 @@ from .cluster_resolver import (
     TFConfigClusterResolver,
     collective_members,
 )
-from .communication import CommunicationImplementation, CommunicationOptions
-from .cross_device_ops import AlgorithmAllReduce, log_once
+from .communication import CommunicationImplementation, CommunicationOptions, host_algorithm
+from .cross_device_ops import AlgorithmAllReduce
 from .mirrored import canonical_cpu_device
 from .strategy import Strategy, StrategyExtended
 
 logger = logging.getLogger("pycollective.strategies")
-
-
-def _algorithm_for(implementation: CommunicationImplementation) -> str:
-    if implementation == CommunicationImplementation.RING:
-        return "ring"
-    if implementation == CommunicationImplementation.NCCL:
-        log_once(
-            "nccl-cpu-mw",
-            "CommunicationImplementation.NCCL: CPU replicas have no NCCL; "
-            "using pycollective's ring all-reduce instead",
-        )
-        return "ring"
-    return "auto"
 
 
 def _process_group_ready() -> bool:
@@ -149,7 +136,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             rank = 0
         _config.reload()  # a strategy's start-up: the variables as they are now
         local = _config.env_int("PYCOLLECTIVE_CPU_REPLICAS", 0) or 1
-        algorithm = _algorithm_for(options.implementation)
+        algorithm = host_algorithm(options.implementation) or "auto"
         if num_workers > 1:
             if not adopt_group:
                 self._join_process_group(resolver, spec, members, rank, num_workers, options)

@@ -23,7 +23,7 @@ from . import _context, _nest, _tensors
 from ._replica_threads import ReplicaThreads
 from .backend import CollectiveBackend, LocalBackend
 from .collective_slots import CollectiveSlots, ReplicaFailed
-from .communication import CommunicationOptions
+from .communication import CommunicationOptions, call_settings
 from .cross_device_ops import AlgorithmAllReduce, CrossDeviceOps, _plain
 from .input_lib import (
     DistributedDataset,
@@ -94,17 +94,17 @@ class ReplicaContext:
         what: str,
         value: Any,
         fn: Callable[[list[Any]], Sequence[Any]],
-        timeout: float | None = None,
+        options: CommunicationOptions | None = None,
     ) -> Any:
-        """``fn`` over every replica's ``value``, run once; ``timeout`` (one call's
-        CommunicationOptions.timeout_seconds, else the strategy's) bounds the wait for the
-        other replicas and the backend's collectives in ``fn``."""
-        backend = self._strategy.extended.backend if timeout is not None else None
+        """``fn`` over every replica's ``value``, run once. ``options`` (one call's, merged
+        with the strategy's): their timeout bounds the wait for the other replicas and the
+        backend's collectives in ``fn``, which run their implementation's algorithm."""
+        timeout, algorithm = call_settings(options)
 
         def run(values: list[Any]) -> Sequence[Any]:
-            if backend is None:
+            if timeout is None and algorithm is None:
                 return fn(values)
-            with backend.call_timeout(timeout):
+            with self._strategy.extended.backend.call_options(timeout, algorithm):
                 return fn(values)
 
         if self._collective_slots is None:  # the default context: one replica, no threads
@@ -136,7 +136,7 @@ class ReplicaContext:
             )
 
         result = self._exchange(
-            f"all_reduce({op.name}, {len(flat)} tensors)", flat, reduce_all, opts.timeout_seconds
+            f"all_reduce({op.name}, {len(flat)} tensors)", flat, reduce_all, opts
         )
         return _nest.pack_sequence_as(value, result)
 
@@ -148,7 +148,7 @@ class ReplicaContext:
         if not flat:
             return value
         backend = self._strategy.extended.backend
-        timeout = self._strategy.extended._options.merge(options).timeout_seconds
+        opts = self._strategy.extended._options.merge(options)
 
         def gather_all(per_replica: list[list[Any]]) -> list[list[Any]]:
             outs: list[list[Any]] = [[None] * len(flat) for _ in per_replica]
@@ -159,7 +159,7 @@ class ReplicaContext:
             return outs
 
         result = self._exchange(
-            f"all_gather(axis={axis}, {len(flat)} tensors)", flat, gather_all, timeout
+            f"all_gather(axis={axis}, {len(flat)} tensors)", flat, gather_all, opts
         )
         return _nest.pack_sequence_as(value, result)
 

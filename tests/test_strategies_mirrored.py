@@ -595,6 +595,47 @@ def test_one_calls_timeout_seconds_applies_to_that_call(monkeypatch):
     assert seen == [2.5, 60.0], seen
 
 
+@pytest.mark.timeout(30)
+def test_one_calls_implementation_applies_to_that_call():
+    """CommunicationOptions(implementation=) given to one call runs that call's collectives
+    with its algorithm (RING: the ring; NCCL: the ring too, CPU replicas have no NCCL), and
+    the next call without options with the strategy's again, as tf's per-call options do."""
+    s = ds.MirroredStrategy(cpus(2), cross_device_ops=ds.ReductionToOneDevice())
+    backend = s.extended.backend
+    seen = []
+    real = backend._call
+
+    def spy(method, *args, **kwargs):
+        seen.append((method, kwargs.get("algo")))
+        return real(method, *args, **kwargs)
+
+    backend._call = spy
+    ring = ds.experimental.CommunicationOptions(implementation="RING")
+    nccl = ds.experimental.CommunicationOptions(implementation="NCCL")
+
+    def fn():
+        ctx = ds.get_replica_context()
+        x = np.full(3, ctx.replica_id_in_sync_group + 1.0)
+        return [
+            ctx.all_reduce("SUM", x, options=ring),
+            ctx.all_reduce("SUM", x),
+            ctx.all_gather(x, axis=0, options=nccl),
+        ]
+
+    out = s.run(fn)
+    for r in range(2):
+        np.testing.assert_array_equal(out[0].values[r], [3.0] * 3)
+        np.testing.assert_array_equal(out[1].values[r], [3.0] * 3)
+        np.testing.assert_array_equal(out[2].values[r], [1.0] * 3 + [2.0] * 3)
+    pr = s.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
+    np.testing.assert_array_equal(
+        s.extended.reduce_to("SUM", pr, destinations=None, options=ring), [2.0] * 3
+    )
+    s.extended.batch_reduce_to("SUM", [(pr, None)])
+    algos = [algo for _, algo in seen]
+    assert algos == ["ring", "reduce_to_one", "ring", "ring", "reduce_to_one"], seen
+
+
 @pytest.mark.timeout(20)
 def test_merge_fn_error_reaches_the_caller():
     s = ds.MirroredStrategy(cpus(3))

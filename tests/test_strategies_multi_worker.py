@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -126,6 +127,25 @@ def test_communication_options():
     for bad in ({"bytes_per_pack": -1}, {"timeout_seconds": 0}, {"implementation": "mpi"}):
         with pytest.raises(ValueError):
             ds.CommunicationOptions(**bad)
+
+
+@pytest.mark.timeout(10)
+def test_one_calls_options_reach_the_cross_worker_collectives():
+    """A call's implementation and timeout (CollectiveBackend.call_options) set the algorithm
+    and timeout of the process-group collectives across workers and of the worker's local
+    steps, on this thread only, for that call only."""
+    backend = ds.MultiWorkerBackend(1, "auto", timeout=60, worker_index=0, num_workers=2)
+    seen = []
+    with backend.call_options(2.5, "ring"):
+        seen.append((backend._cross_algo, backend._local.call_algorithm, backend._kw()))
+        other = threading.Thread(target=lambda: seen.append(backend._cross_algo))
+        other.start()
+        other.join()
+    seen.append((backend._cross_algo, backend._local.call_algorithm, backend._kw()))
+    assert seen[0][:2] == ("ring", "ring") and seen[1] == "auto"
+    assert seen[2][:2] == ("auto", "auto")
+    if backend._timeout_kw:  # the process group takes per-call timeouts
+        assert seen[0][2]["timeout"] == 2.5 and seen[2][2]["timeout"] == 60.0
 
 
 # Single worker --------------------------------------------------------------------------------------
