@@ -2,11 +2,19 @@
 
 A *dataset* here is any iterable of batches, where a batch is a numpy array (or torch tensor)
 with the batch on axis 0, or a tuple/list/dict of them (features, labels, ...).
+
+The group can change under an iterator: after a lost worker, MultiWorkerMirroredStrategy
+re-forms it in the same processes (strategies/fault_tolerance.py) with another number of
+workers and another index for this one. Iterators follow it: a distributed dataset splits each
+next global batch over the replicas of the group as it is then, and pipelines made by a dataset
+function are made again for the new InputContext (from their beginning: where the old ones
+were has no meaning in the new sharding; logged).
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,6 +22,8 @@ import numpy as np
 
 from . import _nest, _tensors
 from .values import PerReplica, regroup
+
+logger = logging.getLogger("pycollective.strategies")
 
 
 class InputReplicationMode(enum.Enum):
@@ -189,11 +199,12 @@ class DistributedDataset:
     def __iter__(self) -> DistributedIterator:
         it = iter(self._dataset)
         extended = self._strategy.extended
-        n_sync = self._strategy.num_replicas_in_sync
-        first = extended._first_replica_id
-        n_local = extended._num_local_replicas
 
         def next_fn() -> Any:
+            # The group as it is now: a re-formed one splits the batch its own way.
+            n_sync = extended._num_replicas_in_sync
+            first = extended._first_replica_id
+            n_local = extended._num_local_replicas
             element = next(it)
             leaves = _nest.flatten(element)
             if not leaves:
@@ -234,45 +245,76 @@ class DistributedDatasetsFromFunction:
                 "distribute_datasets_from_function expects a function "
                 "dataset_fn(input_context) -> iterable of batches"
             )
-        extended = strategy.extended
-        self._strategy = strategy
-        n_sync = strategy.num_replicas_in_sync
-        first = extended._first_replica_id
-        n_local = extended._num_local_replicas
-        mode = (
+        self._extended = strategy.extended
+        self._dataset_fn = dataset_fn
+        self._mode = (
             options.experimental_replication_mode
             if options is not None
             else InputReplicationMode.PER_WORKER
         )
-        self._mode = mode
-        if mode == InputReplicationMode.PER_REPLICA:
-            self._datasets = [
-                dataset_fn(InputContext(n_sync, first + r, n_sync)) for r in range(n_local)
+        self._made_for = self._layout()
+        self._datasets = self._make()
+
+    def _layout(self) -> tuple[int, int]:
+        """(workers, this worker's index): what the InputContexts depend on."""
+        return self._extended._num_workers, self._extended._worker_index
+
+    def _make(self) -> list[Iterable[Any]]:
+        """The pipelines: one per worker, or one per local replica (PER_REPLICA)."""
+        extended = self._extended
+        n_sync = extended._num_replicas_in_sync
+        if self._mode == InputReplicationMode.PER_REPLICA:
+            first = extended._first_replica_id
+            contexts = [
+                InputContext(n_sync, first + r, n_sync) for r in range(extended._num_local_replicas)
             ]
         else:
-            self._datasets = [
-                dataset_fn(InputContext(extended._num_workers, extended._worker_index, n_sync))
-            ]
-        for d in self._datasets:
+            contexts = [InputContext(extended._num_workers, extended._worker_index, n_sync)]
+        datasets = [self._dataset_fn(ctx) for ctx in contexts]
+        for d in datasets:
             if not hasattr(d, "__iter__"):
                 raise TypeError(
                     f"dataset_fn must return an iterable of batches, got {type(d).__name__}"
                 )
-        self._n_local = n_local
+        return datasets
+
+    def _follow_the_group(self) -> None:
+        """Makes the pipelines again when the group re-formed since they were made."""
+        if self._layout() == self._made_for:
+            return
+        workers, index = self._layout()
+        logger.warning(
+            "the group re-formed (worker %d of %d, was %d of %d): distributed input from a "
+            "dataset function is made again for it, from the pipelines' beginning",
+            index,
+            workers,
+            self._made_for[1],
+            self._made_for[0],
+        )
+        self._made_for = self._layout()
+        self._datasets = self._make()
 
     def __iter__(self) -> DistributedIterator:
-        n_local = self._n_local
+        self._follow_the_group()
+        mine = {"made_for": self._made_for, "its": [iter(d) for d in self._datasets]}
+
+        def current() -> list[Any]:
+            self._follow_the_group()
+            if mine["made_for"] != self._made_for:  # pipelines of a group that is gone
+                mine["made_for"] = self._made_for
+                mine["its"] = [iter(d) for d in self._datasets]
+            return mine["its"]
+
         if self._mode == InputReplicationMode.PER_REPLICA:
-            its = [iter(d) for d in self._datasets]
 
             def next_fn() -> Any:
-                return regroup([next(i) for i in its])
+                return regroup([next(i) for i in current()])
         else:
-            it = iter(self._datasets[0])
 
             def next_fn() -> Any:
+                it = current()[0]
                 elements = []
-                for _ in range(n_local):
+                for _ in range(self._extended._num_local_replicas):
                     try:
                         elements.append(next(it))
                     except StopIteration:

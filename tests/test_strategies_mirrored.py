@@ -731,6 +731,44 @@ def test_distribute_datasets_from_function_per_replica():
     assert [int(p[0]) for p in s.experimental_local_results(steps[0])] == [0, 1, 2]
 
 
+@pytest.mark.timeout(20)
+def test_distributed_input_follows_a_re_formed_group(caplog):
+    """After a lost worker the group re-forms in the same processes with another size and
+    another index for this worker (MultiWorkerMirroredStrategy._rejoin, played here on the
+    backend): a distributed dataset's next global batch is split for the new group, and a
+    dataset function's pipelines are made again for the new InputContext."""
+    s = ds.MirroredStrategy(cpus(2))
+    backend = s.extended.backend
+    backend.num_workers, backend.worker_index = 3, 1  # worker 1 of 3: replicas 2 and 3 of 6
+    batches = [np.arange(12 * k, 12 * (k + 1), dtype=np.float32) for k in range(3)]
+    it = iter(s.experimental_distribute_dataset(batches))
+    first = s.experimental_local_results(next(it))
+    np.testing.assert_array_equal(np.concatenate(first), np.arange(4, 8))
+
+    contexts = []
+
+    def dataset_fn(ctx):
+        contexts.append((ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync))
+        return [np.full(2, 10 * ctx.input_pipeline_id + k, np.float32) for k in range(4)]
+
+    made = s.distribute_datasets_from_function(dataset_fn)
+    it_fn = iter(made)
+    got = s.experimental_local_results(next(it_fn))
+    assert [float(p[0]) for p in got] == [10.0, 11.0]
+
+    backend.num_workers, backend.worker_index = 2, 0  # re-formed: worker 0 of 2, 4 replicas
+    second = s.experimental_local_results(next(it))
+    np.testing.assert_array_equal(np.concatenate(second), np.arange(12, 18))  # rows 0-6 of 12
+    with caplog.at_level("WARNING", logger="pycollective.strategies"):
+        got = s.experimental_local_results(next(it_fn))
+    assert [float(p[0]) for p in got] == [0.0, 1.0]  # pipeline 0 of 2, from its beginning
+    assert contexts == [(3, 1, 6), (2, 0, 4)]
+    assert "re-formed (worker 0 of 2, was 1 of 3)" in caplog.text
+    # Another iterator over the same input uses the pipelines made for the new group.
+    assert [float(p[0]) for p in s.experimental_local_results(next(iter(made)))] == [0.0, 1.0]
+    assert len(contexts) == 2
+
+
 # Extended -------------------------------------------------------------------------------------------
 
 
