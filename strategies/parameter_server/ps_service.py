@@ -36,8 +36,9 @@ _ASSIGN_KINDS = ("assign", "assign_add", "assign_sub")
 # An update of variables that pulls are sending from waits for them at most as long as copying
 # those variables would take at this speed, then copies (ski rental: never more than twice the
 # cheaper of waiting and copying). A pull that keeps pace is waited for, with no copy: on a
-# 2-vCPU VM over shared memory, copying for every push that met a pull of 64 MiB made pulls
-# 1.3x slower (16 ms against 12) while pushes gained nothing.
+# 2-vCPU VM over shared memory, where a pull of 64 MiB takes 6 ms, copying for every push that
+# met one read pulls-while-pushing 15.9-16.9 ms against 11.7-12.7 under the old lock
+# (docs/benchmarks.md, "A pull no longer holds the ps task").
 _COPY_BYTES_PER_S = 4e9
 
 
@@ -469,7 +470,8 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             )
         kept: set[int] = set()
         with self._cond:
-            self._await_readers(request.keys)
+            if request.kind != "assign":  # an assignment replaces a pinned array, no copy
+                self._await_readers(request.keys)
             self._writes += 1
             for key, value in zip(request.keys, values):
                 if request.create and key not in self._vars:
