@@ -125,33 +125,6 @@ class CommunicationOptions:
         return isinstance(other, CommunicationOptions) and ((self._fields()) == (other._fields()))
 
 
-def host_algorithm(implementation: CommunicationImplementation) -> str | None:
-    """The pycollective algorithm an implementation asks for on CPU replicas: "ring" for RING,
-    and for NCCL, which CPU replicas do not have (logged once); None for AUTO (the strategy's
-    own choice)."""
-    if implementation == CommunicationImplementation.RING:
-        return "ring"
-    if implementation == CommunicationImplementation.NCCL:
-        from .cross_device_ops import log_once  # not at the top: that module imports this one
-
-        log_once(
-            "nccl-cpu",
-            "CommunicationImplementation.NCCL: CPU replicas have no NCCL; "
-            "using pycollective's ring all-reduce instead",
-        )
-        return "ring"
-    return None
-
-
-def call_settings(options: CommunicationOptions | None) -> tuple[float | None, str | None]:
-    """What one call's options (merged with the strategy's) set for its collectives
-    (``CollectiveBackend.call_options``): the timeout, and the algorithm of their
-    implementation (host_algorithm; None for AUTO, the strategy's own)."""
-    if options is None:
-        return None, None
-    return options.timeout_seconds, host_algorithm(options.implementation)
-
-
 def _parse_implementation(value: Any) -> CommunicationImplementation:
     if isinstance(value, CommunicationImplementation):
         return value

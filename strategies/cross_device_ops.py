@@ -30,7 +30,7 @@ import pycollective as pc
 from . import _tensors
 from ._variable_ops import VariableOps
 from .backend import CollectiveBackend, LocalBackend
-from .communication import CommunicationOptions, call_settings
+from .communication import CommunicationImplementation, CommunicationOptions
 from .reduce_util import ReduceOp, parse_reduce_op
 from .values import DistributedValues, Mirrored, PerReplica
 
@@ -45,6 +45,31 @@ def log_once(key: str, message: str, level: int = logging.WARNING) -> None:
             return
         _logged_once.add(key)
     logger.log(level, message)
+
+
+def host_algorithm(implementation: CommunicationImplementation) -> str | None:
+    """The pycollective algorithm an implementation asks for on CPU replicas: "ring" for RING,
+    and for NCCL, which CPU replicas do not have (logged once); None for AUTO (the strategy's
+    own choice)."""
+    if implementation == CommunicationImplementation.RING:
+        return "ring"
+    if implementation == CommunicationImplementation.NCCL:
+        log_once(
+            "nccl-cpu",
+            "CommunicationImplementation.NCCL: CPU replicas have no NCCL; "
+            "using pycollective's ring all-reduce instead",
+        )
+        return "ring"
+    return None
+
+
+def call_settings(options: CommunicationOptions | None) -> tuple[float | None, str | None]:
+    """What one call's options (merged with the strategy's) set for its collectives
+    (``CollectiveBackend.call_options``): the timeout, and the algorithm of their
+    implementation (host_algorithm; None for AUTO, the strategy's own)."""
+    if options is None:
+        return None, None
+    return options.timeout_seconds, host_algorithm(options.implementation)
 
 
 class CrossDeviceOps:

@@ -21,8 +21,8 @@ from .cluster_resolver import (
     TFConfigClusterResolver,
     collective_members,
 )
-from .communication import CommunicationImplementation, CommunicationOptions, host_algorithm
-from .cross_device_ops import AlgorithmAllReduce
+from .communication import CommunicationImplementation, CommunicationOptions
+from .cross_device_ops import AlgorithmAllReduce, host_algorithm
 from .mirrored import canonical_cpu_device
 from .strategy import Strategy, StrategyExtended
 

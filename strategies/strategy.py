@@ -23,8 +23,8 @@ from . import _context, _nest, _tensors
 from ._replica_threads import ReplicaThreads
 from .backend import CollectiveBackend, LocalBackend
 from .collective_slots import CollectiveSlots, ReplicaFailed
-from .communication import CommunicationOptions, call_settings
-from .cross_device_ops import AlgorithmAllReduce, CrossDeviceOps, _plain
+from .communication import CommunicationOptions
+from .cross_device_ops import AlgorithmAllReduce, CrossDeviceOps, _plain, call_settings
 from .input_lib import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
