@@ -707,7 +707,9 @@ class MultiWorkerBackend(CollectiveBackend):
     def _allgather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         shape = arrays[0].shape
         local = self._local._allgather(arrays)[0]  # (L, *shape)
-        gathered = _tensors.to_numpy(pc.allgather(_tensors.contiguous(local), **self._kw()))
+        gathered = _tensors.to_numpy(
+            pc.allgather(_tensors.contiguous(local), algo=self._cross_algo, **self._kw())
+        )
         total = (self.num_replicas_in_sync,) + tuple(shape)
         if gathered.size != int(np.prod(total)):
             raise pc.InternalError(
@@ -721,7 +723,7 @@ class MultiWorkerBackend(CollectiveBackend):
         buf = np.array(
             arrays[root_local] if self.worker_index == root_worker else arrays[0], copy=True
         )
-        out = pc.broadcast(buf, root=root_worker, **self._kw())
+        out = pc.broadcast(buf, root=root_worker, algo=self._cross_algo, **self._kw())
         buf = _tensors.to_numpy(out) if out is not None else buf
         return self._local_broadcast(_tensors.contiguous(buf))
 

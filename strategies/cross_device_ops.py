@@ -55,7 +55,7 @@ def host_algorithm(implementation: CommunicationImplementation) -> str | None:
         return "ring"
     if implementation == CommunicationImplementation.NCCL:
         log_once(
-            "nccl-cpu",
+            "nccl-implementation-cpu",
             "CommunicationImplementation.NCCL: CPU replicas have no NCCL; "
             "using pycollective's ring all-reduce instead",
         )

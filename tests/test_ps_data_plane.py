@@ -30,7 +30,7 @@ from pycollective.strategies import (
     Variable,
 )
 from pycollective.strategies.parameter_server import ps_pb2 as pb
-from pycollective.strategies.parameter_server.client import PSCall, PSClient
+from pycollective.strategies.parameter_server.client import PSCall, PSClient, PullEntry
 from pycollective.strategies.parameter_server.data_plane import session
 from pycollective.strategies.parameter_server.framing import (
     BLOCK,
@@ -261,6 +261,32 @@ def test_a_refused_request_names_the_task_and_the_channel_goes_on(servers):
     client.close()
 
 
+def test_an_assignment_refused_for_one_key_changes_no_key(servers):
+    """Every key of an assignment is checked before any changes: one refused for its second
+    key leaves the first as it was, and the buffer received for the first does not stay
+    behind as the variable while going back to the task's pool (where the next receive of its
+    shape would write into the variable)."""
+    ps = servers[0]
+    task = ps.task_index
+    client = PSClient(TOKEN, 10)
+
+    def assign(keys, values, create=False):
+        request = pb.AssignRequest(keys=keys, kind="assign", create=create, trainable=True)
+        client.call_many([PSCall(ps.address, task, "Assign", request, arrays=values)])
+
+    def read(key, n):
+        return client.pull([(task, ps.address, [PullEntry(key, (n,), np.float32)])])[key]
+
+    assign(["atomic_a", "atomic_b"], [np.zeros(4, np.float32), np.zeros(5, np.float32)], True)
+    with pytest.raises(RuntimeError, match="atomic_b.*shape"):
+        assign(["atomic_a", "atomic_b"], [np.full(4, 7.0, np.float32), np.zeros(6, np.float32)])
+    np.testing.assert_array_equal(read("atomic_a", 4), np.zeros(4, np.float32))
+    assign(["atomic_c"], [np.full(4, 9.0, np.float32)], True)  # a receive of atomic_a's shape
+    np.testing.assert_array_equal(read("atomic_a", 4), np.zeros(4, np.float32))
+    np.testing.assert_array_equal(read("atomic_c", 4), np.full(4, 9.0, np.float32))
+    client.close()
+
+
 def stalled_pull(server: Server, key: str) -> Channel:
     """A channel whose pull of ``key`` is under way but not read: the task's send stops once the
     socket's buffers are full."""
@@ -284,17 +310,36 @@ def test_a_stalled_pull_delays_no_update_and_gets_the_values_it_started_with(ser
         opt = SGD(1.0)
     shard = v._shards[0]
     ps = next(s for s in servers[:2] if s.address == shard.address)
-    first, second = stalled_pull(ps, shard.key), None
+    service = ps._data_plane._service
+
+    def pinned() -> int:
+        with service._cond:
+            return sum(service._pins.values())
+
+    def stall() -> Channel:
+        """A pull of the variable, sending (its array pinned) but not read."""
+        before = pinned()
+        channel = stalled_pull(ps, shard.key)
+        deadline = time.monotonic() + 10
+        while pinned() == before:
+            assert time.monotonic() < deadline, "the task did not start sending the pull"
+            time.sleep(0.01)
+        return channel
+
+    channels = []
     try:
-        time.sleep(0.3)  # the task is sending by now
-        v.assign_add(np.ones(n, np.float32))  # changes the values in place
-        second = stalled_pull(ps, shard.key)
-        time.sleep(0.3)
-        v.assign(start * 2)  # overwrites every element
+        # Each update meets the array a stalled pull sends from.
+        channels.append(stall())
+        v.assign_add(np.ones(n, np.float32))  # in place: the variable moves to a copy
+        channels.append(stall())
         strategy.extended.push_gradients(opt, [(np.full(n, -2.0, np.float32), v)])  # SGD: +2
-        np.testing.assert_array_equal(v.numpy(), start * 2 + 2)
+        channels.append(stall())
+        v.assign(start * 2)  # the variable gets a new array
+        np.testing.assert_array_equal(v.numpy(), start * 2)
+        # Still sending: the updates did not wait for them (socket buffers smaller than 32 MiB).
+        assert pinned() == 3
         # Each stalled pull, read now, holds the values of its moment.
-        for channel, expected in ((first, start), (second, start + 1)):
+        for channel, expected in zip(channels, (start, start + 1, start + 3)):
             block = np.empty(BLOCK, np.uint8)
             reply, inline = receive_header(channel, block, pb.DataReply, 30)
             assert not reply.error, reply.error
@@ -302,15 +347,13 @@ def test_a_stalled_pull_delays_no_update_and_gets_the_values_it_started_with(ser
             receive_tensors(channel, inline, [got], 30)
             np.testing.assert_array_equal(got, expected)
     finally:
-        for channel in (first, second):
-            if channel is not None:
-                channel.close()
+        for channel in channels:
+            channel.close()
     # Read to the end, the pulls let go of their arrays, and the arrays the variable moved off
     # went back to the task's pool.
-    service = ps._data_plane._service
     deadline = time.monotonic() + 10
     while service._pins or service._retired:
         assert time.monotonic() < deadline, (service._pins, service._retired)
         time.sleep(0.01)
     v.assign_add(np.ones(n, np.float32))
-    np.testing.assert_array_equal(v.numpy(), start * 2 + 3)
+    np.testing.assert_array_equal(v.numpy(), start * 2 + 1)

@@ -188,13 +188,13 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         return st
 
     def _check_shape(
-        self, key: str, var: _Var, value: np.ndarray, context: grpc.ServicerContext
+        self, key: str, shape: tuple[int, ...], value: np.ndarray, context: grpc.ServicerContext
     ) -> None:
-        if value.shape != var.array.shape:
+        if value.shape != shape:
             abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"{self._task}: variable {key!r} has shape {var.array.shape}, got a tensor "
+                f"{self._task}: variable {key!r} has shape {shape}, got a tensor "
                 f"of shape {value.shape}",
             )
 
@@ -472,23 +472,33 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         with self._cond:
             if request.kind != "assign":  # an assignment replaces a pinned array, no copy
                 self._await_readers(request.keys)
-            self._writes += 1
+            # Every key is checked before any changes: a request refused halfway would have
+            # applied some keys, and the data plane, told nothing was kept, would have given a
+            # received buffer that had become a variable back to the pool.
+            created: dict[str, tuple[int, ...]] = {}
             for key, value in zip(request.keys, values):
-                if request.create and key not in self._vars:
+                if request.create and key not in self._vars and key not in created:
                     if request.kind != "assign":
                         abort(
                             context,
                             grpc.StatusCode.INVALID_ARGUMENT,
                             "create=True needs kind 'assign'",
                         )
+                    created[key] = value.shape
+                elif key in created:
+                    self._check_shape(key, created[key], value, context)
+                else:
+                    self._check_shape(key, self._var(key, context).array.shape, value, context)
+            self._writes += 1
+            for key, value in zip(request.keys, values):
+                if key not in self._vars:  # created (checked above)
                     if owned:
                         kept.add(id(value))
                     else:
                         value = np.array(value, copy=True)
                     self._vars[key] = _Var(value, request.trainable)
                     continue
-                var = self._var(key, context)
-                self._check_shape(key, var, value, context)
+                var = self._vars[key]
                 if request.kind == "assign" and owned and value.dtype == var.array.dtype:
                     # The received buffer becomes the variable; the old one serves the next.
                     var.array, old = value, var.array
@@ -561,7 +571,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                 st.iterations = int(request.iterations)
             for sv, value in zip(request.slots, values):
                 var = self._var(sv.key, context)
-                self._check_shape(sv.key, var, value, context)
+                self._check_shape(sv.key, var.array.shape, value, context)
                 st.slots[(sv.key, sv.slot)] = value.astype(var.array.dtype, copy=False)
         return pb.SetOptimizerStateResponse()
 
@@ -607,7 +617,7 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             try:
                 st = self._optimizer(request.optimizer_id, context)
                 for key, grad in zip(keys, grads):
-                    self._check_shape(key, self._var(key, context), grad, context)
+                    self._check_shape(key, self._var(key, context).array.shape, grad, context)
             except BaseException:
                 if pooled:
                     self._pool.give(pooled)
