@@ -1,8 +1,8 @@
 """Pulls and updates that meet on one parameter-server task, over shaped links: what one
 worker's large read costs the others. Root only (network namespaces, bench/netns_cluster.py).
 
-    python -m pycollective.bench.ps_contention                   # 32 MiB, 1gbit clients, 10gbit ps
-    python -m pycollective.bench.ps_contention --mib 64 --rate 1gbit --ps-rate 10gbit --json out.json
+    sudo "$(command -v pycollective)" bench-ps-contention       # 32 MiB, 1gbit clients, 10gbit ps
+    pycollective bench-ps-contention --mib 64 --rate 1gbit --ps-rate 10gbit --json out.json
 
 Three hosts on a bridge: host 0 runs one ps task (its link ``--ps-rate``), hosts 1 and 2 one
 client each (``PSClient``, what workers and the coordinator use; links ``--rate``), over tcp as
@@ -186,7 +186,10 @@ def _summary(times: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m pycollective.bench.ps_contention")
+    parser = argparse.ArgumentParser(
+        prog="pycollective bench-ps-contention",
+        description="A ps task's pulls and updates meeting over shaped links (root).",
+    )
     parser.add_argument("--mib", type=int, default=32, help="the pulled variable's size")
     parser.add_argument("--rate", default="1gbit", help="the clients' links (tc rate)")
     parser.add_argument("--ps-rate", default="10gbit", help="the ps task's link (tc rate)")

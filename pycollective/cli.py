@@ -76,6 +76,10 @@ def _forwarded() -> dict[str, Forwarded]:
             "parameter-server pull/push bandwidth and training steps per second",
             "pycollective.bench.ps_bench",
         ),
+        "bench-ps-contention": Forwarded(
+            "a ps task's pulls and updates meeting over shaped links (root: network namespaces)",
+            "pycollective.bench.ps_contention",
+        ),
         "bench-tpu": Forwarded(
             "TPUStrategy on forced host devices vs MirroredStrategy; XLA psum vs our allreduce",
             "pycollective.bench.tpu_bench",
