@@ -2,7 +2,7 @@
 worker's large read costs the others. Root only (network namespaces, bench/netns_cluster.py).
 
     sudo "$(command -v pycollective)" bench-ps-contention       # 32 MiB, 1gbit clients, 10gbit ps
-    pycollective bench-ps-contention --mib 64 --rate 1gbit --ps-rate 10gbit --json out.json
+    sudo "$(command -v pycollective)" bench-ps-contention --mib 64 --ps-rate 1gbit --json out.json
 
 Three hosts on a bridge: host 0 runs one ps task (its link ``--ps-rate``), hosts 1 and 2 one
 client each (``PSClient``, what workers and the coordinator use; links ``--rate``), over tcp as
