@@ -335,7 +335,9 @@ def test_a_stalled_pull_delays_no_update_and_gets_the_values_it_started_with(ser
         strategy.extended.push_gradients(opt, [(np.full(n, -2.0, np.float32), v)])  # SGD: +2
         channels.append(stall())
         v.assign(start * 2)  # the variable gets a new array
-        np.testing.assert_array_equal(v.numpy(), start * 2)
+        # The next receive of that shape must not land in the array the last pull sends from.
+        strategy.extended.push_gradients(opt, [(np.full(n, -1.0, np.float32), v)])
+        np.testing.assert_array_equal(v.numpy(), start * 2 + 1)
         # Still sending: the updates did not wait for them (socket buffers smaller than 32 MiB).
         assert pinned() == 3
         # Each stalled pull, read now, holds the values of its moment.
@@ -356,4 +358,4 @@ def test_a_stalled_pull_delays_no_update_and_gets_the_values_it_started_with(ser
         assert time.monotonic() < deadline, (service._pins, service._retired)
         time.sleep(0.01)
     v.assign_add(np.ones(n, np.float32))
-    np.testing.assert_array_equal(v.numpy(), start * 2 + 1)
+    np.testing.assert_array_equal(v.numpy(), start * 2 + 2)
