@@ -31,6 +31,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -50,22 +51,33 @@ TOKEN = "ps-bench"
 
 
 class Task:
-    """A ps or worker process on an OS-chosen port."""
+    """A ps or worker process on an OS-chosen port of ``host``. ``wrap`` turns its command
+    into the one to run (e.g. inside a network namespace); ``env``: variables beside the
+    cluster's."""
 
-    def __init__(self, job: str, index: int) -> None:
+    def __init__(
+        self,
+        job: str,
+        index: int,
+        host: str = "127.0.0.1",
+        wrap: Callable[[list[str]], list[str]] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         env = dict(
             child_environment(),
+            **(env or {}),
             PYCOLLECTIVE_TOKEN=TOKEN,
             PYTHONUNBUFFERED="1",
             TF_CONFIG=json.dumps(
                 {
-                    "cluster": {job: ["127.0.0.1:0"] * (index + 1)},
+                    "cluster": {job: [f"{host}:0"] * (index + 1)},
                     "task": {"type": job, "index": index},
                 }
             ),
         )
+        command = python_module_command("pycollective.strategies.parameter_server")
         self.process = subprocess.Popen(
-            python_module_command("pycollective.strategies.parameter_server"),
+            wrap(command) if wrap else command,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -90,13 +102,18 @@ class Task:
                 break
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=5)
+        stop_group(self.process)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """Ends a child started in a process group of its own: SIGTERM, then SIGKILL after 5 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
 
 
 # The digits model ----------------------------------------------------------------------------------

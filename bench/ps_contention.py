@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
-TOKEN = "ps-contention"
+from pycollective.bench.ps_bench import TOKEN, Task, stop_group
+
 SMALL = "small"  # a 1 KiB variable
 BIG = "big"
 
@@ -108,39 +106,6 @@ def _spawn(cluster, host: int, argv: list[str], env: dict[str, str]) -> subproce
     )
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-
-
-def _start_ps(cluster, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    from pycollective._spawn import python_module_command
-
-    config = {"cluster": {"ps": [f"{cluster.address(0)}:0"]}, "task": {"type": "ps", "index": 0}}
-    proc = _spawn(
-        cluster,
-        0,
-        python_module_command("pycollective.strategies.parameter_server"),
-        dict(env, TF_CONFIG=json.dumps(config)),
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            _stop(proc)
-            raise RuntimeError(f"the ps task did not start: {proc.stderr.read()}") from None
-        if " serving on " in line:
-            return proc, line.strip().rsplit(" ", 1)[-1]
-
-
 def _run_clients(cluster, env, ps: str, roles, args) -> list[list[float] | None]:
     from pycollective._spawn import python_module_command
 
@@ -164,7 +129,7 @@ def _run_clients(cluster, env, ps: str, roles, args) -> list[list[float] | None]
         try:
             stdout, stderr = proc.communicate(timeout=args.seconds + 120)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_group(proc)
             raise RuntimeError("a client did not finish in time") from None
         if proc.returncode != 0:
             raise RuntimeError(f"a client failed ({proc.returncode}):\n{stderr[-3000:]}")
@@ -193,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mib", type=int, default=32, help="the pulled variable's size")
     parser.add_argument("--rate", default="1gbit", help="the clients' links (tc rate)")
     parser.add_argument("--ps-rate", default="10gbit", help="the ps task's link (tc rate)")
-    parser.add_argument("--seconds", type=float, default=4.0, help="each phase's length")
+    parser.add_argument("--seconds", type=float, default=3.0, help="each phase's length")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ps", default=None, help=argparse.SUPPRESS)
@@ -206,23 +171,24 @@ def main(argv: list[str] | None = None) -> dict:
     from pycollective._spawn import child_environment
     from pycollective.bench.netns_cluster import NetnsCluster
 
-    # tcp between the namespaces, as between machines (they share /dev/shm).
-    env = dict(child_environment(), PYCOLLECTIVE_TOKEN=TOKEN, PYCOLLECTIVE_TRANSPORT="tcp")
     results: dict = {"mib": args.mib, "rate": args.rate, "ps_rate": args.ps_rate, "phases": {}}
+    # tcp between the namespaces, as between machines (they share /dev/shm).
+    tcp = {"PYCOLLECTIVE_TRANSPORT": "tcp"}
+    env = dict(child_environment(), PYCOLLECTIVE_TOKEN=TOKEN, **tcp)
     with NetnsCluster(3, 1, args.rate, subnet="10.78.0") as cluster:
         cluster.shape(0, args.ps_rate)
-        ps_proc, ps = _start_ps(cluster, env)
+        ps = Task("ps", 0, cluster.address(0), lambda argv: cluster.rank_command(0, argv), tcp)
         try:
-            _run_clients(cluster, env, ps, ("setup", None), args)
+            _run_clients(cluster, env, ps.address, ("setup", None), args)
             for phase, roles in PHASES.items():
-                times = _run_clients(cluster, env, ps, roles, args)
+                times = _run_clients(cluster, env, ps.address, roles, args)
                 results["phases"][phase] = {
                     f"host {h} {role}": _summary(t)
                     for h, (role, t) in enumerate(zip(roles, times), start=1)
                     if t is not None
                 }
         finally:
-            _stop(ps_proc)
+            ps.stop()
     phases = results["phases"]
     alone = phases["update"]["host 2 update-small"]
     during = phases["update while pulling"]["host 2 update-small"]
