@@ -39,7 +39,7 @@ def loopback_tcp_bandwidth(nbytes: int = 256 << 20, chunk: int = 4 << 20, span: 
     of `span` bytes (`chunk` when 0), going round them. Over loopback the kernel copies every
     byte out of the sender's buffer and into the receiver's: with 4 MiB buffers both copies stay
     in cache, and past the cache (span = a large collective's message) one stream moved about
-    half as much on the 2-vCPU VM (docs/benchmarks.md, "TCP from and into large buffers")."""
+    half as much on the 2-vCPU VM (docs/benchmarks-log.md, "TCP from and into large buffers")."""
     span = max(span, chunk)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

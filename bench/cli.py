@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     # The TCP ceilings, and how far apart two CPUs are, are measured at the start of every
     # round, beside the rows they bound: on the 2-vCPU VM one loopback stream moved 1.8-5.0 GB/s
     # between rounds of one run, and a cache line between the vCPUs took 50 or 340 ns as the
-    # hypervisor placed them (docs/benchmarks.md, "Two vCPUs that drift apart"); measured once,
+    # hypervisor placed them (docs/benchmarks-log.md, "Two vCPUs that drift apart"); measured once,
     # they would describe another moment than the rows.
     per_round: dict[str, list[float]] = {}
     wants_tcp = procs_mode and ("tcp" in transports or "gloo" in peers)

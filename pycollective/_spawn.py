@@ -56,7 +56,7 @@ def own_process_group(then: Callable[[], None] | None = None) -> Callable[[], No
     peer can run; with every rank in a session of its own that hand-off never happens, and where
     ranks outnumber cores each wait lasts until the scheduler's tick. Measured on 2 cores: a
     4-rank 8-byte all-reduce took 0.4-2 ms instead of 15-60 us, and Open MPI's own ranks,
-    started under ``setsid``, slowed down alike (docs/benchmarks.md, "Ranks in one session").
+    started under ``setsid``, slowed down alike (docs/benchmarks-log.md, "Ranks in one session").
     """
 
     def preexec() -> None:

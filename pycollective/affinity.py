@@ -6,7 +6,7 @@ of four ranks on one of two cores for a whole run (each rank is always runnable:
 or polls and yields), and then every call waits for three turns on that core instead of two.
 Measured with 4 ranks on 2 cores, a prepared 8-byte all-reduce after a barrier: 3.7-5.0 us with
 the ranks pinned two per core, 6.9-7.3 us with three pinned to one core; of 12 launches left to
-the scheduler 7 ran at 5.9-7.9 us (docs/benchmarks.md, "Four ranks on two cores").
+the scheduler 7 ran at 5.9-7.9 us (docs/benchmarks-log.md, "Four ranks on two cores").
 
 ``auto`` (the default) therefore binds each rank to one core of the CPUs it may use,
 round-robin by local rank, where the host's ranks are at least as many as those CPUs. With as
@@ -18,7 +18,7 @@ a call against 34.2-38.1 (about 230 preemptions a rank against 30-40); bound, no
 In one of six unbound benchmark runs 16 KiB and 64 KiB calls ran 4x and 2.7x slower (21.3 and
 29.4 us against 4.9-5.9 and 10.9-11.2), what both ranks pinned to one core take (22.4-23.1 and
 31.7-31.8); bound, those rows ran 5.3-6.7 and 10.8-11.1 us, the larger ones alike
-(docs/benchmarks.md, "Two ranks on two cores"). With
+(docs/benchmarks-log.md, "Two ranks on two cores"). With
 fewer ranks than CPUs a bound rank could no longer use an idle core, and idle cores are where
 the scheduler puts a woken rank. With an uneven count (3 ranks on 2 CPUs) one core holds an
 extra rank either way; bound, consecutive ranks sit on different cores, so halving-doubling,
@@ -28,7 +28,7 @@ the scheduler it sometimes ran them on one. In three alternating pairs of sweeps
 run and size), and ``auto`` was over 1.15x the fastest algorithm in 2, 5 and 2 of 24 cells
 unbound, in none bound. The best time bound against the best unbound: 0.75x-1.00x at 1-16 MiB,
 0.97x-1.14x at 64 MiB, and 0.89x-1.19x at 8 B-8 KiB, where the runs disagreed
-(docs/benchmarks.md, "Three ranks on two cores").
+(docs/benchmarks-log.md, "Three ranks on two cores").
 ``core`` binds in every case (as ``mpirun --bind-to core`` does), ``none`` never. The binding
 covers every thread of the process at init and every thread started later, and ``shutdown()``
 restores the CPUs the process had before.

@@ -359,7 +359,7 @@ def default_piece_bytes(ranks: int) -> int:
     """``staged``'s piece, bytes per rank, where ``PYCOLLECTIVE_HOST_PIECE_BYTES`` is unset: 1
     MiB for a host of 2 ranks, whose allreduces of 32-256 MiB ran 1.05x-1.1x faster with half as
     many segment calls as with 512 KiB (and tied at 256 KiB-16 MiB), 512 KiB for more, where 1
-    MiB changed nothing beyond the noise (docs/benchmarks.md, thirty-sixth session)."""
+    MiB changed nothing beyond the noise (docs/benchmarks-log.md, thirty-sixth session)."""
     return (1 << 20) if ranks == 2 else (512 << 10)
 
 

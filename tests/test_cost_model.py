@@ -83,7 +83,7 @@ def test_reduce_to_one_pays_the_root_hosts_link_for_remote_peers_only():
 
 
 def test_ranks_that_outnumber_their_cores_take_turns():
-    # 3 processes on 2 cores (docs/benchmarks.md, "Ranks that outnumber the cores"): the ring
+    # 3 processes on 2 cores (docs/benchmarks-log.md, "Ranks that outnumber the cores"): the ring
     # needs all three in every step and measured 1.2x-1.35x halving-doubling and reduce_to_one
     # at 16-128 KiB.
     own_cores = estimate([0, 0, 0], 16 << 10, local=SHM, cores=0)

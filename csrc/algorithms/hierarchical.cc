@@ -157,7 +157,7 @@ class Hierarchical : public Algorithm {
     // Across hosts only: on one host `staged` runs the whole allreduce, and `auto` never picks
     // this algorithm there (its cost above), so its explicit calls keep the rings they had.
     // (There the segment's two phases ran 1.15x-1.19x faster than staged's allreduce with 2
-    // ranks at 256 KiB-1 MiB and up to 1.25x slower at 32-64 MiB: docs/benchmarks.md, "Staged
+    // ranks at 256 KiB-1 MiB and up to 1.25x slower at 32-64 MiB: docs/benchmarks-log.md, "Staged
     // reduce-scatter and allgather".)
     HostSegment* seg = cross.size() > 1 ? staged::segmentFor(localEx.group(), a) : nullptr;
     if (seg != nullptr)

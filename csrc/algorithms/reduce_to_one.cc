@@ -65,7 +65,7 @@ class ReduceToOne : public Algorithm {
     // root's host over local links, the others over the root host's one link. Each is priced as
     // an exchange; between processes they run one way (link_load.h) and measured 1.3x-2.6x
     // below this price with 2-4 ranks on 2 cores. Pricing them one way brought this algorithm
-    // into auto's race and cost more than it won (docs/benchmarks.md, "reduce_to_one priced
+    // into auto's race and cost more than it won (docs/benchmarks-log.md, "reduce_to_one priced
     // one way between processes: tried and dropped").
     const auto& hosts = comm.hostOf();
     const int rootHost = hosts[g.globalRank(std::min(std::max(a.root, 0), g.size() - 1))];

@@ -13,7 +13,7 @@
 namespace pycollective {
 
 // A step's wait for a parked peer when its host is crowded, fitted to two measured sweeps of 2-4
-// processes on a 2-vCPU VM (288 cells; docs/benchmarks.md, "Ranks that outnumber the cores"):
+// processes on a 2-vCPU VM (288 cells; docs/benchmarks-log.md, "Ranks that outnumber the cores"):
 // with 6-12 us (and the crowding below) the model's pick was over 1.15x the fastest in 22-23
 // cells, with 4 us in 28, with 2 us in 44 as with the crowding alone; 48 with neither.
 constexpr double kParkedPeerSeconds = 6e-6;

@@ -3,7 +3,7 @@
 // rank published the same call, and reads what it needs from the others' slots: one write and
 // one wait, where halving-doubling takes log2(n) rounds of messages that each need the peer on
 // a core. With more ranks than cores that is most of a small call's time (4 ranks on 2 cores,
-// 8 bytes: docs/benchmarks.md, "A host-wide segment for small calls").
+// 8 bytes: docs/benchmarks-log.md, "A host-wide segment for small calls").
 //
 // Reductions run over the slots in rank order on every rank, so every rank's result is the same
 // to the bit. Only calls whose input fits a slot run here; auto chooses it by the cost below.
@@ -25,7 +25,7 @@ namespace {
 // link message's alpha: with 2 ranks the model then prefers slots to halving-doubling below
 // 0.5 alpha / beta (12 KB with the shm defaults), near the measured crossing at 16 KiB where
 // both took 4.8 us; with 4 ranks on 2 cores slots measured 1.5x-1.7x faster at 4-16 KiB and the
-// model agrees (docs/benchmarks.md, "A host-wide segment for small calls").
+// model agrees (docs/benchmarks-log.md, "A host-wide segment for small calls").
 constexpr double kSyncShareOfAlpha = 0.5;
 
 // Bytes each group rank publishes for the call (broadcast: the root alone).

@@ -14,7 +14,7 @@
 // again at each step; here each byte of input is copied into the segment once (a rank's own
 // share of its piece not even that: nobody else reads it) and each result byte out of it once.
 // With 4 ranks on 2 cores that ran 1.4x-1.9x faster from 16 KiB to 256 MiB, with 2 ranks
-// 1.1x-1.6x from 64 KiB, 1.2x slower at 16-32 KiB (docs/benchmarks.md, "Staged through the host
+// 1.1x-1.6x from 64 KiB, 1.2x slower at 16-32 KiB (docs/benchmarks-log.md, "Staged through the host
 // segment" and the thirty-third session's point 2).
 //
 // Reduce-scatter: piece k is the k-th part of every rank's share of the input; each rank copies
@@ -54,7 +54,7 @@ namespace {
 
 // Which calls read the other rank's buffers (allgatherByReads, reduceScatterByReads,
 // allreduceByReads) where the members may: calls of 2 ranks with this many bytes a rank, each
-// window measured against the pieces through the segment (docs/benchmarks.md, "Allgather by
+// window measured against the pieces through the segment (docs/benchmarks-log.md, "Allgather by
 // reads" and "Allreduce by reads"). Past 16 MiB the pieces' allgather and allreduce win or tie:
 // they write the output past the cache (streaming stores) where the kernel's copy reads each
 // line of it before writing it; a reduce-scatter reads into the cache and writes half as much.
@@ -73,7 +73,7 @@ constexpr ReadWindow kAllgatherReads{size_t(16) << 10, size_t(16) << 20};
 // reads' three synchronisations pays for (both pinned to one core: 65 us against the pieces'
 // 43-48). Bound a core each (pycollective/affinity.py), 2 x 256 KiB ran 27.7-33.1 us against
 // the pieces' 34.3-40.4 in eight launches each, 2 x 1 MiB 131-175 against 159-191
-// (docs/benchmarks.md, "Two ranks on two cores").
+// (docs/benchmarks-log.md, "Two ranks on two cores").
 constexpr ReadWindow kAllreduceReads{size_t(256) << 10, size_t(16) << 20};
 // A rank's input: 16-64 KiB tied or lost (some runs stalled those reads too: 20-24 us against
 // 3-7); 256 KiB-256 MiB won 1.1x-1.4x (bound: 256 KiB 10.9-11.9 us against 15.2-16.6, 1 MiB
@@ -104,8 +104,8 @@ void readFrom(Exchange& ex, const HostSegment& seg, int from, const void* theirs
 // (HostSegment::streams: other chiplets; the EPYC VM's two vCPUs now and then). Through the
 // cache, each of those lines is then fetched from the writer's cache one by one across the
 // chip: 2 ranks x 64 MiB ran 31-35 ms in such launches against 9.3-10 ms near, while
-// halving-doubling, whose rings stream when far, held 11-12.5 ms (docs/benchmarks.md, "Staged
-// when the cores are far apart"). Near, the cache is faster (docs/benchmarks.md, "Staged
+// halving-doubling, whose rings stream when far, held 11-12.5 ms (docs/benchmarks-log.md, "Staged
+// when the cores are far apart"). Near, the cache is faster (docs/benchmarks-log.md, "Staged
 // through the host segment": streaming the pieces or the reduced shares ran 1.2x-1.4x slower).
 void put(Exchange& ex, bool stream, void* dst, const void* src, size_t bytes) {
   if (stream)
@@ -292,7 +292,7 @@ void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
   // A call whose buffers leave the cache writes its output with streaming stores, which skip
   // reading each line before writing it: 2 ranks x 64 MiB 14.6-15.2 ms against 18.9, 4 ranks
   // x 16 MiB 8.5-8.6 against 10.3-10.6; in cache they cost (4 x 4 MiB 1.92-1.96 ms against
-  // 1.80-1.87; docs/benchmarks.md, "Staged through the host segment").
+  // 1.80-1.87; docs/benchmarks-log.md, "Staged through the host segment").
   const bool pastCache = !callStaysInCache(ex.group().comm(), n, static_cast<double>(a.count * es));
   std::vector<const char*> before(n), now(n);  // every rank's slot of the last call, this one
   std::vector<const char*> operands(n);
@@ -318,7 +318,7 @@ void allreduce(Exchange& ex, HostSegment& seg, const CollectiveArgs& a) {
       const size_t skip = shares.offset(r) * es, skipEnd = skip + shares.size(r) * es;
       // Through the cache while the cores are near: the others read their shares of it
       // within this call, and past the cache it measured 1.1x-1.3x slower there with 2 and 4
-      // ranks at 256 KiB-64 MiB (docs/benchmarks.md, "Staged through the host segment").
+      // ranks at 256 KiB-64 MiB (docs/benchmarks-log.md, "Staged through the host segment").
       const char* piece = in + first * es;
       char* slot = mine + layout.pieceAt;
       put(ex, stream, slot, piece, skip);
@@ -477,7 +477,7 @@ class Staged : public Algorithm {
         // against its 1.5 S, at half a beta a copy, the ring's share. So priced, 2 ranks tie
         // halving-doubling in cache (measured 1.2x of it at 16-32 KiB, 0.87x-0.92x at 64 KiB-1
         // MiB) and are cheaper past it (0.66x-0.74x at 16-256 MiB); 4 ranks 0.87x of it
-        // (measured 0.55x-0.70x; docs/benchmarks.md, "Staged through the host segment").
+        // (measured 0.55x-0.70x; docs/benchmarks-log.md, "Staged through the host segment").
         copied = (2 * (n - 1) / n + 1) * S;
         reduced = (n - 1) / n * S;
         break;
@@ -513,7 +513,7 @@ class Staged : public Algorithm {
     }
     // Reduce-scatter's and allgather's copies are priced at a quarter of a beta: measured, one
     // took 0.24-0.4 of a beta (2 and 4 ranks, 4-64 MiB), and they ran 1.1x-2.4x faster than the
-    // rings from 256 KiB, which the ring's half would price slower (docs/benchmarks.md, "Staged
+    // rings from 256 KiB, which the ring's half would price slower (docs/benchmarks-log.md, "Staged
     // reduce-scatter and allgather"). Allreduce keeps the ring's half, whose ties in cache
     // match its measured 1.2x slower at 16-32 KiB with 2 ranks.
     return calls * (c.alpha + parkedPeerWait(g)) +

@@ -32,7 +32,7 @@ struct AutoCandidate {
 // Where the model's pick lost to another algorithm in both passes of a sweep (sixteenth session,
 // EPYC VM: 8 replicas x 1 MiB, in three runs of four), it had priced the two 1.05x apart; a 2x
 // window also measured choices the model was sure of (2 x 64 MiB: `direct` against
-// halving-doubling at 1.33x), and watching those slower calls cost 1-2% (docs/benchmarks.md).
+// halving-doubling at 1.33x), and watching those slower calls cost 1-2% (docs/benchmarks-log.md).
 constexpr double kCandidateWindow = 1.25;
 // Two prices from separate models are a near tie within this. Their ratio carries both models'
 // errors: on a Xeon VM the link costs priced `direct` 1.4x-1.6x above its measured time where

@@ -4,7 +4,7 @@
 // sets: on the 2-vCPU EPYC VM this probe read 70-91 ns and 330-361 ns as the hypervisor placed
 // the vCPUs (each batch timed on the steady clock; single round trips timed alone, 50-60 and
 // 320-370), and a shared-memory all-reduce of 1 MiB with ordinary stores into its ring took
-// between 0.064 and 0.47 ms (docs/benchmarks.md, "Two vCPUs that drift apart"). The benchmark
+// between 0.064 and 0.47 ms (docs/benchmarks-log.md, "Two vCPUs that drift apart"). The benchmark
 // prints it beside its rows.
 
 namespace pycollective {

@@ -73,7 +73,7 @@ double inlineCost(const std::vector<CollectiveArgs>& args, double lineBytes) {
   // Between that and a larger line (the EPYC VM's, 32 MiB) inline still runs from cache, at
   // 0.6x-0.8x its rate below 12 MiB (23-45 GB/s from 14 to 32 MiB of traffic, 2-8 replicas):
   // priced at 12 GB/s there, it was never raced, and ran 1.2x-1.43x faster than what `auto`
-  // chose at 3 x 4 MiB, 4 x 2 MiB and 7 x 1 MiB (docs/benchmarks.md, twenty-second session).
+  // chose at 3 x 4 MiB, 4 x 2 MiB and 7 x 1 MiB (docs/benchmarks-log.md, twenty-second session).
   // 18 GB/s: replayed on that sweep's cells of 1-64 MiB, the near ties the model would race
   // held a row within 1.15x of the fastest in every cell for any rate from 16 to 20 GB/s; 14
   // and 22 missed one each, 25 three.

@@ -129,7 +129,7 @@ class HostSegment {
   // past it is read from memory, faster from this size up. Far apart, streaming: 3 ranks x 2 KiB
   // 10.1-10.5 us against 11.3-11.4, 8 KiB 12.1-12.5 against 18.5-18.8, 16 KiB 14.8-15.0 against
   // 27.6-27.7; 2 ranks x 8 KiB 4.0 against 7.1. Near, streaming is slower (2 ranks 12-20% at
-  // 1-8 KiB, 3 ranks 3-13%): the distance decides (docs/benchmarks.md, "The host segment far
+  // 1-8 KiB, 3 ranks 3-13%): the distance decides (docs/benchmarks-log.md, "The host segment far
   // apart").
   static constexpr size_t kMinStreamedBytes = size_t(2) << 10;
   // Every this many calls the waits for the others' slots time the load that sees a slot

@@ -7,7 +7,7 @@
 // the next lap of the ring then takes them back. Between two cores that share a cache that is
 // the fastest way there is. Between cores that do not (other chiplets or sockets of a large
 // server; on the 2-vCPU EPYC VM, where the hypervisor places the two vCPUs now close, now far:
-// docs/benchmarks.md, "Two vCPUs that drift apart"), every such line crosses the machine twice,
+// docs/benchmarks-log.md, "Two vCPUs that drift apart"), every such line crosses the machine twice,
 // and streaming stores, which send the lines to memory for the receiver to read from there, are
 // several times faster. Two ranks, ring all-reduce, 1 MiB: near 0.064 ms with ordinary stores
 // against 0.130 streaming; far 0.47 against 0.092. 64 MiB: near 10.0 against 14.0-14.3; far
