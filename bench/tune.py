@@ -2,7 +2,9 @@
 
 For each transport (and for in-process replicas) it runs every algorithm over a size sweep,
 keeps the winner at each size (the "choices"), and fits the alpha-beta-gamma cost model to the
-ring's times so that group sizes it did not measure still get a calibrated model. The file goes
+ring's times so that group sizes it did not measure still get a calibrated model. Over shm it
+measures 2, 3 and 4 processes (a table per process count: the winners move as ranks come to
+outnumber the cores); the other transports and the cost model, the first of those. The file goes
 to --output, else $PYCOLLECTIVE_TUNING; groups created afterwards with PYCOLLECTIVE_TUNING
 pointing at it use it automatically.
 """
@@ -31,7 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="file to write (default: $PYCOLLECTIVE_TUNING, else ./pycollective-tuning.json)",
     )
     p.add_argument(
-        "--world", type=int, default=None, help="processes per measurement (default: cores, 2..4)"
+        "--world",
+        default=None,
+        help="comma-separated process counts to measure (default: 2,3,4, the host's cores "
+        "clamped to 2..4 first). The first world measures every transport and fits the cost "
+        "model; the others measure shm, the transport of one host's ranks, whose best algorithm "
+        "changes with the number of ranks sharing the cores",
     )
     p.add_argument("--replicas", type=int, default=4, help="in-process replicas to tune for")
     p.add_argument("--transports", default="shm,tcp")
@@ -118,7 +125,7 @@ def fit_costs(
     parked = _C.PARKED_PEER_SECONDS if crowd > 1 else 0.0
     # Each size's time is the median of its rounds: one round's row alone once fitted the shm
     # links' alpha at 10.0 us where other tunes fitted 2.7-3.0, and `auto` then ran 1.2x-1.4x
-    # slower than the best at 3 ranks x 16 KiB (docs/benchmarks.md, "Issue 15's points with
+    # slower than the best at 3 ranks x 16 KiB (docs/benchmarks-log.md, "Issue 15's points with
     # this build"); a slow first size in every round is handled below.
     by_size: dict[int, list[float]] = defaultdict(list)
     for r in rows:
@@ -168,6 +175,26 @@ def measure_gamma() -> float:
     return best / (n * 4)
 
 
+# The process counts tuned by default: a host's jobs run 2-4 ranks here most often, and with
+# more ranks than cores the winners move (tuned at 2 ranks only, 3 ranks x 2 MiB ran
+# halving-doubling, 1.19x `staged`, in the forty-first session's sweep).
+DEFAULT_WORLDS = (2, 3, 4)
+
+
+def process_worlds(spec: str | None, cores: int) -> list[int]:
+    """The process counts to measure, the primary (cost model, every transport) first."""
+    if spec:
+        try:
+            worlds = [int(w) for w in spec.split(",") if w.strip()]
+        except ValueError:
+            worlds = []
+        if not worlds or min(worlds) < 2:
+            raise SystemExit(f"tune: --world takes process counts of 2 or more, not {spec!r}")
+        return list(dict.fromkeys(worlds))
+    primary = max(2, min(4, cores))
+    return [primary] + [w for w in DEFAULT_WORLDS if w != primary]
+
+
 def main(args: argparse.Namespace) -> int:
     from pycollective import tuning
 
@@ -175,7 +202,7 @@ def main(args: argparse.Namespace) -> int:
     from .cli import IN_PROCESS_ONLY, PROCESSES_ONLY, Progress, sizes
 
     out_path = args.output or config.text("PYCOLLECTIVE_TUNING") or "pycollective-tuning.json"
-    world = args.world or max(2, min(4, os.cpu_count() or 2))
+    worlds = process_worlds(args.world, os.cpu_count() or 2)
     sweep = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     collectives = [c for c in args.collectives.split(",") if c]
     transports = [t for t in args.transports.split(",") if t]
@@ -184,7 +211,9 @@ def main(args: argparse.Namespace) -> int:
     import pycollective as pc
 
     for collective in collectives:
-        for transport in transports:
+        for world, transport in [(worlds[0], t) for t in transports] + [
+            (w, "shm") for w in worlds[1:] if "shm" in transports
+        ]:
             algos = [a for a in pc.algorithms() if a != "auto" and a not in IN_PROCESS_ONLY]
             progress = Progress(len(sweep) * len(algos) * args.rounds)
             rows = [
@@ -211,7 +240,7 @@ def main(args: argparse.Namespace) -> int:
             fitted = (
                 # The online CPUs, as the native hostCores() counts them (not the affinity mask).
                 fit_costs(rows, world, gamma, os.cpu_count() or 0)
-                if collective == "allreduce"
+                if collective == "allreduce" and world == worlds[0]
                 else None
             )
             if fitted:

@@ -705,3 +705,16 @@ def test_tune_fits_link_costs_without_the_models_crowding():
         if r.nbytes == 8:
             r.median_s *= 4
     assert fit_costs(slowed, 4, local[2], cores=0)[0] == pytest.approx(own[0], rel=0.01)
+
+
+def test_tune_measures_two_to_four_processes_the_cores_first():
+    from pycollective.bench import tune
+
+    assert tune.process_worlds(None, 2) == [2, 3, 4]
+    assert tune.process_worlds(None, 16) == [4, 2, 3]
+    assert tune.process_worlds(None, 3) == [3, 2, 4]
+    assert tune.process_worlds("2", 16) == [2]
+    assert tune.process_worlds("4,2,4", 2) == [4, 2]
+    for bad in ("1", "x", "2,0"):
+        with pytest.raises(SystemExit, match="--world takes"):
+            tune.process_worlds(bad, 2)
