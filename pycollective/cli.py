@@ -108,6 +108,11 @@ def _forwarded() -> dict[str, Forwarded]:
             "every algorithm on a shaped cluster of network namespaces (root)",
             "pycollective.bench.netns_bench",
         ),
+        "bench-goals": Forwarded(
+            "the speed goals on one host (vs Open MPI, gloo, a TCP stream; auto vs the best), "
+            "each with a verdict",
+            "pycollective.bench.goals",
+        ),
         "bench-figures": Forwarded(
             "remake the pictures in docs/ (each labelled with its command, machine and date)",
             "pycollective.bench.figures",
