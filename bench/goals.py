@@ -35,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from pycollective import config
 from pycollective._spawn import child_environment, python_module_command
 
 from .metrics import human_bytes
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--goals takes numbers 1-6 separated by commas, not {args.goals!r}")
     out = args.out or tempfile.mkdtemp(prefix="bench-goals-")
     os.makedirs(out, exist_ok=True)
-    tuning = os.environ.get("PYCOLLECTIVE_TUNING")
+    tuning = config.text("PYCOLLECTIVE_TUNING")
     print(
         f"bench-goals: goals {','.join(map(str, goals))}; runs and tables in {out}; "
         + (f"tuned by {tuning}" if tuning else "untuned (PYCOLLECTIVE_TUNING not set)"),

@@ -16,7 +16,7 @@ def row(algo, nbytes, seconds, peer=False, transport="shm", world=2, **extra):
         "collective": "allreduce",
         "nbytes": nbytes,
         "algo": algo,
-        "transport": "shm" if peer else transport,
+        "transport": transport,
         "world": world,
         "median_s": seconds,
         "peer": peer,
@@ -46,7 +46,7 @@ def test_a_cell_counts_against_auto_only_when_both_looks_are_over_the_bound():
     data = {
         "ceilings": {},
         "rows": [
-            # 64: slow in the pass, even head to head: noise, not a trap.
+            # 64: slow in the pass, level head to head: noise, not a trap.
             row("ring", 64, 1e-6),
             row("auto", 64, 1.3e-6, chose="slots", second_look=look),
             # 128: slow in both looks.
@@ -76,7 +76,7 @@ def test_tcp_goal_sets_auto_against_the_stream_and_gloo(auto_Bps, met):
         "ceilings": {"loopback_tcp_Bps": 4e9},
         "rows": [
             row("auto", size, size / auto_Bps, transport="tcp"),
-            row("gloo", size, size / 1.0e9, peer=True),
+            row("gloo", size, size / 1.0e9, peer=True, transport="tcp"),
         ],
     }
     share, gloo = goals.tcp_figures(data)
