@@ -53,6 +53,10 @@ GLOO_AT_64M = 3.0
 # gives 0.86x-0.91x; the machine's run-to-run noise is about 15% more.
 STRATEGY_STEP_BOUND = 1.05
 
+# A run's ranks have deadlines of their own (bench/procs.py); this bounds the run as a whole,
+# well past the longest here (4 ranks x 16 KiB-256 MiB: 70 s).
+RUN_TIMEOUT_S = 1800
+
 # Rows that are not an algorithm auto could have chosen.
 NOT_ALGORITHMS = ("auto", AUTO_NEW_OUTPUTS, PREPARED, SHARED)
 
@@ -367,19 +371,29 @@ def run_one(run: Run, out: str, log: Callable[[str], None]) -> tuple[dict | None
     json_path = os.path.join(out, run.name + ".json")
     text_path = os.path.join(out, run.name + ".txt")
     started = time.monotonic()
-    with open(text_path, "w") as text:
-        result = subprocess.run(
-            run.argv(json_path),
-            stdout=text,
-            stderr=subprocess.STDOUT,
-            env=child_environment(),
-            check=False,
-        )
+    try:
+        with open(text_path, "w") as text:
+            returncode = subprocess.run(
+                run.argv(json_path),
+                stdout=text,
+                stderr=subprocess.STDOUT,
+                env=child_environment(),
+                check=False,
+                timeout=RUN_TIMEOUT_S,
+            ).returncode
+    except subprocess.TimeoutExpired:
+        returncode = None
     with open(text_path) as text:
         output = text.read()
-    log(f"bench-goals: {run.name} ({time.monotonic() - started:.0f} s, exit {result.returncode})")
-    if result.returncode != 0:
-        return None, output, f"{run.name} exited {result.returncode}; see {text_path}"
+    log(f"bench-goals: {run.name} ({time.monotonic() - started:.0f} s, exit {returncode})")
+    if returncode is None:
+        return (
+            None,
+            output,
+            f"{run.name} ran past {RUN_TIMEOUT_S} s and was stopped; see {text_path}",
+        )
+    if returncode != 0:
+        return None, output, f"{run.name} exited {returncode}; see {text_path}"
     if run.command != "bench":
         return None, output, None
     with open(json_path) as f:

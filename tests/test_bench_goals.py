@@ -114,6 +114,22 @@ def test_a_goal_runs_end_to_end(tmp_path, monkeypatch):
     assert ratio is not None and f"{ratio:.2f}x" in verdict["measured"]
 
 
+@pytest.mark.timeout(120)
+def test_a_run_past_its_time_is_stopped_and_the_goal_not_measured(tmp_path, monkeypatch):
+    slow = [
+        goals.Run(
+            "new_inproc2",
+            ["--mode", "inproc", "--world", "2", "-b", "64K", "-e", "64K", "--peers", ""]
+            + ["--new-outputs-row", "--budget", "30", "-n", "1000000"],
+        )
+    ]
+    monkeypatch.setattr(goals, "goal_runs", lambda: {5: slow})
+    monkeypatch.setattr(goals, "RUN_TIMEOUT_S", 1)
+    [verdict] = goals.evaluate([5], str(tmp_path), lambda line: None)
+    assert verdict.met is None
+    assert "new_inproc2 ran past 1 s and was stopped" in verdict.measured
+
+
 def test_unknown_goals_are_refused():
     with pytest.raises(SystemExit):
         goals.main(["--goals", "7"])
