@@ -41,8 +41,20 @@ def _spawn_ranks(
 def _run_ranks(
     job: dict, world: int, deadline_s: float, progress: Callable[[str], None], ports: list[int]
 ) -> list[dict]:
+    # The job's folder goes with the call: a failure's reason and log tail are in the error.
+    with tempfile.TemporaryDirectory(prefix="pycol-bench-", ignore_cleanup_errors=True) as tmp:
+        return _run_job_in(tmp, job, world, deadline_s, progress, ports)
+
+
+def _run_job_in(
+    tmp: str,
+    job: dict,
+    world: int,
+    deadline_s: float,
+    progress: Callable[[str], None],
+    ports: list[int],
+) -> list[dict]:
     port, peer_port, *tf_ports = ports
-    tmp = tempfile.mkdtemp(prefix="pycol-bench-")
     job = dict(
         job,
         result=os.path.join(tmp, "rows.json"),

@@ -264,7 +264,14 @@ def run_world(world: int, job: dict, deadline_s: float) -> dict:
 
 
 def _run_ranks(world: int, job: dict, deadline_s: float) -> dict:
-    tmp = tempfile.mkdtemp(prefix="pycol-torch-bench-")
+    # The job's folder goes with the call: a failure's log tails are in the error.
+    with tempfile.TemporaryDirectory(
+        prefix="pycol-torch-bench-", ignore_cleanup_errors=True
+    ) as tmp:
+        return _run_job_in(tmp, world, job, deadline_s)
+
+
+def _run_job_in(tmp: str, world: int, job: dict, deadline_s: float) -> dict:
     job = dict(job, world=world, result=os.path.join(tmp, "result.json"))
     path = os.path.join(tmp, "job.json")
     with open(path, "w") as f:

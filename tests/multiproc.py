@@ -85,9 +85,15 @@ def run_ranks(
 
 
 def _run_ranks(fn, n, args, timeout, env, per_rank_env, expect_exit, port) -> list[Any]:
+    # The ranks' folder goes with the call (a failure carries the logs it needs): a suite run
+    # left some 3,700 of them in /tmp.
+    with tempfile.TemporaryDirectory(prefix="pycol-ranks-", ignore_cleanup_errors=True) as tmp:
+        return _run_ranks_in(tmp, fn, n, args, timeout, env, per_rank_env, expect_exit, port)
+
+
+def _run_ranks_in(tmp, fn, n, args, timeout, env, per_rank_env, expect_exit, port) -> list[Any]:
     module_file = sys.modules[fn.__module__].__file__
     token = secrets.token_hex(8)
-    tmp = tempfile.mkdtemp(prefix="pycol-ranks-")
     procs, outs = [], []
     for r in range(n):
         e = dict(os.environ)

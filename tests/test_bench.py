@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -15,8 +16,20 @@ BENCH = [sys.executable, "-m", "pycollective.cli", "bench"]
 TINY = ["-b", "1K", "-e", "4K", "-n", "3", "-w", "1", "--budget", "0.05"]
 
 
-def run(args: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
-    return subprocess.run(BENCH + args, capture_output=True, text=True, timeout=timeout)
+def run(
+    args: list[str], timeout: float = 150, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(BENCH + args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def scratch_environment(folder) -> dict[str, str]:
+    """This environment with its temporary files in `folder`, to see what a run leaves."""
+    return dict(os.environ, TMPDIR=str(folder))
+
+
+def left_behind(folder) -> list[str]:
+    """Our temporary files and folders still in `folder` (the peers' caches are theirs)."""
+    return [p.name for p in folder.iterdir() if p.name.startswith("pycol-")]
 
 
 @pytest.mark.timeout(180)
@@ -59,9 +72,14 @@ def test_inproc_outputs(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_processes_over_both_transports_with_peers():
-    res = run(["--world", "2", *TINY, "--transports", "shm,tcp", "--peers", "gloo,mpi,tensorflow"])
+def test_processes_over_both_transports_with_peers(tmp_path):
+    res = run(
+        ["--world", "2", *TINY, "--transports", "shm,tcp", "--peers", "gloo,mpi,tensorflow"],
+        env=scratch_environment(tmp_path),
+    )
     assert res.returncode == 0, res.stdout + res.stderr
+    # Each job's folder (its job and rows files) goes with the job: runs left them in /tmp.
+    assert left_behind(tmp_path) == []
     for transport in ("shm", "tcp"):
         assert f"allreduce over {transport}:" in res.stdout
     # Every peer either ran (a row) or was skipped with a one-line reason.
@@ -511,6 +529,8 @@ def test_torch_bench_runs_and_checks(tmp_path):
     lines printed (timings are not asserted)."""
     pytest.importorskip("torch", reason="the torch backend benchmark needs torch")
     out = tmp_path / "torch.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     res = subprocess.run(
         [
             sys.executable,
@@ -538,8 +558,10 @@ def test_torch_bench_runs_and_checks(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        env=scratch_environment(scratch),
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert left_behind(scratch) == []  # the ranks' job folder goes with them
     summary = json.loads(out.read_text())["summary"]
     # all_reduce's two goals and DDP's; reduce_scatter_tensor and all_gather_into_tensor against
     # gloo at the smallest and largest size.

@@ -3,6 +3,8 @@ in separate processes under a hard deadline."""
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 from multiproc import run_ranks
@@ -225,12 +227,15 @@ def test_init_returns_once_every_rank_is_watched():
 
 
 @pytest.mark.timeout(60)
-def test_world_of_one():
+def test_world_of_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     [[values, inline_error]] = run_ranks(_single_rank, 1, timeout=45)
     assert values == [0.0, 1.0, 2.0, 3.0]
     assert (
         "'inline'" in inline_error and "in-process replicas (LocalCommunicator)" in inline_error
     ), inline_error
+    # The harness's folder of logs and results goes with the ranks (a failure carries its logs).
+    assert list(tmp_path.iterdir()) == []
 
 
 def _torch_tensors(rank, n):
