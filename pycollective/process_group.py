@@ -189,7 +189,7 @@ class ProcessGroup:
         persistent collectives): ``plan = group.prepare_allreduce(x, out=y)``, then ``plan()``
         runs it and returns the result. Every check, the output and ``auto``'s first choice are
         made here; each call is the collective alone. Where ``auto`` times a call's near rivals
-        (calls it prices at 20 us and more), the plan goes on timing them as a plain call does,
+        (calls it prices at 5 us and more), the plan goes on timing them as a plain call does,
         so that a choice the cost model got wrong on this machine moves (``plan.algorithm``
         says what runs now). Every rank prepares the same calls in the same order; between
         calls, change the contents of ``x``, never the array itself. Host tensors only.
@@ -514,16 +514,16 @@ class ProcessGroup:
     @property
     def auto_trial_calls(self) -> int:
         """The most calls of one shape ``algo="auto"`` spends on its first trial, where the model
-        prices a near tie (calls of 20 us and more, or of any price where the host's ranks
+        prices a near tie (calls of 5 us and more, or of any price where the host's ranks
         outnumber its cores); 0 with ``PYCOLLECTIVE_AUTO_TRIALS=0``."""
         return self._world.comm.auto_trial_calls
 
     def explain(self, collective: str, nbytes: int) -> str:
         """The algorithm algo="auto" runs for a float32 call of this size, and why: where calls
-        of this shape are measured (a near tie in the model's prices, or one algorithm alone
-        whose calls are watched, priced at 20 us or more; any price where the host's ranks
-        outnumber its cores) and have run, the times every rank agreed on; else the model's
-        pick and costs."""
+        of this shape are measured (a near tie in the model's prices at 5 us or more, or one
+        algorithm alone whose calls are watched, priced at 20 us or more; any price where the
+        host's ranks outnumber its cores) and have run, the times every rank agreed on; else the
+        model's pick and costs."""
         return self._world.comm.explain(
             _C.CallSpec(kind=KINDS[collective], count=nbytes // 4, dtype=_FLOAT32),
             self._native_members,

@@ -15,12 +15,22 @@ namespace pycollective {
 
 namespace {
 
+// Calls priced under this are not measured on a host with a core for each of the group's ranks:
+// of a few microseconds, they would carry the schedule's bookkeeping (two lookups under a lock)
+// and gain little. Calls priced above it race their near ties although priced under
+// kMinModelSeconds, which in-process replicas keep: at 2 processes x 16-64 KiB the model
+// prices halving-doubling, `slots` and `staged` within 1.1x (6.7-17.5 us), and the faster of
+// them changed from run to run, 1.3x-1.5x either way (2 vCPUs, forty-first session: `staged`
+// 4.4-8.8 us against halving-doubling's 6.6-13.0 in one run, 1.1x-1.7x slower in another).
+// At 8 KiB and under the cheapest prices under this (`slots` 4.4 us) and runs alone.
+constexpr double kMinMeasuredAcrossProcesses = 5e-6;
+
 // The candidates to measure, or one alone (its first: the tuned entry, else the model's pick)
-// where the call is not measured: priced under kMinModelSeconds on a host with a core for each
-// of its ranks. Where ranks outnumber the cores (shared_cores.h), the model's small-call prices
-// miss by what the scheduler does, which no link cost captures: 3 processes on 2 vCPUs x 16 KiB,
-// priced `slots` 16.9 us under `staged` 23.2, ran 15.7 us against 12.7 in the benchmark, and
-// such calls take 7 us and more, beside which the schedule's bookkeeping is small.
+// where the call is not measured: priced under kMinMeasuredAcrossProcesses on a host with a
+// core for each of its ranks. Where ranks outnumber the cores (shared_cores.h), the model's
+// small-call prices miss by what the scheduler does, which no link cost captures: 3 processes
+// on 2 vCPUs x 16 KiB, priced `slots` 16.9 us under `staged` 23.2, ran 15.7 us against 12.7 in
+// the benchmark, and such calls take 7 us and more, beside which the bookkeeping is small.
 std::vector<AutoCandidate> candidatesFor(const Group& group, const CollectiveArgs& args) {
   std::vector<AutoCandidate> priced;
   double cheapest = std::numeric_limits<double>::infinity();
@@ -29,7 +39,8 @@ std::vector<AutoCandidate> candidatesFor(const Group& group, const CollectiveArg
     cheapest = std::min(cheapest, p.seconds);
   }
   std::vector<AutoCandidate> c = candidatesWithReserves(std::move(priced), tunedEntry(group, args));
-  if (c.size() > 1 && cheapest < kMinModelSeconds && parkedPeerWait(group) == 0) c.resize(1);
+  if (c.size() > 1 && cheapest < kMinMeasuredAcrossProcesses && parkedPeerWait(group) == 0)
+    c.resize(1);
   return c;
 }
 

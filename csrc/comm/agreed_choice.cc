@@ -6,9 +6,9 @@ namespace pycollective {
 
 AgreedChoices::Schedule::Schedule(std::vector<AutoCandidate> c, uint64_t e, int each)
     : candidates(std::move(c)), epoch(e), trialsEach(each) {
-  // Calls priced under kMinModelSeconds come here only from a crowded host (agreed_auto.cc).
-  // They are not watched: the watch's agreement every kWatchInterval calls, and the checks that
-  // the scatter of such calls (+-30% with 4 ranks on 2 vCPUs) sets off, cost more than a
+  // Calls priced under kMinModelSeconds are not watched (those under 5 us come here only from a
+  // crowded host, agreed_auto.cc): the watch's agreement every kWatchInterval calls, and the checks
+  // that the scatter of such calls (+-30% with 4 ranks on 2 vCPUs) sets off, cost more than a
   // choice's drift over a few thousand calls of microseconds, and the checks every kMaxInterval
   // calls at most follow the machine. The reserves a watch would call up are dropped, and those
   // checkedOnce race from the trial on: a few calls of 20-40 us cost less there than the choice

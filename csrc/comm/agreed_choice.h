@@ -22,8 +22,7 @@
 //   calls, and when all of them ran kCloseRatio slower than its usual time (the machine changed)
 //   the next call starts a check. Without it a choice that slowed ran on for up to kMaxInterval
 //   calls; the watch costs one agreement per kWatchInterval calls (a few microseconds in a few
-//   milliseconds, at kMinModelSeconds; on a crowded host, where cheaper calls are measured
-//   too, one in 64 calls of 7-20 us);
+//   milliseconds, at kMinModelSeconds; calls priced under it are measured but not watched);
 // - the algorithms priced outside the near ties wait in reserve (AutoCandidate::reserve): a
 //   watch that finds the choice kWidenRatio slower than usual (or its first usual time that
 //   much over the model's price, in two windows of calls in a row: the first may be warm-up)
@@ -40,7 +39,7 @@
 //
 // The agreement is one allreduce of a few doubles per trial, check or watch. Which calls are
 // measured is the caller's to say, by the candidates it gives: one alone is not (process
-// groups measure calls the model prices under kMinModelSeconds only on a crowded host,
+// groups measure calls the model prices under 5 us only on a crowded host,
 // algorithms/agreed_auto.cc).
 #include <algorithm>
 #include <cstddef>

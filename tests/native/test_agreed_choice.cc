@@ -321,9 +321,9 @@ int main() {
       EXPECT(!warming.divergent, "ranks ran different algorithms");
     }
   }
-  {  // Calls priced under kMinModelSeconds come with several candidates only from a crowded host
-     // (algorithms/agreed_auto.cc): their reserves priced within 2x race from the trial on, the
-     // others never run, and nothing is watched (an agreement a trial or a check, no more).
+  {  // Calls priced under kMinModelSeconds (with several candidates: from 5 us, or any price on
+     // a crowded host, algorithms/agreed_auto.cc): their reserves priced within 2x race from the
+     // trial on, the others never run, and nothing is watched (an agreement a trial or a check).
     Ranks tiny(3);
     tiny.candidates = {{"slots", 12e-6},
                        {"staged", 20e-6, false, /*reserve=*/true},
