@@ -290,10 +290,27 @@ class NetnsCluster:
     ) -> int:
         """Runs `command` as every rank, in environment `env` (default: this process's) plus
         the rank's variables; returns 0 when every rank exited 0, else the first failed rank's
-        status (124 when `timeout` seconds passed first)."""
+        status (124 when `timeout` seconds passed first). Without `logdir` the ranks' logs go
+        to a temporary folder, removed when every rank exited 0 and kept (its path printed with
+        the failed rank's last lines) when one did not."""
+        if logdir is None:
+            logdir = tempfile.mkdtemp(prefix=f"pycol-netns-{self.id}-")
+            code = self._run_logged(command, timeout, logdir, all_output, env)
+            if code == 0:
+                shutil.rmtree(logdir, ignore_errors=True)
+            return code
+        return self._run_logged(command, timeout, logdir, all_output, env)
+
+    def _run_logged(
+        self,
+        command: Sequence[str],
+        timeout: float,
+        logdir: str,
+        all_output: bool,
+        env: dict[str, str] | None,
+    ) -> int:
         token = secrets.token_hex(16)
         base = dict(os.environ if env is None else env)
-        logdir = logdir or tempfile.mkdtemp(prefix=f"pycol-netns-{self.id}-")
         os.makedirs(logdir, exist_ok=True)
         procs: list[subprocess.Popen] = []
         logs: list[str] = []

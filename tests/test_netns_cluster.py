@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -81,11 +82,20 @@ def test_rates_and_usage():
 
 
 @pytest.mark.timeout(60)
-def test_two_hosts_allreduce_with_shm_inside_and_tcp_across(tmp_path):
+def test_two_hosts_allreduce_with_shm_inside_and_tcp_across(tmp_path, monkeypatch):
     _can_build_or_skip()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     cluster = NetnsCluster(2, 2, "1gbit")
     with cluster:
         assert cluster.run([sys.executable, "-c", RANK_PROGRAM, str(tmp_path)], timeout=45) == 0
+        assert list(scratch.iterdir()) == []  # the ranks' logs go once every rank succeeded
+        # A failed rank's log stays, named with its last lines.
+        failing = "import os, sys; print('rank says why'); sys.exit(int(os.environ['RANK']) == 3)"
+        assert cluster.run([sys.executable, "-c", failing], timeout=45) == 1
+        [kept] = scratch.iterdir()
+        assert "rank says why" in (kept / "rank3.log").read_text()
     assert _leftovers(cluster.id) == []
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert all(r["ok"] for r in ranks), ranks
