@@ -63,8 +63,9 @@ class LocalCommunicator:
         self._group = _C.LocalGroup(size=num_replicas, timeout=self._timeout, group_size=group_size)
         tuned = tuning.load()
         if tuned is not None:
-            if "inproc" in tuned.costs:
-                self._group.set_costs(tuned.costs["inproc"])
+            costs = tuned.inproc_costs(num_replicas)
+            if costs is not None:
+                self._group.set_costs(costs)
             self._group.set_tuned(tuned.table("inproc", num_replicas))
         self.num_replicas = num_replicas
         self.group_size = group_size or num_replicas

@@ -8,8 +8,9 @@
                   "max_bytes": 8192, "algo": "halving_doubling"}, ...]}
 
 ``costs`` replace the cost model's defaults per transport (seconds per message, per byte moved,
-per byte reduced); ``choices`` are measured winners that ``algo="auto"`` follows for groups of
-that transport and size, the cost model deciding everything else.
+per byte reduced; ``inproc`` for groups of the replica count it was fitted at alone, the count of
+the ``inproc`` choices); ``choices`` are measured winners that ``algo="auto"`` follows for groups
+of that transport and size, the cost model deciding everything else.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ class Tuning:
             if c["transport"] == transport and int(c["world"]) == world
         ]
         return sorted(rows)
+
+    def inproc_costs(self, replicas: int) -> tuple[float, float, float] | None:
+        """The in-process link costs for a group of ``replicas``: the fitted ones where the tune
+        measured that many replicas (its in-process table's count), else None (the model's
+        defaults, which price each count's share of the cores). A fit describes the share it
+        was measured with: fitted at 4 replicas on 2 vCPUs (two threads a core) it priced the
+        links of 2 replicas, each with a core, 2x too slow against ``inline``'s own model, and
+        ``auto`` at 2 replicas x 2 MiB kept ``inline``, 1.2x halving-doubling's time, in two
+        tuned sweeps (docs/benchmarks-log.md, forty-second session)."""
+        cost = self.costs.get("inproc")
+        fitted_at = {int(c["world"]) for c in self.choices if c["transport"] == "inproc"}
+        return cost if cost is not None and replicas in fitted_at else None
 
     def to_json(self) -> dict:
         return {

@@ -46,6 +46,35 @@ def test_one_rank_per_host_leaves_hierarchical_to_the_ring():
     assert e.seconds["ring"] == pytest.approx(1.5 * 64 * MiB * 8 / 1e9, rel=0.05)
 
 
+def test_in_process_costs_apply_to_the_replica_count_they_were_fitted_at(tmp_path, monkeypatch):
+    """A tune fits the in-process links at one replica count (4 by default): the threads' share
+    of the cores it measured. Other counts keep the model's defaults, which price their own
+    share: with the 4-replica fit, 2 replicas x 2 MiB priced halving-doubling 2x `inline`
+    and ran `inline`, 1.2x slower."""
+    import pycollective as pc
+
+    slow = [1e-3, 1e-8, 1e-10]  # 1 ms a message: no default prices a link so
+    tuning_file = tmp_path / "tuning.json"
+    # The table's one entry is for another collective: the all-reduce shows the model's prices.
+    entry = {"transport": "inproc", "world": 4, "collective": "broadcast", "max_bytes": 8}
+    tuning_file.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "costs": {"inproc": slow},
+                "choices": [dict(entry, algo="ring")],
+            }
+        )
+    )
+    monkeypatch.setenv("PYCOLLECTIVE_TUNING", str(tuning_file))
+    ring_us = {}
+    for replicas in (2, 4):
+        said = pc.LocalCommunicator(replicas).explain("allreduce", 4096)
+        ring_us[replicas] = float(said.split("ring=")[1].split("us")[0])
+    assert ring_us[4] > 1000, ring_us  # 2(n-1) messages of 1 ms: the fit
+    assert ring_us[2] < 100, ring_us  # the defaults
+
+
 def test_the_link_rate_is_configured_or_measured(tmp_path, monkeypatch):
     tuning_file = tmp_path / "tuning.json"
     tuning_file.write_text(
