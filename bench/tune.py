@@ -76,37 +76,51 @@ TUNE_ITERS = 40
 # size's winner, so noise does not make the table flip between equals from size to size.
 TIE = 0.05
 
+# A winner at one size alone, between two sizes won by the same other algorithm, keeps its entry
+# only where that algorithm ran this much slower than it there: an algorithm's time is smooth in
+# the size, a lone winner is more often the noise of three sweeps, and within this margin the
+# neighbours' algorithm is no trap (issue 15 counts `auto` over 1.15x the fastest as one). Two
+# tunes on 2 vCPUs wrote such entries: `hierarchical` at 2 processes x 4 MiB among
+# halving-doubling (in the sweep after it 1.26x halving-doubling's time) and at 4 processes x
+# 4 MiB among `staged`.
+LONE_WINNER_MARGIN = 0.15
+
 
 def winners(rows: list[Row], transport: str, world: int, collective: str) -> list[dict]:
     """The fastest algorithm at each measured size, judged by its slowest round: this VM has
     slow phases in which algorithms with many synchronizing steps lose 2-3x while ``direct``
-    does not, so the winner of the worst case is the choice that stays good. Each entry covers
-    sizes up to the geometric midpoint with the next measured size (the last entry covers
-    everything above)."""
+    does not, so the winner of the worst case is the choice that stays good. A near tie goes to
+    the previous size's winner (TIE), a lone winner to its neighbours' (LONE_WINNER_MARGIN).
+    Each entry covers sizes up to the geometric midpoint with the next measured size (the last
+    entry covers everything above)."""
     times: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r.peer or r.algo == "auto" or r.collective != collective or r.wrong:
             continue
         times[r.nbytes][r.algo].append(r.median_s)
     sizes = sorted(times)
-    out, previous = [], None
-    for i, s in enumerate(sizes):
-        worst = {a: max(ts) for a, ts in times[s].items()}
-        best = min(worst, key=worst.get)
-        if previous in worst and worst[previous] <= worst[best] * (1 + TIE):
-            best = previous
-        previous = best
-        upto = int(math.sqrt(s * sizes[i + 1])) if i + 1 < len(sizes) else s
-        out.append(
-            {
-                "transport": transport,
-                "world": world,
-                "collective": collective,
-                "max_bytes": upto,
-                "algo": best,
-            }
-        )
-    return out
+    worst = [{a: max(ts) for a, ts in times[s].items()} for s in sizes]
+    picks: list[str] = []
+    for w in worst:
+        best = min(w, key=w.get)
+        if picks and picks[-1] in w and w[picks[-1]] <= w[best] * (1 + TIE):
+            best = picks[-1]
+        picks.append(best)
+    for i in range(1, len(picks) - 1):
+        around = picks[i - 1]
+        if around == picks[i + 1] != picks[i] and around in worst[i]:
+            if worst[i][around] <= worst[i][picks[i]] * (1 + LONE_WINNER_MARGIN):
+                picks[i] = around
+    return [
+        {
+            "transport": transport,
+            "world": world,
+            "collective": collective,
+            "max_bytes": int(math.sqrt(s * sizes[i + 1])) if i + 1 < len(sizes) else s,
+            "algo": picks[i],
+        }
+        for i, s in enumerate(sizes)
+    ]
 
 
 def fit_costs(

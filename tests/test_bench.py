@@ -729,6 +729,48 @@ def test_tune_fits_link_costs_without_the_models_crowding():
     assert fit_costs(slowed, 4, local[2], cores=0)[0] == pytest.approx(own[0], rel=0.01)
 
 
+def test_tune_keeps_a_lone_winner_only_where_it_won_by_the_margin():
+    """bench/tune.winners: the winner of each size by its slowest round, a near tie going to the
+    previous size's winner; a winner at one size alone between two sizes won by another
+    algorithm gives way to it where that ran within 1.15x, and keeps the entry beyond."""
+    from pycollective.bench.rows import Row
+    from pycollective.bench.tune import winners
+
+    def rows(times_us: dict[int, dict[str, list[float]]]) -> list[Row]:
+        return [
+            Row("allreduce", n, n // 4, "float32", algo, "shm", 4, t * 1e-6, t * 1e-6, t * 1e-6)
+            for n, by_algo in times_us.items()
+            for algo, rounds in by_algo.items()
+            for t in rounds
+        ]
+
+    def picks(times_us):
+        return [c["algo"] for c in winners(rows(times_us), "shm", 4, "allreduce")]
+
+    def sweep(middle: dict[str, list[float]]):
+        return {
+            1 << 20: {"staged": [100, 101, 102], "hierarchical": [130, 131, 132]},
+            2 << 20: middle,
+            4 << 20: {"staged": [400, 401, 402], "hierarchical": [520, 521, 522]},
+        }
+
+    # Its slowest round decides: hierarchical's 290 against staged's 330 (1.14x) at 2 MiB.
+    assert (
+        picks(sweep({"staged": [200, 210, 330], "hierarchical": [280, 285, 290]})) == ["staged"] * 3
+    )
+    # 1.2x: the lone winner keeps its entry.
+    assert picks(sweep({"staged": [200, 210, 348], "hierarchical": [280, 285, 290]})) == [
+        "staged",
+        "hierarchical",
+        "staged",
+    ]
+    # Ends are not lone winners, and two sizes in a row are a run, not noise.
+    two = sweep({"staged": [300], "hierarchical": [200]})
+    two[4 << 20] = {"staged": [600], "hierarchical": [400]}
+    two[8 << 20] = {"staged": [800], "hierarchical": [900]}
+    assert picks(two) == ["staged", "hierarchical", "hierarchical", "staged"]
+
+
 def test_tune_measures_two_to_four_processes_the_cores_first():
     from pycollective.bench import tune
 
