@@ -85,8 +85,8 @@ def run_ranks(
 
 
 def _run_ranks(fn, n, args, timeout, env, per_rank_env, expect_exit, port) -> list[Any]:
-    # The ranks' folder goes with the call (a failure carries the logs it needs): a suite run
-    # left some 3,700 of them in /tmp.
+    # The ranks' folder goes with the call (a failure carries the logs it needs): the suite's
+    # runs on one VM had left 3,735 of them in /tmp.
     with tempfile.TemporaryDirectory(prefix="pycol-ranks-", ignore_cleanup_errors=True) as tmp:
         return _run_ranks_in(tmp, fn, n, args, timeout, env, per_rank_env, expect_exit, port)
 
