@@ -40,7 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "model; the others measure shm, the transport of one host's ranks, whose best algorithm "
         "changes with the number of ranks sharing the cores",
     )
-    p.add_argument("--replicas", type=int, default=4, help="in-process replicas to tune for")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=4,
+        help="in-process replicas to tune for: the table and the fitted in-process link costs "
+        "apply to LocalCommunicator/MirroredStrategy groups of this many replicas alone",
+    )
     p.add_argument("--transports", default="shm,tcp")
     p.add_argument(
         "--collectives",

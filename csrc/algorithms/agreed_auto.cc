@@ -17,12 +17,13 @@ namespace {
 
 // Calls priced under this are not measured on a host with a core for each of the group's ranks:
 // of a few microseconds, they would carry the schedule's bookkeeping (two lookups under a lock)
-// and gain little. Calls priced above it race their near ties although priced under
-// kMinModelSeconds, which in-process replicas keep: at 2 processes x 16-64 KiB the model
-// prices halving-doubling, `slots` and `staged` within 1.1x (6.7-17.5 us), and the faster of
-// them changed from run to run, 1.3x-1.5x either way (2 vCPUs, forty-first session: `staged`
-// 4.4-8.8 us against halving-doubling's 6.6-13.0 in one run, 1.1x-1.7x slower in another).
-// At 8 KiB and under the cheapest prices under this (`slots` 4.4 us) and runs alone.
+// and gain little. Calls priced from it race their near ties (unwatched under kMinModelSeconds,
+// comm/agreed_choice.cc), where until the forty-second session the line was kMinModelSeconds:
+// at 2 processes x 16-64 KiB the model prices halving-doubling, `slots` and `staged` within
+// 1.1x (6.7-17.5 us), and the faster of them changed from run to run, 1.3x-1.5x either way (2
+// vCPUs, forty-first session: `staged` 4.4-8.8 us against halving-doubling's 6.6-13.0 in one
+// run, 1.1x-1.7x slower in another). At 8 KiB and under the cheapest is priced under this
+// (`slots` 4.4 us) and runs alone.
 constexpr double kMinMeasuredAcrossProcesses = 5e-6;
 
 // The candidates to measure, or one alone (its first: the tuned entry, else the model's pick)

@@ -52,11 +52,11 @@ constexpr double kMoveMargin = 1.1;
 // median: an odd number, whose median is one of them. Of two, the estimate (the lower median)
 // was the faster call, and one lucky call per check moved the choice to a slower rival.
 constexpr int kCheckCalls = 3;
-// Calls the model prices under this are not timed where timing is optional (in process, none
-// of them; across processes they race their near ties but are not watched, comm/
-// agreed_choice.cc, and those under 5 us are not measured unless a host's ranks outnumber its
-// cores, algorithms/agreed_auto.cc): the bookkeeping (a lock, a lookup, two clock reads) would
-// show on a call of a few microseconds.
+// Calls the model prices under this are not timed where timing is optional (a lone near tie's
+// calls, timed only to call up its reserves should it slow; across processes the watch of a
+// settled choice, comm/agreed_choice.cc, and every call priced under 5 us unless a host's ranks
+// outnumber its cores, algorithms/agreed_auto.cc): the bookkeeping (a lock, a lookup, two clock
+// reads) would show on a call of a few microseconds.
 constexpr double kMinModelSeconds = 20e-6;
 // The choice's calls, once settled, are watched against its usual time: all of its last calls
 // this much slower (its fastest too: not a few calls that paid for other work) and the machine
