@@ -27,7 +27,7 @@ namespace knobs {
     "Auto times the algorithms the model prices within 1.25x of its best and the tuned "          \
     "table's entry (at most 4) on this many counted calls each per shape, runs the fastest "      \
     "and keeps timing the others now and then; process groups measure calls the model prices "    \
-    "at 20 us or more (all calls where a host's ranks outnumber its cores) and agree on the "     \
+    "at 5 us or more (all calls where a host's ranks outnumber its cores) and agree on the "      \
     "times across ranks (0: the model's or the table's choice alone, the same on every run; "     \
     "set it alike on every rank).")                                                               \
   X(kDebug, "PYCOLLECTIVE_DEBUG", "str", "WARN",                                                  \
