@@ -291,14 +291,17 @@ class NetnsCluster:
         """Runs `command` as every rank, in environment `env` (default: this process's) plus
         the rank's variables; returns 0 when every rank exited 0, else the first failed rank's
         status (124 when `timeout` seconds passed first). Without `logdir` the ranks' logs go
-        to a temporary folder, removed when every rank exited 0 and kept (its path printed with
-        the failed rank's last lines) when one did not."""
+        to a temporary folder, kept where a rank failed or ran past the timeout (its path printed
+        with that rank's last lines) and removed otherwise, on Ctrl-C too."""
         if logdir is None:
             logdir = tempfile.mkdtemp(prefix=f"pycol-netns-{self.id}-")
-            code = self._run_logged(command, timeout, logdir, all_output, env)
-            if code == 0:
-                shutil.rmtree(logdir, ignore_errors=True)
-            return code
+            code = None
+            try:
+                code = self._run_logged(command, timeout, logdir, all_output, env)
+                return code
+            finally:
+                if not code:  # every rank exited 0, or the run was interrupted
+                    shutil.rmtree(logdir, ignore_errors=True)
         return self._run_logged(command, timeout, logdir, all_output, env)
 
     def _run_logged(

@@ -109,6 +109,8 @@ def test_two_hosts_allreduce_with_shm_inside_and_tcp_across(tmp_path, monkeypatc
 def test_ctrl_c_tears_everything_down(tmp_path):
     _can_build_or_skip()
     started = tmp_path / "started"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -123,6 +125,7 @@ def test_ctrl_c_tears_everything_down(tmp_path):
         ],
         stderr=subprocess.PIPE,
         text=True,
+        env=dict(os.environ, TMPDIR=str(scratch)),
     )
     deadline = time.monotonic() + 20
     while not all(os.path.exists(f"{started}.{r}") for r in range(2)):
@@ -133,6 +136,7 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=15) == 130
     assert "torn down" in proc.stderr.read()
+    assert list(scratch.iterdir()) == []  # the ranks' logs too
     assert _leftovers(cluster_id) == []
 
 
