@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -56,6 +57,7 @@ STRATEGY_STEP_BOUND = 1.05
 # A run's ranks have deadlines of their own (bench/procs.py); this bounds the run as a whole,
 # well past the longest here (4 ranks x 16 KiB-256 MiB: 70 s).
 RUN_TIMEOUT_S = 1800
+STOP_GRACE_S = 15
 
 # Rows that are not an algorithm auto could have chosen.
 NOT_ALGORITHMS = ("auto", AUTO_NEW_OUTPUTS, PREPARED, SHARED)
@@ -371,18 +373,22 @@ def run_one(run: Run, out: str, log: Callable[[str], None]) -> tuple[dict | None
     json_path = os.path.join(out, run.name + ".json")
     text_path = os.path.join(out, run.name + ".txt")
     started = time.monotonic()
-    try:
-        with open(text_path, "w") as text:
-            returncode = subprocess.run(
-                run.argv(json_path),
-                stdout=text,
-                stderr=subprocess.STDOUT,
-                env=child_environment(),
-                check=False,
-                timeout=RUN_TIMEOUT_S,
-            ).returncode
-    except subprocess.TimeoutExpired:
-        returncode = None
+    returncode: int | None = None
+    with open(text_path, "w") as text:
+        proc = subprocess.Popen(
+            run.argv(json_path), stdout=text, stderr=subprocess.STDOUT, env=child_environment()
+        )
+        try:
+            returncode = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # An interrupt, as Ctrl-C would: bench then stops its ranks, whose process groups
+            # are their own (killed outright, it left them running); a kill if that hangs.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     with open(text_path) as text:
         output = text.read()
     log(f"bench-goals: {run.name} ({time.monotonic() - started:.0f} s, exit {returncode})")

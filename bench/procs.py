@@ -106,20 +106,21 @@ def _run_job_in(
     log: list[str] = []
     deadline = time.monotonic() + deadline_s
     os.set_blocking(procs[0].stdout.fileno(), False)
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        line = procs[0].stdout.readline()
-        if line:
-            log.append(line.rstrip())
-            if line.startswith("done"):
-                progress(line[5:].strip())
-            elif line.startswith("skip"):  # a row that cannot run: the table's notes say why
-                progress(line.strip())
-        else:
-            time.sleep(0.02)
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            line = procs[0].stdout.readline()
+            if line:
+                log.append(line.rstrip())
+                if line.startswith("done"):
+                    progress(line[5:].strip())
+                elif line.startswith("skip"):  # a row that cannot run: the table's notes say why
+                    progress(line.strip())
+            else:
+                time.sleep(0.02)
+    finally:
+        # Past the deadline, and on Ctrl-C: the ranks are in process groups of their own, which
+        # the terminal's interrupt does not reach (they ran on, orphaned, when it stopped bench).
+        kill_rank_groups(procs)
     rest = procs[0].stdout.read() or ""
     log.extend(rest.splitlines())
     for p in procs[1:]:
@@ -139,6 +140,14 @@ def _run_job_in(
         raise RuntimeError(f"{job['backend']}{over}: {what}{reason}\n" + "\n".join(log[-20:]))
     with open(job["result"]) as f:
         return json.load(f)
+
+
+def kill_rank_groups(procs: list[subprocess.Popen]) -> None:
+    """Kills every rank of `procs` still running, with its process group, and reaps them all."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
 
 
 def peer_status(name: str) -> str | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pycollective._ports import PortReservation
 from pycollective._spawn import child_environment, in_own_process_group, python_module_command
 
 from .metrics import human_bytes, parse_size
+from .procs import kill_rank_groups
 from .report import table
 from .rows import Row
 from .timing import summarize, time_interleaved
@@ -288,12 +288,11 @@ def _run_job_in(tmp: str, world: int, job: dict, deadline_s: float) -> dict:
         for r in range(world)
     ]
     deadline = time.monotonic() + deadline_s
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:  # past the deadline, and on Ctrl-C (the ranks' process groups do not get it)
+        kill_rank_groups(procs)
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed or not os.path.exists(job["result"]):
         logs = "\n".join((p.stdout.read() or "")[-2000:] for p in procs[1:] if p.stdout)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+from multiproc import processes_naming
 
 BENCH = [sys.executable, "-m", "pycollective.cli", "bench"]
 TINY = ["-b", "1K", "-e", "4K", "-n", "3", "-w", "1", "--budget", "0.05"]
@@ -85,6 +88,31 @@ def test_processes_over_both_transports_with_peers(tmp_path):
     # Every peer either ran (a row) or was skipped with a one-line reason.
     for peer in ("gloo", "mpi", "tensorflow"):
         assert f"{peer} (peer)" in res.stdout or f"peer {peer} skipped:" in res.stdout, peer
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_the_ranks_too(tmp_path):
+    """The ranks run in process groups of their own, out of reach of the terminal's Ctrl-C: bench
+    kills them on its way out (they ran on, orphaned, before)."""
+    proc = subprocess.Popen(
+        BENCH + ["--world", "2", "-b", "64M", "-e", "64M", "--peers", "", "--budget", "30"],
+        env=scratch_environment(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a terminal's foreground group, which Ctrl-C signals whole
+    )
+    deadline = time.monotonic() + 60
+    while len(processes_naming(str(tmp_path))) < 2:  # the ranks' command names their job file
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.1)
+    # Into the 64 MiB row's 30 s of timing: a rank stopped while it starts up, or one printing
+    # its progress, dies of the closed pipe anyway; one between prints ran on.
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=30)
+    time.sleep(0.5)
+    assert processes_naming(str(tmp_path)) == []
+    assert left_behind(tmp_path) == []
 
 
 @pytest.mark.timeout(240)

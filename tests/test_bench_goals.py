@@ -5,8 +5,10 @@ functions are fed rows made here; one small goal runs end to end through a real 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from multiproc import processes_naming
 
 from pycollective.bench import goals
 
@@ -90,18 +92,21 @@ def test_the_strategy_step_ratio_is_the_last_one_printed():
     assert goals.strategy_ratio("no figures") is None
 
 
+def _goal5_run(*timing: str) -> goals.Run:
+    """Goal 5's in-process run on 64 KiB buffers (its own takes 64 MiB), timed by `timing`."""
+    return goals.Run(
+        "new_inproc2",
+        ["--mode", "inproc", "--world", "2", "-b", "64K", "-e", "64K", "--peers", ""]
+        + ["--new-outputs-row", *timing],
+    )
+
+
 @pytest.mark.timeout(240)
 def test_a_goal_runs_end_to_end(tmp_path, monkeypatch):
     # Goal 5 on one small in-process run: a real `pycollective bench` writes the JSON that the
     # verdict is read from (the goal's own runs take 64 MiB buffers and minutes).
-    small = [
-        goals.Run(
-            "new_inproc2",
-            ["--mode", "inproc", "--world", "2", "-b", "64K", "-e", "64K", "--peers", ""]
-            + ["--new-outputs-row", "--budget", "0.05", "--rounds", "1"],
-        )
-    ]
-    monkeypatch.setattr(goals, "goal_runs", lambda: {5: small})
+    small = _goal5_run("--budget", "0.05", "--rounds", "1")
+    monkeypatch.setattr(goals, "goal_runs", lambda: {5: [small]})
     out = tmp_path / "runs"
     verdicts_path = tmp_path / "verdicts.json"
     status = goals.main(["--goals", "5", "--out", str(out), "--json", str(verdicts_path)])
@@ -116,18 +121,29 @@ def test_a_goal_runs_end_to_end(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_a_run_past_its_time_is_stopped_and_the_goal_not_measured(tmp_path, monkeypatch):
-    slow = [
-        goals.Run(
-            "new_inproc2",
-            ["--mode", "inproc", "--world", "2", "-b", "64K", "-e", "64K", "--peers", ""]
-            + ["--new-outputs-row", "--budget", "30", "-n", "1000000"],
-        )
-    ]
-    monkeypatch.setattr(goals, "goal_runs", lambda: {5: slow})
+    slow = _goal5_run("--budget", "30", "-n", "1000000")
+    monkeypatch.setattr(goals, "goal_runs", lambda: {5: [slow]})
     monkeypatch.setattr(goals, "RUN_TIMEOUT_S", 1)
     [verdict] = goals.evaluate([5], str(tmp_path), lambda line: None)
     assert verdict.met is None
     assert "new_inproc2 ran past 1 s and was stopped" in verdict.measured
+
+
+@pytest.mark.timeout(120)
+def test_a_run_of_processes_past_its_time_takes_its_ranks_with_it(tmp_path, monkeypatch):
+    # The ranks' process groups are their own: bench-goals interrupts bench, which stops them.
+    # The ranks' command lines name their job file, which goes to TMPDIR.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    ranks = goals.Run(
+        "procs2", ["--world", "2", "-b", "64M", "-e", "64M", "--peers", "", "--budget", "30"]
+    )
+    monkeypatch.setattr(goals, "goal_runs", lambda: {5: [ranks]})
+    monkeypatch.setattr(goals, "RUN_TIMEOUT_S", 8)
+    (tmp_path / "runs").mkdir()
+    [verdict] = goals.evaluate([5], str(tmp_path / "runs"), lambda line: None)
+    assert "procs2 ran past 8 s and was stopped" in verdict.measured
+    time.sleep(0.5)
+    assert processes_naming(str(tmp_path)) == []
 
 
 def test_unknown_goals_are_refused():
