@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import numpy
 import typing
-__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'POOLED_OUTPUT_BYTES', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_line_round_trip_ns', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_from_passes', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'new_result', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
+__all__: list[str] = ['BridgeEnd', 'CallSpec', 'Communicator', 'KnownLayouts', 'Link', 'LocalGroup', 'Members', 'NcclComm', 'OutputBuffer', 'PARKED_PEER_SECONDS', 'POOLED_OUTPUT_BYTES', 'PreparedCallBase', 'PreparedCollective', 'Work', 'algorithms', 'allreduce_update', 'apply_replicated_update', 'bridge_link', 'build_info', 'cache_line_round_trip_ns', 'cache_resident_bytes', 'cuda_copy', 'cuda_describe', 'cuda_device_count', 'cuda_free', 'cuda_malloc', 'cuda_pointer_device', 'cuda_reduce', 'cuda_scale', 'cuda_synchronize', 'data_cipher_library', 'enum_codes', 'knob_table', 'line_from_passes', 'line_with_reported_cache', 'memory_bandwidth', 'model_estimates', 'nccl_available', 'nccl_group_end', 'nccl_group_start', 'nccl_library', 'nccl_probe', 'nccl_search_order', 'nccl_set_wheel_dirs', 'nccl_unique_id', 'new_result', 'output_pool_cached_bytes', 'parse_cache_size', 'reduce_into', 'reload_knobs', 'round_to_wire', 'scale', 'set_log_rank', 'shm_link', 'tcp_link']
 class CallSpec:
     """
     One collective call: kind, element count and dtype (codes from enum_codes()), reduce op, root, algorithm, the shape's hash (mismatch detection), pipeline segment bytes (0: the default), timeout in seconds (0: the group's) and wire format (0: native, 1: bf16, 2: fp16 on network links). Checked when built; reusable.
@@ -224,6 +224,16 @@ class Communicator:
         ...
     @property
     def size(self) -> int:
+        ...
+class PreparedCallBase:
+    """
+    Runs a PreparedCollective and returns its result (pycollective.PreparedCall derives from it).
+    """
+    def __call__(self) -> typing.Any:
+        """
+        Runs the call now on this thread (after any queued async work; GIL released) and returns its result.
+        """
+    def __init__(self, prepared: typing.Any, result: typing.Any, explain: typing.Any) -> None:
         ...
 class KnownLayouts:
     """

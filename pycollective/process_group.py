@@ -90,11 +90,13 @@ class Work:
         return self._native.seconds
 
 
-class PreparedCall:
+class PreparedCall(_C.PreparedCallBase):
     """A collective prepared once (:func:`prepare_allreduce`): calling it runs the collective
-    on the buffers it was prepared with and returns the result (the same object every time)."""
+    on the buffers it was prepared with and returns the result (the same object every time).
+    The call itself is native (``_C.PreparedCallBase``): no Python runs between ``plan()`` and
+    the collective, and a failure is explained as a plain call's is."""
 
-    __slots__ = ("_native", "_call", "_group", "_result", "_peers")
+    __slots__ = ("_native", "_call", "_group", "_peers")
 
     def __init__(
         self,
@@ -103,16 +105,9 @@ class PreparedCall:
         group: ProcessGroup,
         peers: shared_memory.PeerMappings | None = None,
     ) -> None:
+        super().__init__(native, call.result(), group._world.explain_failure)
         self._native, self._call, self._group = native, call, group  # keeps the buffers alive
         self._peers = peers  # the peers' shared arrays, mapped for as long as the plan lives
-        self._result = call.result()
-
-    def __call__(self) -> Any:
-        try:
-            self._native.run()
-        except CollectiveError as exc:
-            raise self._group._world.explain_failure(exc) from None
-        return self._result
 
     @property
     def algorithm(self) -> str:

@@ -483,6 +483,10 @@ def _prepared_calls(rank, n):
             errors.append(None)
         except Exception as exc:
             errors.append(type(exc).__name__)
+    # Every rank is past its own refusals before any starts the mismatched call: with ranks
+    # sharing cores, two fast ranks' mismatch aborted the group while a slow one was still
+    # preparing a refused call, which then said Aborted instead of ValueError.
+    pc.barrier()
     # Ranks that prepared different calls fail together, naming what differed. A slow rank
     # may meet the abort already in prepare_allreduce (the group is aborted by then).
     try:

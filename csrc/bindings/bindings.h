@@ -2,6 +2,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <exception>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -24,6 +25,14 @@ void bindOptim(pybind11::module_& m);
 void bindCallSpec(pybind11::module_& m);
 void bindKnownCalls(pybind11::module_& m);
 void bindPool(pybind11::module_& m);
+void bindPreparedCall(pybind11::module_& m);
+
+// Sets the Python error for a C++ exception of core/error.h (pycollective.errors' classes, the
+// translator bindErrors registers); rethrows any other exception. For code that handles a
+// failure as Python sees it before it leaves C++ (bind_prepared_call.cc).
+void setPythonError(std::exception_ptr p);
+// pycollective.errors.CollectiveError.
+const pybind11::object& collectiveErrorClass();
 
 // A new result array the caller owns: from OutputPool::kMinPooledBytes up its memory comes from
 // the output pool (core/output_pool.h) and returns there when the array goes; smaller ones are

@@ -14,6 +14,7 @@ PYBIND11_MODULE(_C, m) {
   pycollective::bindings::bindPool(m);
   pycollective::bindings::bindLocal(m);
   pycollective::bindings::bindGroup(m);
+  pycollective::bindings::bindPreparedCall(m);
   pycollective::bindings::bindKnownCalls(m);
   pycollective::bindings::bindNccl(m);
   pycollective::bindings::bindOptim(m);
