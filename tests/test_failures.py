@@ -34,24 +34,28 @@ def test_timeout_names_rank_collective_seq_and_peer():
     assert res[2] < 5
 
 
-def _prepared_call_times_out(rank, n):
+def _fast_path_times_out(rank, n, call):
     import pycollective as pc
 
-    pc.init()
-    plan = pc.prepare_allreduce(np.ones(10), algo="ring", timeout=1.0)
+    pc.init(timeout=1.0)
+    if call == "plan":
+        run = pc.prepare_allreduce(np.ones(10), algo="ring")
+    else:
+        run = pc.barrier  # the default group's barrier, with the group's timeout
     if rank == 1:
         time.sleep(3)  # rank 0's call times out meanwhile
-    return expect_error(plan)
+    return expect_error(run)
 
 
 @pytest.mark.timeout(60)
-def test_prepared_call_failure_is_explained_like_a_plain_one():
-    # plan() runs natively (no Python frame): its failure must still go through the group's
-    # explain_failure, which tells the coordinator (rank 0) and adds the cause another rank
-    # reported (rank 1).
-    res = run_ranks(_prepared_call_times_out, 2, timeout=40)
+@pytest.mark.parametrize("call", ["plan", "barrier"])
+def test_fast_path_failure_is_explained_like_any_call(call):
+    # plan() runs natively, pc.barrier() without ProcessGroup's frames: their failures must
+    # still go through the group's explain_failure, which tells the coordinator (rank 0) and
+    # adds the cause another rank reported (rank 1).
+    res = run_ranks(_fast_path_times_out, 2, call, timeout=40)
     assert res[0][0] == "CollectiveTimeout", res[0]
-    assert "allreduce#0 (ring, float64, 10 elems" in res[0][1], res[0]
+    assert ("allreduce#0 (ring, float64, 10 elems" if call == "plan" else "barrier") in res[0][1]
     assert res[1][0] in ("RemoteError", "Aborted"), res[1]
     # The coordinator's word: rank 0 reported its timeout, and rank 1 heard it.
     assert "rank 0 (host" in res[1][1] and "aborted the group" in res[1][1], res[1]
